@@ -1,0 +1,51 @@
+# migctl — build, test and GPU-test targets. The README's two commands call these.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+GOFLAGS_STRIP := -trimpath -ldflags='-s -w'
+PKGS := ./...
+
+.PHONY: all build shim test test-short lint generate gpu-test demo clean
+
+all: build shim
+
+## build: the migctl binary in bin/
+build:
+	$(GO) build $(GOFLAGS_STRIP) -o $(BIN)/migctl ./cmd/migctl
+
+## shim: libmigswap.so and the fake libcuda.so used by its tests
+shim:
+	$(MAKE) -C shim BIN=$(abspath $(BIN))
+
+## test: every test that runs without a GPU (what CI runs)
+test: build shim
+	$(GO) vet $(PKGS)
+	MIGCTL_BIN=$(abspath $(BIN))/migctl MIGSWAP_BIN=$(abspath $(BIN)) \
+	  $(GO) test -race -count=1 -timeout 45m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+## lint: formatting, vet, and the one-cgo-package rule
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet $(PKGS)
+	@n=$$($(GO) list -f '{{if .CgoFiles}}{{.ImportPath}}{{end}}' $(PKGS) | grep -c .); \
+	  test $$n -le 1 || { echo "cgo in more than one package"; exit 1; }
+
+## generate: PTX kernels (needs nvcc) and protobuf code (needs protoc)
+generate:
+	$(GO) generate $(PKGS)
+
+## gpu-test: test binaries and tools for the GPU machine, stripped, in bin/
+gpu-test: build shim
+	@for p in $$($(GO) list -f '{{if .TestGoFiles}}{{.ImportPath}}{{end}}' $(PKGS)); do \
+	  n=$$(basename $$p); $(GO) test -c $(GOFLAGS_STRIP) -o $(BIN)/$$n.test $$p || exit 1; done
+	cp ../shared/bench/gloo_allreduce.py $(BIN)/ 2>/dev/null || true
+
+## demo: the main job on this machine (simulated node + host backend without a GPU)
+demo: build
+	./scripts/demo.sh
+
+clean:
+	rm -rf $(BIN)
