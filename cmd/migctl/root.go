@@ -13,8 +13,7 @@ func newRootCmd(s streams) *cobra.Command {
   partition  declare, plan and apply MIG layouts (real NVML, or --sim for a simulated node)
   bench      measure collectives (all-reduce, ...) between processes, and check their results
   daemon     the node context manager: leases MIG instances, drives memory swaps
-  swap       ask the daemon to swap a job's GPU memory out to host or back in
-  run        launch one worker per MIG instance with rendezvous set up`,
+  swap       ask the daemon to swap a job's GPU memory out to host or back in`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -26,7 +25,6 @@ func newRootCmd(s streams) *cobra.Command {
 		newBenchCmd(s),
 		newDaemonCmd(s),
 		newSwapCmd(s),
-		newRunCmd(s),
 	)
 	return root
 }
