@@ -1,0 +1,38 @@
+// Package ctxmgr is the node context manager behind `migctl daemon`: the
+// registry of processes running under the memory-swap shim (libmigswap.so),
+// the preemption policy that decides whose GPU memory goes to host and back,
+// and the servers the shim and the CLI talk to.
+//
+// The directory is context/ (the design card's name) but the package is named
+// ctxmgr: a package called "context" would shadow the standard library's
+// context package in every file that imports it, and everything here that
+// blocks takes a context.Context first.
+//
+// Parts:
+//   - policy.go: PlanNeed and PlanSwapIn, pure functions over a Snapshot (no
+//     I/O, no clock): who is swapped out so a higher-priority process fits, and
+//     who comes back in when memory frees.
+//   - Manager: the registry (pid, job, priority, device, bytes, state, start
+//     time, last progress) fed by shim connections, and the driver of swaps. It
+//     serialises policy decisions and the swaps they start.
+//   - Serve: the shim server, newline JSON over a Unix socket as specified in
+//     shim/PROTOCOL.md (codec in context/swapproto). One goroutine per
+//     connection; a closed connection is a process that ended and is forgotten.
+//   - ControlServer: the CLI's gRPC API (context/ctlpb) over the Manager.
+//   - ListenUnix: owner-only Unix sockets (directory 0700 when created, socket
+//     0600) whose peers are checked with SO_PEERCRED (same uid as the daemon,
+//     or root).
+//   - MemoryInfo: where free device memory comes from. NewNVMLMemory reads
+//     NVML (the nvml.Interface is injected; only cmd/ builds a real one); with
+//     no MemoryInfo the Manager uses a declared capacity minus the bytes its
+//     registry holds on each device (tests, --gpu-memory).
+//
+// Processes are keyed by the pid the kernel reports for the socket peer
+// (SO_PEERCRED), which is the pid in the daemon's pid namespace, the one
+// nvidia-smi and ps on the host show; the pid in the shim's hello is kept as
+// ShimPID when it differs (a shim in a container).
+//
+// Sentinel errors (ErrNoSuchProcess, ErrNoSuchJob, ErrAlreadyOut, ErrAlreadyIn,
+// ErrBusy, ErrDisconnected, ErrDenied) are returned wrapped; match them with
+// errors.Is.
+package ctxmgr
