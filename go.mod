@@ -1,6 +1,6 @@
 module github.com/migctl/migctl
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvlib v0.13.0 // indirect

@@ -1,0 +1,149 @@
+package allreduce
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// Communicator runs collectives for one rank. Every rank must call the same
+// collectives in the same order with matching sizes. Not safe for concurrent
+// use.
+type Communicator struct {
+	exec  *Executor
+	alg   Algorithm
+	cache map[Params]Schedule
+}
+
+// NewCommunicator runs all-reduce with alg (the other collectives use the
+// host-staged schedules, which is all the shm transport offers for them).
+func NewCommunicator(exec *Executor, alg Algorithm) *Communicator {
+	return &Communicator{exec: exec, alg: alg, cache: map[Params]Schedule{}}
+}
+
+// Rank and World of this communicator.
+func (c *Communicator) Rank() int  { return c.exec.tr.Rank() }
+func (c *Communicator) World() int { return c.exec.tr.World() }
+
+// Algorithm is the all-reduce algorithm.
+func (c *Communicator) Algorithm() Algorithm { return c.alg }
+
+func (c *Communicator) schedule(p Params) (Schedule, error) {
+	o := c.exec.opts
+	p.World, p.Chunk, p.Slots = c.World(), o.Chunk, o.Slots
+	if s, ok := c.cache[p]; ok {
+		return s, nil
+	}
+	s, err := Build(p)
+	if err != nil {
+		return Schedule{}, err
+	}
+	if len(c.cache) > 256 {
+		clear(c.cache)
+	}
+	c.cache[p] = s
+	return s, nil
+}
+
+func need(b comm.Buffer, n int, what string) error {
+	if b == nil {
+		return fmt.Errorf("%s buffer is nil: %w", what, comm.ErrInvalid)
+	}
+	if b.Len() < n {
+		return fmt.Errorf("%s buffer has %d bytes, need %d: %w", what, b.Len(), n, comm.ErrInvalid)
+	}
+	return nil
+}
+
+// AllReduce sets recv[0:count] = op over every rank's send[0:count]. send and
+// recv may be the same buffer (in place).
+func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) error {
+	n := count * dt.Size()
+	if err := need(send, n, "send"); err != nil {
+		return err
+	}
+	if err := need(recv, n, "receive"); err != nil {
+		return err
+	}
+	s, err := c.schedule(Params{Coll: AllReduce, Algorithm: c.alg, Bytes: n, ElemSize: dt.Size(),
+		Avg: op == comm.Avg, InPlace: send == recv})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op})
+}
+
+// ReduceScatter sets recv[0:count] = op over every rank's block
+// send[rank·count : (rank+1)·count]. In place (send == recv), the result
+// lands at send[rank·count:].
+func (c *Communicator) ReduceScatter(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) error {
+	b := count * dt.Size()
+	if err := need(send, b*c.World(), "send"); err != nil {
+		return err
+	}
+	base := 0
+	if send == recv {
+		base = c.Rank() * b
+	}
+	if err := need(recv, base+b, "receive"); err != nil {
+		return err
+	}
+	s, err := c.schedule(Params{Coll: ReduceScatter, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
+		Avg: op == comm.Avg, InPlace: send == recv})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, RecvBase: base, DType: dt, Op: op})
+}
+
+// AllGather sets recv[q·count : (q+1)·count] = rank q's send[0:count] for
+// every q. In place (send == recv), each rank's input sits at
+// recv[rank·count:].
+func (c *Communicator) AllGather(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType) error {
+	b := count * dt.Size()
+	if err := need(recv, b*c.World(), "receive"); err != nil {
+		return err
+	}
+	call := Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum}
+	if send == recv {
+		// The send block is this rank's block of the receive buffer.
+		call.SendBase = c.Rank() * b
+	} else if err := need(send, b, "send"); err != nil {
+		return err
+	}
+	s, err := c.schedule(Params{Coll: AllGather, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(), InPlace: send == recv})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, call)
+}
+
+// Broadcast sets every rank's recv[0:count] to root's send[0:count] (send
+// is read on the root only; send == recv is in place).
+func (c *Communicator) Broadcast(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) error {
+	b := count * dt.Size()
+	if err := need(recv, b, "receive"); err != nil {
+		return err
+	}
+	if c.Rank() == root {
+		if err := need(send, b, "send"); err != nil {
+			return err
+		}
+	}
+	s, err := c.schedule(Params{Coll: Broadcast, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
+		InPlace: send == recv, Root: root})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
+}
+
+// Barrier returns once every rank has entered it.
+func (c *Communicator) Barrier(ctx context.Context) error {
+	s, err := c.schedule(Params{Coll: Barrier, Algorithm: HostStaged, ElemSize: 1})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{})
+}

@@ -1,0 +1,5 @@
+package allreduce
+
+import "runtime"
+
+func numCPU() int { return runtime.NumCPU() }

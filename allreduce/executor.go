@@ -1,0 +1,372 @@
+package allreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// Transport is what the executor needs from the shared-memory layer: the
+// arena, single-writer sequence flags, and failure propagation.
+// comm.ShmTransport implements it.
+type Transport interface {
+	Rank() int
+	World() int
+	Arena() []byte
+	Flag(i int) uint64
+	Set(i int, v uint64)
+	// Wait blocks until flag i ≥ v; it fails (having raised the abort flag)
+	// when ctx ends, the job is aborted or a peer is dead.
+	Wait(ctx context.Context, i int, v uint64) error
+	Abort()
+	Aborted() error
+}
+
+var _ Transport = (*comm.ShmTransport)(nil)
+
+// Options tune an Executor; zero values pick defaults.
+type Options struct {
+	// Chunk is the arena slot size in bytes (default 2 MiB).
+	Chunk int
+	// Slots is the number of slots per rank: the pipeline depth (default 4).
+	Slots int
+	// Depth bounds the asynchronous copies a lane keeps in flight (default 2).
+	Depth int
+	// ReduceWorkers bounds the goroutines one host reduction uses (default:
+	// GOMAXPROCS / world, at least 1).
+	ReduceWorkers int
+}
+
+// DefaultOptions fills in zero fields for a world size.
+func (o Options) withDefaults(world int) Options {
+	if o.Chunk <= 0 {
+		o.Chunk = 2 << 20
+	}
+	if o.Slots <= 0 {
+		o.Slots = 4
+	}
+	if o.Depth <= 0 {
+		o.Depth = 2
+	}
+	if o.ReduceWorkers <= 0 {
+		o.ReduceWorkers = max(1, numCPU()/world)
+	}
+	return o
+}
+
+// Executor runs schedules for one rank. It is not safe for concurrent use:
+// collectives on one communicator are called in the same order on every rank,
+// one at a time.
+type Executor struct {
+	dev     comm.Device
+	tr      Transport
+	opts    Options
+	streams [NumLanes]comm.Stream
+	calls   uint64
+	broken  error
+}
+
+// NewExecutor registers the transport's arena with dev and opens one stream
+// per lane. Close undoes both.
+func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error) {
+	opts = opts.withDefaults(tr.World())
+	if need := ArenaBytes(tr.World(), opts.Chunk, opts.Slots); len(tr.Arena()) < need {
+		return nil, fmt.Errorf("arena of %d bytes, schedules need %d: %w", len(tr.Arena()), need, comm.ErrInvalid)
+	}
+	if err := dev.Register(tr.Arena()); err != nil {
+		return nil, fmt.Errorf("registering the shared arena with the device: %w", err)
+	}
+	e := &Executor{dev: dev, tr: tr, opts: opts}
+	for l := range e.streams {
+		s, err := dev.NewStream()
+		if err != nil {
+			_ = e.Close()
+			return nil, fmt.Errorf("creating stream for lane %d: %w", l, err)
+		}
+		e.streams[l] = s
+	}
+	return e, nil
+}
+
+// Options are the executor's effective options.
+func (e *Executor) Options() Options { return e.opts }
+
+// Close closes the streams and unregisters the arena.
+func (e *Executor) Close() error {
+	var errs []error
+	for _, s := range e.streams {
+		if s != nil {
+			errs = append(errs, s.Close())
+		}
+	}
+	errs = append(errs, e.dev.Unregister(e.tr.Arena()))
+	return errors.Join(errs...)
+}
+
+// Call is one collective call's user buffers.
+type Call struct {
+	Send, Recv comm.Buffer
+	// SendBase and RecvBase are added to every offset into Send and Recv
+	// (in-place reduce-scatter and all-gather: rank·block).
+	SendBase, RecvBase int
+	DType              comm.DType
+	Op                 comm.Op
+}
+
+// Run executes rank's part of sched. It blocks until this rank's part is
+// done (its receive buffer holds the result) or fails. After a failure the
+// executor is broken: every later Run fails at once.
+func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
+	if e.broken != nil {
+		return fmt.Errorf("communicator unusable after an earlier failure: %w", e.broken)
+	}
+	if err := e.tr.Aborted(); err != nil {
+		e.broken = err
+		return err
+	}
+	if sched.Params.World != e.tr.World() {
+		return fmt.Errorf("schedule for %d ranks on a %d-rank transport: %w", sched.Params.World, e.tr.World(), comm.ErrInvalid)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		return fmt.Errorf("collective without a deadline: %w", comm.ErrInvalid)
+	}
+	e.calls++
+	epoch := e.calls << 32
+	r := e.tr.Rank()
+	err := e.run(ctx, sched, call, epoch)
+	if err != nil {
+		e.tr.Abort()
+		e.broken = err
+		e.drain()
+		return err
+	}
+	e.tr.Set(FlagOf(r, RoleFin), epoch|1)
+	return nil
+}
+
+// drain waits briefly for queued device work so that buffers are not
+// written after Run returned an error.
+func (e *Executor) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range e.streams {
+		_ = s.Synchronize(ctx)
+	}
+}
+
+func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64) error {
+	r, n := e.tr.Rank(), e.tr.World()
+	// Fence: every rank has finished the previous call, so no arena slot or
+	// flag of it is still in use anywhere.
+	if prev := epoch - 1<<32; prev != 0 {
+		for q := range n {
+			if err := e.tr.Wait(ctx, FlagOf(q, RoleFin), prev|1); err != nil {
+				return fmt.Errorf("rank %d waiting for rank %d to finish the previous collective: %w", r, q, err)
+			}
+		}
+	}
+	var lanes [NumLanes][]*Step
+	steps := sched.Steps[r]
+	for i := range steps {
+		lanes[steps[i].Lane] = append(lanes[steps[i].Lane], &steps[i])
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	errs := make([]error, NumLanes)
+	for l := range lanes {
+		if len(lanes[l]) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World); err != nil {
+				errs[l] = err
+				e.tr.Abort()
+				cancel(err)
+			}
+		}()
+	}
+	wg.Wait()
+	// Report the root cause: the first lane error that is not a mere
+	// cancellation caused by another lane.
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if first == nil || (errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled)) {
+			first = err
+		}
+	}
+	if first != nil {
+		if c := context.Cause(ctx); c != nil && errors.Is(first, context.Canceled) && !errors.Is(c, context.Canceled) {
+			return c
+		}
+		return first
+	}
+	return nil
+}
+
+type inflight struct {
+	st *Step
+	ev comm.Event
+}
+
+func (e *Executor) ready(conds []Cond, epoch uint64) bool {
+	for _, c := range conds {
+		if e.tr.Flag(c.Flag) < epoch|c.Value {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Executor) wait(ctx context.Context, conds []Cond, epoch uint64) error {
+	for _, c := range conds {
+		if err := e.tr.Wait(ctx, c.Flag, epoch|c.Value); err != nil {
+			return fmt.Errorf("rank %d waiting for flag %d (rank %d) to reach %d: %w",
+				e.tr.Rank(), c.Flag, c.Flag/FlagsPerRank, c.Value, err)
+		}
+	}
+	return nil
+}
+
+func (e *Executor) publish(sets []Cond, epoch uint64) {
+	for _, c := range sets {
+		e.tr.Set(c.Flag, epoch|c.Value)
+	}
+}
+
+func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int) error {
+	var q []inflight
+	complete := func() error {
+		f := q[0]
+		q = q[1:]
+		if err := f.ev.Wait(ctx); err != nil {
+			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
+		}
+		e.publish(f.st.Set, epoch)
+		return nil
+	}
+	for i := 0; i < len(steps); {
+		st := steps[i]
+		if len(q) >= e.opts.Depth {
+			if err := complete(); err != nil {
+				return err
+			}
+			continue
+		}
+		if !e.ready(st.Wait, epoch) {
+			if len(q) > 0 {
+				if err := complete(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := e.wait(ctx, st.Wait, epoch); err != nil {
+				return err
+			}
+		}
+		async := st.Len > 0 && (st.Kind == CopyOut || st.Kind == CopyIn || st.Kind == ReduceIn)
+		if !async {
+			// Flags are ordered per lane: finish what is in flight first.
+			for len(q) > 0 {
+				if err := complete(); err != nil {
+					return err
+				}
+			}
+		}
+		ev, err := e.issue(lane, st, call, world)
+		if err != nil {
+			return fmt.Errorf("lane %d: %s step: %w", lane, st.Kind, err)
+		}
+		i++
+		if ev == nil {
+			e.publish(st.Set, epoch)
+			continue
+		}
+		q = append(q, inflight{st, ev})
+	}
+	for len(q) > 0 {
+		if err := complete(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Executor) buf(id BufID, call Call) (comm.Buffer, int) {
+	if id == Send {
+		return call.Send, call.SendBase
+	}
+	return call.Recv, call.RecvBase
+}
+
+func (e *Executor) host(s Span) []byte { return e.tr.Arena()[s.Off : s.Off+s.Len] }
+
+// issue queues an asynchronous step and returns its event, or runs a
+// synchronous one (host reduction, nop, empty span) and returns nil.
+func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event, error) {
+	if st.Len == 0 && st.Kind != HostReduce || st.Kind == Nop {
+		return nil, nil
+	}
+	s := e.streams[lane]
+	switch st.Kind {
+	case CopyOut:
+		b, base := e.buf(st.Buf, call)
+		if err := s.CopyToHost(e.host(st.Host), b, base+st.Off); err != nil {
+			return nil, err
+		}
+	case CopyIn:
+		b, base := e.buf(st.Buf, call)
+		if err := s.CopyFromHost(b, base+st.Off, e.host(st.Host)); err != nil {
+			return nil, err
+		}
+	case ReduceIn:
+		dst, dbase := e.buf(st.Buf, call)
+		src, sbase := e.buf(st.Src, call)
+		if dst != src || dbase+st.Off != sbase+st.SrcOff {
+			if err := s.CopyBuffer(dst, dbase+st.Off, src, sbase+st.SrcOff, st.Len); err != nil {
+				return nil, err
+			}
+		}
+		hosts := make([][]byte, len(st.Hosts))
+		for i, h := range st.Hosts {
+			hosts[i] = e.host(h)
+		}
+		op := call.Op
+		if op == comm.Avg {
+			op = comm.Sum
+		}
+		if err := s.ReduceFromHost(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
+			return nil, err
+		}
+		if st.Final && call.Op == comm.Avg {
+			if err := s.Scale(dst, dbase+st.Off, st.Len, call.DType, world); err != nil {
+				return nil, err
+			}
+		}
+	case HostReduce:
+		if st.Host.Len == 0 {
+			return nil, nil
+		}
+		hosts := make([][]byte, len(st.Hosts))
+		for i, h := range st.Hosts {
+			hosts[i] = e.host(h)
+		}
+		op := call.Op
+		if op == comm.Avg && !st.Final {
+			op = comm.Sum
+		}
+		return nil, comm.ReduceHost(e.host(st.Host), hosts, call.DType, op, e.opts.ReduceWorkers)
+	default:
+		return nil, fmt.Errorf("step kind %d: %w", st.Kind, ErrUnsupported)
+	}
+	return s.Record()
+}

@@ -1,0 +1,154 @@
+package allreduce
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/comm/shm"
+)
+
+// group is world ranks as goroutines of this process over one anonymous
+// shared mapping: the real transport and executor, without processes.
+type group struct {
+	comms []*Communicator
+	devs  []comm.Device
+}
+
+func newGroup(t *testing.T, world int, alg Algorithm, opts Options) *group {
+	t.Helper()
+	opts = opts.withDefaults(world)
+	l := shm.Layout{World: world, Flags: world * FlagsPerRank, DataBytes: ArenaBytes(world, opts.Chunk, opts.Slots)}
+	seg, err := shm.Anonymous(l.Size())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Close() })
+	_, err = shm.Init(seg.Bytes(), l)
+	require.NoError(t, err)
+	g := &group{}
+	for r := range world {
+		ctl, err := shm.Attach(seg.Bytes(), l)
+		require.NoError(t, err)
+		tr, err := comm.NewShmTransport(ctl, r, comm.ShmOptions{})
+		require.NoError(t, err)
+		dev := comm.NewHostDevice(comm.HostOptions{ReduceWorkers: 1})
+		ex, err := NewExecutor(dev, tr, opts)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ex.Close(); _ = tr.Close(); _ = dev.Close() })
+		g.comms = append(g.comms, NewCommunicator(ex, alg))
+		g.devs = append(g.devs, dev)
+	}
+	return g
+}
+
+// run calls f on every rank concurrently and returns their errors.
+func (g *group) run(f func(r int, c *Communicator) error) []error {
+	errs := make([]error, len(g.comms))
+	var wg sync.WaitGroup
+	for r, c := range g.comms {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = f(r, c) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+func hostBuf(t *testing.T, dev comm.Device, b []byte, n int) *comm.HostBuffer {
+	t.Helper()
+	buf, err := dev.Alloc(max(n, len(b)))
+	require.NoError(t, err)
+	hb := buf.(*comm.HostBuffer)
+	copy(hb.Bytes(), b)
+	return hb
+}
+
+// check runs coll on every rank and checks every element.
+func (g *group) check(t *testing.T, coll Coll, dt comm.DType, op comm.Op, count int, inPlace bool, root int) {
+	t.Helper()
+	world := len(g.comms)
+	es := dt.Size()
+	errs := g.run(func(r int, c *Communicator) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		in := Input(coll, dt, op, world, r, count)
+		outLen := OutputLen(coll, world, count) * es
+		var send, recv *comm.HostBuffer
+		base := 0
+		switch {
+		case !inPlace:
+			send, recv = hostBuf(t, g.devs[r], in, 0), hostBuf(t, g.devs[r], nil, outLen)
+		case coll == AllGather:
+			recv = hostBuf(t, g.devs[r], nil, outLen)
+			copy(recv.Bytes()[r*count*es:], in)
+			send = recv
+		case coll == ReduceScatter:
+			send = hostBuf(t, g.devs[r], in, 0)
+			recv, base = send, r*count*es
+		default:
+			send = hostBuf(t, g.devs[r], in, outLen)
+			recv = send
+		}
+		var err error
+		switch coll {
+		case AllReduce:
+			err = c.AllReduce(ctx, send, recv, count, dt, op)
+		case ReduceScatter:
+			err = c.ReduceScatter(ctx, send, recv, count, dt, op)
+		case AllGather:
+			err = c.AllGather(ctx, send, recv, count, dt)
+		case Broadcast:
+			err = c.Broadcast(ctx, send, recv, count, dt, root)
+		}
+		if err != nil {
+			return err
+		}
+		want := Expected(coll, dt, op, world, r, root, count)
+		if w := Wrong(recv.Bytes()[base:base+len(want)], want, dt); w != 0 {
+			return fmt.Errorf("rank %d: %d of %d elements wrong", r, w, len(want)/es)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+var allDTypes = []comm.DType{comm.Float32, comm.Float16, comm.BFloat16, comm.Float64, comm.Int32, comm.Int64, comm.Uint8}
+var allOps = []comm.Op{comm.Sum, comm.Avg, comm.Min, comm.Max}
+
+func TestInProcessCollectives(t *testing.T) {
+	opts := Options{Chunk: 16 << 10, Slots: 2}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, world := range []int{1, 2, 3, 5} {
+		for _, alg := range []Algorithm{HostStaged, Ring} {
+			g := newGroup(t, world, alg, opts)
+			for _, dt := range allDTypes {
+				for _, op := range allOps {
+					count := 1 + rng.IntN(40000)
+					for _, inPlace := range []bool{false, true} {
+						name := fmt.Sprintf("n%d/%s/%d/op%d/n%d/inplace=%v", world, alg, dt, op, count, inPlace)
+						t.Run(name+"/allreduce", func(t *testing.T) { g.check(t, AllReduce, dt, op, count, inPlace, 0) })
+						if alg == HostStaged {
+							t.Run(name+"/reducescatter", func(t *testing.T) { g.check(t, ReduceScatter, dt, op, count/world+1, inPlace, 0) })
+							t.Run(name+"/allgather", func(t *testing.T) { g.check(t, AllGather, dt, op, count/world+1, inPlace, 0) })
+							t.Run(name+"/broadcast", func(t *testing.T) { g.check(t, Broadcast, dt, op, count, inPlace, world-1) })
+						}
+					}
+				}
+			}
+			errs := g.run(func(r int, c *Communicator) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				return c.Barrier(ctx)
+			})
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,484 @@
+package allreduce
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Coll is a collective operation.
+type Coll int
+
+// The collectives.
+const (
+	AllReduce Coll = iota
+	ReduceScatter
+	AllGather
+	Broadcast
+	Barrier
+)
+
+var collNames = []string{"allreduce", "reducescatter", "allgather", "broadcast", "barrier"}
+
+func (c Coll) String() string {
+	if c >= 0 && int(c) < len(collNames) {
+		return collNames[c]
+	}
+	return fmt.Sprintf("coll(%d)", int(c))
+}
+
+// ParseColl parses a collective name as String prints it.
+func ParseColl(s string) (Coll, error) {
+	for i, n := range collNames {
+		if n == s {
+			return Coll(i), nil
+		}
+	}
+	return 0, fmt.Errorf("collective %q (want one of %v): %w", s, collNames, ErrUnsupported)
+}
+
+// Algorithm names a schedule generator.
+type Algorithm int
+
+// The algorithms.
+const (
+	HostStaged Algorithm = iota
+	Ring
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case HostStaged:
+		return "hoststaged"
+	case Ring:
+		return "ring"
+	}
+	return fmt.Sprintf("algorithm(%d)", int(a))
+}
+
+// ErrUnsupported reports a collective/algorithm combination with no schedule.
+var ErrUnsupported = errors.New("unsupported")
+
+// Lane is an in-order queue of a rank's steps; lanes run concurrently.
+type Lane int
+
+// The lanes.
+const (
+	LaneOut    Lane = iota // device → host copies
+	LaneReduce             // CPU reductions in host memory
+	LaneIn                 // host → device copies and device reductions
+	NumLanes
+)
+
+// Kind is what a step does.
+type Kind int
+
+// Step kinds. Spans of user buffers are Buf[Off:Off+Len]; host spans are in
+// the transport's arena.
+const (
+	// Nop only waits and sets flags.
+	Nop Kind = iota
+	// CopyOut copies Buf[Off:Off+Len] to the host span Host.
+	CopyOut
+	// CopyIn copies the host span Host to Buf[Off:Off+Len].
+	CopyIn
+	// ReduceIn sets Buf[Off:] = op(Src[SrcOff:], Hosts...) on the device;
+	// with Final and Avg it then divides by the world size.
+	ReduceIn
+	// HostReduce sets the host span Host = op(Hosts...) on the CPU; with
+	// Final and Avg it divides by len(Hosts).
+	HostReduce
+)
+
+var kindNames = []string{"nop", "copyout", "copyin", "reducein", "hostreduce"}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// BufID names a user buffer of a collective call.
+type BufID int
+
+// The user buffers. For in-place calls they are the same memory (for
+// reduce-scatter and all-gather, the receive block sits at rank·block in it).
+const (
+	Send BufID = iota
+	Recv
+)
+
+// Span is a range of the host arena in bytes.
+type Span struct{ Off, Len int }
+
+// Cond is a flag and a value: as a wait, "until Flag ≥ Value"; as a set,
+// "store Value in Flag". Values count from 1 within one call.
+type Cond struct {
+	Flag  int
+	Value uint64
+}
+
+// Step is one unit of a rank's schedule.
+type Step struct {
+	Lane   Lane
+	Kind   Kind
+	Buf    BufID
+	Off    int
+	Len    int
+	Src    BufID
+	SrcOff int
+	Host   Span
+	Hosts  []Span
+	Final  bool
+	Wait   []Cond
+	Set    []Cond
+}
+
+// Flags per rank: flag index = rank*FlagsPerRank + role.
+const (
+	FlagsPerRank = 4
+	roleA        = 0 // staged / sent
+	roleB        = 1 // reduced / consumed
+	roleC        = 2 // fetched / arrived
+	// RoleFin is the executor's end-of-call flag (value = call count).
+	RoleFin = 3
+)
+
+// FlagOf is the index of rank r's flag for role.
+func FlagOf(r, role int) int { return r*FlagsPerRank + role }
+
+// Params shape a schedule.
+type Params struct {
+	Coll      Coll
+	Algorithm Algorithm
+	World     int
+	// Bytes is the size of the per-rank send buffer for all-reduce and
+	// broadcast, of one rank's block for reduce-scatter and all-gather.
+	Bytes int
+	// ElemSize is the element size; every split is on element boundaries.
+	ElemSize int
+	// Avg asks for the average: final reductions divide.
+	Avg bool
+	// InPlace: Send and Recv are the same memory.
+	InPlace bool
+	// Root of a broadcast.
+	Root int
+	// Chunk is the slot size in bytes; Slots the number of slots per FIFO
+	// (or per rank in the host-staged arena): the pipeline depth.
+	Chunk int
+	Slots int
+}
+
+// Schedule is every rank's steps for one collective call.
+type Schedule struct {
+	Params Params
+	// Steps[r] are rank r's steps in order (each lane keeps this order).
+	Steps [][]Step
+	// HostBytes is how much of the arena the schedule uses.
+	HostBytes int
+}
+
+// ArenaBytes is the arena size that every schedule with this world, chunk
+// and slot count fits in.
+func ArenaBytes(world, chunk, slots int) int { return (world + 1) * slots * chunk }
+
+// Validate checks parameters up front.
+func (p Params) Validate() error {
+	switch {
+	case p.World < 1:
+		return fmt.Errorf("world size %d: %w", p.World, ErrUnsupported)
+	case p.ElemSize < 1:
+		return fmt.Errorf("element size %d: %w", p.ElemSize, ErrUnsupported)
+	case p.Bytes < 0 || p.Bytes%p.ElemSize != 0:
+		return fmt.Errorf("%d bytes is not a whole number of %d-byte elements: %w", p.Bytes, p.ElemSize, ErrUnsupported)
+	case p.Slots < 1:
+		return fmt.Errorf("%d slots: %w", p.Slots, ErrUnsupported)
+	case p.Chunk < 64*p.World*p.ElemSize || p.Chunk%64 != 0:
+		return fmt.Errorf("chunk of %d bytes must be a multiple of 64 and at least 64·world·elemsize: %w", p.Chunk, ErrUnsupported)
+	case p.Root < 0 || p.Root >= p.World:
+		return fmt.Errorf("root %d of %d ranks: %w", p.Root, p.World, ErrUnsupported)
+	}
+	return nil
+}
+
+// Build generates the schedule for p.
+func Build(p Params) (Schedule, error) {
+	if err := p.Validate(); err != nil {
+		return Schedule{}, err
+	}
+	s := Schedule{Params: p, Steps: make([][]Step, p.World)}
+	switch {
+	case p.Coll == Barrier:
+		buildBarrier(&s)
+	case p.Algorithm == HostStaged && p.Coll == AllReduce:
+		buildStagedAllReduce(&s)
+	case p.Algorithm == HostStaged && p.Coll == ReduceScatter:
+		buildStagedReduceScatter(&s)
+	case p.Algorithm == HostStaged && p.Coll == AllGather:
+		buildStagedAllGather(&s)
+	case p.Algorithm == HostStaged && p.Coll == Broadcast:
+		buildStagedBroadcast(&s)
+	case p.Algorithm == Ring && p.Coll == AllReduce:
+		buildRingAllReduce(&s)
+	default:
+		return Schedule{}, fmt.Errorf("%s with the %s algorithm: %w", p.Coll, p.Algorithm, ErrUnsupported)
+	}
+	return s, nil
+}
+
+// split returns the start of part i of n of a length in bytes, on element
+// boundaries.
+func split(length, es, n, i int) int { return (length / es * i / n) * es }
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+func allRanks(world, role int, v uint64) []Cond {
+	c := make([]Cond, world)
+	for q := range c {
+		c[q] = Cond{Flag: FlagOf(q, role), Value: v}
+	}
+	return c
+}
+
+func buildBarrier(s *Schedule) {
+	n := s.Params.World
+	for r := range n {
+		s.Steps[r] = []Step{
+			{Lane: LaneIn, Kind: Nop, Set: []Cond{{FlagOf(r, roleC), 1}}},
+			{Lane: LaneIn, Kind: Nop, Wait: allRanks(n, roleC, 1)},
+		}
+	}
+}
+
+// Host-staged arena: in[q][s] at (q*K+s)*C, out[s] at (n*K+s)*C.
+func stagedIn(p Params, q, slot int) int { return (q*p.Slots + slot) * p.Chunk }
+func stagedOut(p Params, slot int) int   { return (p.World*p.Slots + slot) * p.Chunk }
+
+func buildStagedAllReduce(s *Schedule) {
+	p := s.Params
+	n, K, C, es := p.World, p.Slots, p.Chunk, p.ElemSize
+	nc := ceilDiv(p.Bytes, C)
+	s.HostBytes = ArenaBytes(n, C, K)
+	for r := range n {
+		var st []Step
+		for c := range nc {
+			off := c * C
+			ln := min(C, p.Bytes-off)
+			slot := c % K
+			v := uint64(c + 1)
+			out := Step{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: off, Len: ln,
+				Host: Span{stagedIn(p, r, slot), ln}, Set: []Cond{{FlagOf(r, roleA), v}}}
+			if c >= K {
+				out.Wait = allRanks(n, roleC, uint64(c-K+1))
+			}
+			lo, hi := split(ln, es, n, r), split(ln, es, n, r+1)
+			red := Step{Lane: LaneReduce, Kind: HostReduce, Host: Span{stagedOut(p, slot) + lo, hi - lo},
+				Final: p.Avg, Wait: allRanks(n, roleA, v), Set: []Cond{{FlagOf(r, roleB), v}}}
+			for q := range n {
+				red.Hosts = append(red.Hosts, Span{stagedIn(p, q, slot) + lo, hi - lo})
+			}
+			in := Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln,
+				Host: Span{stagedOut(p, slot), ln}, Wait: allRanks(n, roleB, v), Set: []Cond{{FlagOf(r, roleC), v}}}
+			st = append(st, out, red, in)
+		}
+		s.Steps[r] = st
+	}
+}
+
+// pieceBytes is the per-destination piece of a slot when a slot holds one
+// piece for every rank.
+func pieceBytes(p Params) int { return (p.Chunk / p.World) &^ 63 }
+
+func buildStagedReduceScatter(s *Schedule) {
+	p := s.Params
+	n, K, B := p.World, p.Slots, p.Bytes
+	P := pieceBytes(p)
+	nc := ceilDiv(B, P)
+	s.HostBytes = ArenaBytes(n, p.Chunk, K)
+	for r := range n {
+		var st []Step
+		for c := range nc {
+			off := c * P
+			ln := min(P, B-off)
+			slot := c % K
+			v := uint64(c + 1)
+			for q := range n {
+				out := Step{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: q*B + off, Len: ln,
+					Host: Span{stagedIn(p, r, slot) + q*P, ln}}
+				if q == 0 && c >= K {
+					out.Wait = allRanks(n, roleB, uint64(c-K+1))
+				}
+				if q == n-1 {
+					out.Set = []Cond{{FlagOf(r, roleA), v}}
+				}
+				st = append(st, out)
+			}
+			red := Step{Lane: LaneReduce, Kind: HostReduce, Host: Span{stagedOut(p, slot) + r*P, ln},
+				Final: p.Avg, Wait: allRanks(n, roleA, v), Set: []Cond{{FlagOf(r, roleB), v}}}
+			if c >= K {
+				red.Wait = append(red.Wait, Cond{FlagOf(r, roleC), uint64(c - K + 1)})
+			}
+			for q := range n {
+				red.Hosts = append(red.Hosts, Span{stagedIn(p, q, slot) + r*P, ln})
+			}
+			in := Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln,
+				Host: Span{stagedOut(p, slot) + r*P, ln}, Wait: []Cond{{FlagOf(r, roleB), v}},
+				Set: []Cond{{FlagOf(r, roleC), v}}}
+			st = append(st, red, in)
+		}
+		s.Steps[r] = st
+	}
+}
+
+func buildStagedAllGather(s *Schedule) {
+	p := s.Params
+	n, K, C, B := p.World, p.Slots, p.Chunk, p.Bytes
+	nc := ceilDiv(B, C)
+	s.HostBytes = ArenaBytes(n, C, K)
+	for r := range n {
+		var st []Step
+		for c := range nc {
+			off := c * C
+			ln := min(C, B-off)
+			slot := c % K
+			v := uint64(c + 1)
+			out := Step{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: off, Len: ln,
+				Host: Span{stagedIn(p, r, slot), ln}, Set: []Cond{{FlagOf(r, roleA), v}}}
+			if c >= K {
+				out.Wait = allRanks(n, roleC, uint64(c-K+1))
+			}
+			st = append(st, out)
+			for q := range n {
+				in := Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: q*B + off, Len: ln,
+					Host: Span{stagedIn(p, q, slot), ln}}
+				if q == 0 {
+					in.Wait = allRanks(n, roleA, v)
+				}
+				if q == n-1 {
+					in.Set = []Cond{{FlagOf(r, roleC), v}}
+				}
+				st = append(st, in)
+			}
+		}
+		s.Steps[r] = st
+	}
+}
+
+func buildStagedBroadcast(s *Schedule) {
+	p := s.Params
+	n, K, C, B, root := p.World, p.Slots, p.Chunk, p.Bytes, p.Root
+	nc := ceilDiv(B, C)
+	s.HostBytes = ArenaBytes(n, C, K)
+	for r := range n {
+		var st []Step
+		for c := range nc {
+			off := c * C
+			ln := min(C, B-off)
+			slot := c % K
+			v := uint64(c + 1)
+			if r == root {
+				out := Step{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: off, Len: ln,
+					Host: Span{stagedIn(p, 0, slot), ln}, Set: []Cond{{FlagOf(r, roleA), v}}}
+				if c >= K {
+					for q := range n {
+						if q != root || !p.InPlace {
+							out.Wait = append(out.Wait, Cond{FlagOf(q, roleC), uint64(c - K + 1)})
+						}
+					}
+				}
+				st = append(st, out)
+				if !p.InPlace {
+					// The root's own copy: back from the slot it just filled.
+					st = append(st, Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln,
+						Host: Span{stagedIn(p, 0, slot), ln}, Wait: []Cond{{FlagOf(r, roleA), v}},
+						Set: []Cond{{FlagOf(r, roleC), v}}})
+				}
+				continue
+			}
+			st = append(st, Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln,
+				Host: Span{stagedIn(p, 0, slot), ln}, Wait: []Cond{{FlagOf(root, roleA), v}},
+				Set: []Cond{{FlagOf(r, roleC), v}}})
+		}
+		s.Steps[r] = st
+	}
+}
+
+// Ring arena: FIFO r→r+1 has slots at (r*K+s)*C.
+func ringSlot(p Params, r, slot int) int { return (r*p.Slots + slot) * p.Chunk }
+
+func buildRingAllReduce(s *Schedule) {
+	p := s.Params
+	n, K, C, es, S := p.World, p.Slots, p.Chunk, p.ElemSize, p.Bytes
+	s.HostBytes = ArenaBytes(n, C, K)
+	if n == 1 {
+		if !p.InPlace && S > 0 {
+			// One rank: the result is the input; move it through the arena.
+			for c := range ceilDiv(S, C) {
+				off := c * C
+				ln := min(C, S-off)
+				v := uint64(c + 1)
+				st := []Step{
+					{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: off, Len: ln, Host: Span{ringSlot(p, 0, 0), ln},
+						Wait: condIf(c > 0, Cond{FlagOf(0, roleB), uint64(c)}), Set: []Cond{{FlagOf(0, roleA), v}}},
+					{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln, Host: Span{ringSlot(p, 0, 0), ln},
+						Wait: []Cond{{FlagOf(0, roleA), v}}, Set: []Cond{{FlagOf(0, roleB), v}}},
+				}
+				s.Steps[0] = append(s.Steps[0], st...)
+			}
+		}
+		return
+	}
+	blockOff := func(b int) int { return split(S, es, n, b) }
+	blockLen := func(b int) int { return blockOff(b+1) - blockOff(b) }
+	maxBlock := 0
+	for b := range n {
+		maxBlock = max(maxBlock, blockLen(b))
+	}
+	nch := max(1, ceilDiv(maxBlock, C))
+	chunk := func(b, j int) (int, int) {
+		bl := blockLen(b)
+		lo, hi := split(bl, es, nch, j), split(bl, es, nch, j+1)
+		return blockOff(b) + lo, hi - lo
+	}
+	mod := func(x int) int { return ((x % n) + n) % n }
+	for r := range n {
+		next, prev := mod(r+1), mod(r-1)
+		var st []Step
+		for t := range 2 * (n - 1) {
+			sb, rb := mod(r-t), mod(r-t-1)
+			for j := range nch {
+				g := t*nch + j
+				slot := g % K
+				off, ln := chunk(sb, j)
+				send := Step{Lane: LaneOut, Kind: CopyOut, Buf: Recv, Off: off, Len: ln,
+					Host: Span{ringSlot(p, r, slot), ln}, Set: []Cond{{FlagOf(r, roleA), uint64(g + 1)}}}
+				if t == 0 {
+					send.Buf = Send
+				}
+				if g >= K {
+					send.Wait = append(send.Wait, Cond{FlagOf(next, roleB), uint64(g - K + 1)})
+				}
+				if t >= 1 {
+					send.Wait = append(send.Wait, Cond{FlagOf(r, roleB), uint64((t-1)*nch + j + 1)})
+				}
+				roff, rln := chunk(rb, j)
+				recv := Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: roff, Len: rln,
+					Host:  Span{ringSlot(p, prev, slot), rln},
+					Wait:  []Cond{{FlagOf(prev, roleA), uint64(g + 1)}},
+					Set:   []Cond{{FlagOf(r, roleB), uint64(g + 1)}},
+					Final: false}
+				if t < n-1 {
+					recv.Kind = ReduceIn
+					recv.Src, recv.SrcOff = Send, roff
+					recv.Hosts = []Span{recv.Host}
+					recv.Host = Span{}
+					recv.Final = p.Avg && t == n-2
+				}
+				st = append(st, send, recv)
+			}
+		}
+		s.Steps[r] = st
+	}
+}
+
+func condIf(ok bool, c Cond) []Cond {
+	if ok {
+		return []Cond{c}
+	}
+	return nil
+}

@@ -1,0 +1,374 @@
+package comm
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// ReduceHost computes dst = op(srcs[0], srcs[1], ...) elementwise on host
+// memory, with Avg dividing the sum by len(srcs) (integers truncate toward
+// zero). dst may alias srcs[0] exactly (accumulate in place) but must not
+// partially overlap any src. Every src must be at least len(dst) bytes long
+// and len(dst) a multiple of dt.Size(). Work above a few hundred KiB is split
+// over up to workers goroutines (workers <= 0 means GOMAXPROCS). ReduceHost
+// blocks until done and is safe for concurrent use on disjoint memory.
+func ReduceHost(dst []byte, srcs [][]byte, dt DType, op Op, workers int) error {
+	return reduceHost(dst, srcs, dt, op, avgDiv(op, len(srcs)), workers)
+}
+
+// ScaleHost divides every element of dst by div (integers truncate).
+func ScaleHost(dst []byte, dt DType, div int) error {
+	if div <= 0 {
+		return fmt.Errorf("scaling by %d: %w", div, ErrInvalid)
+	}
+	return reduceHost(dst, [][]byte{dst}, dt, Sum, div, 1)
+}
+
+func avgDiv(op Op, n int) int {
+	if op == Avg {
+		return n
+	}
+	return 1
+}
+
+// minParallelBytes is the output size below which a reduction runs on the
+// calling goroutine: below it, waking goroutines costs more than it saves.
+const minParallelBytes = 256 << 10
+
+// blockBytes is the output block reduced source by source while it stays in
+// L1/L2: one pass over memory whatever the number of sources.
+const blockBytes = 16 << 10
+
+func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) error {
+	if len(srcs) == 0 {
+		return fmt.Errorf("reducing into %d bytes with no sources: %w", len(dst), ErrInvalid)
+	}
+	es := dt.Size()
+	if len(dst)%es != 0 {
+		return fmt.Errorf("reducing %d bytes of %d-byte elements: %w", len(dst), es, ErrInvalid)
+	}
+	for i, s := range srcs {
+		if len(s) < len(dst) {
+			return fmt.Errorf("source %d has %d bytes, want %d: %w", i, len(s), len(dst), ErrInvalid)
+		}
+	}
+	if op < Sum || op > Max {
+		return fmt.Errorf("op %d: %w", int(op), ErrInvalid)
+	}
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	n := len(dst)
+	if w := n / minParallelBytes; w < workers {
+		workers = max(w, 1)
+	}
+	if workers == 1 {
+		reduceRange(dst, srcs, 0, n, dt, op, div)
+		return nil
+	}
+	// Split on 64-byte boundaries so workers never share a cache line.
+	per := (n/workers + 63) &^ 63
+	var wg sync.WaitGroup
+	for lo := 0; lo < n; lo += per {
+		hi := min(lo+per, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reduceRange(dst, srcs, lo, hi, dt, op, div)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// reduceRange reduces bytes [lo, hi) block by block.
+func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int) {
+	for b := lo; b < hi; b += blockBytes {
+		e := min(b+blockBytes, hi)
+		reduceBlock(dst[b:e], srcs, b, dt, op, div)
+	}
+}
+
+func reduceBlock(dst []byte, srcs [][]byte, off int, dt DType, op Op, div int) {
+	n := len(dst)
+	src := func(i int) []byte { return srcs[i][off : off+n] }
+	switch dt {
+	case Float32:
+		d := asSlice[float32](dst)
+		foldNative(d, asSlice[float32](src(0)), srcs, off, op)
+		if div > 1 {
+			fd := float32(div)
+			for i := range d {
+				d[i] /= fd
+			}
+		}
+	case Float64:
+		d := asSlice[float64](dst)
+		foldNative(d, asSlice[float64](src(0)), srcs, off, op)
+		if div > 1 {
+			fd := float64(div)
+			for i := range d {
+				d[i] /= fd
+			}
+		}
+	case Int32:
+		d := asSlice[int32](dst)
+		foldNative(d, asSlice[int32](src(0)), srcs, off, op)
+		if div > 1 {
+			v := int32(div)
+			for i := range d {
+				d[i] /= v
+			}
+		}
+	case Int64:
+		d := asSlice[int64](dst)
+		foldNative(d, asSlice[int64](src(0)), srcs, off, op)
+		if div > 1 {
+			v := int64(div)
+			for i := range d {
+				d[i] /= v
+			}
+		}
+	case Uint8:
+		if op == Avg || div > 1 {
+			// Accumulate wide so that avg is exact (a sum wraps mod 256).
+			reduceWide(dst, srcs, off, op, div, func(b []byte, i int) float32 { return float32(b[i]) },
+				func(b []byte, i int, v float32) { b[i] = byte(uint32(int64(v))) }, 1)
+			return
+		}
+		foldNative(dst, src(0), srcs, off, op)
+	case Float16:
+		reduceWide(dst, srcs, off, op, div, func(b []byte, i int) float32 {
+			return f16to32(uint16(b[2*i]) | uint16(b[2*i+1])<<8)
+		}, func(b []byte, i int, v float32) {
+			h := f32to16(v)
+			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+		}, 2)
+	case BFloat16:
+		reduceWide(dst, srcs, off, op, div, func(b []byte, i int) float32 {
+			return math.Float32frombits(uint32(uint16(b[2*i])|uint16(b[2*i+1])<<8) << 16)
+		}, func(b []byte, i int, v float32) {
+			h := f32toBF16(v)
+			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+		}, 2)
+	}
+}
+
+type native interface {
+	~float32 | ~float64 | ~int32 | ~int64 | ~uint8
+}
+
+// foldNative writes op(srcs...) into d; first is srcs[0] as []T.
+func foldNative[T native](d, first []T, srcs [][]byte, off int, op Op) {
+	n := len(d)
+	es := int(unsafe.Sizeof(d[0]))
+	rest := srcs[1:]
+	s := func(i int) []T { return asSlice[T](rest[i][off : off+n*es]) }
+	i := 0
+	// Fold three sources per pass while there are at least two more: fewer
+	// loads and stores of d than one source at a time.
+	if len(rest) >= 2 {
+		a, b := s(0), s(1)
+		op3(d, first, a, b, op)
+		i = 2
+	} else if len(rest) == 1 {
+		op2(d, first, s(0), op)
+		return
+	} else {
+		if &d[0] != &first[0] {
+			copy(d, first)
+		}
+		return
+	}
+	for ; i+1 < len(rest); i += 2 {
+		op3(d, d, s(i), s(i+1), op)
+	}
+	if i < len(rest) {
+		op2(d, d, s(i), op)
+	}
+}
+
+func op2[T native](d, a, b []T, op Op) {
+	a, b = a[:len(d)], b[:len(d)]
+	switch op {
+	case Sum, Avg:
+		for i := range d {
+			d[i] = a[i] + b[i]
+		}
+	case Min:
+		for i := range d {
+			d[i] = min(a[i], b[i])
+		}
+	case Max:
+		for i := range d {
+			d[i] = max(a[i], b[i])
+		}
+	}
+}
+
+func op3[T native](d, a, b, c []T, op Op) {
+	a, b, c = a[:len(d)], b[:len(d)], c[:len(d)]
+	switch op {
+	case Sum, Avg:
+		for i := range d {
+			d[i] = a[i] + b[i] + c[i]
+		}
+	case Min:
+		for i := range d {
+			d[i] = min(a[i], b[i], c[i])
+		}
+	case Max:
+		for i := range d {
+			d[i] = max(a[i], b[i], c[i])
+		}
+	}
+}
+
+// reduceWide reduces narrow types through a float32 accumulator block: one
+// rounding at the end, like the GPU kernels.
+func reduceWide(dst []byte, srcs [][]byte, off int, op Op, div int,
+	load func([]byte, int) float32, store func([]byte, int, float32), es int) {
+	var accBuf [blockBytes]float32
+	n := len(dst) / es
+	acc := accBuf[:n]
+	first := srcs[0][off : off+len(dst)]
+	for i := range acc {
+		acc[i] = load(first, i)
+	}
+	for _, s := range srcs[1:] {
+		s = s[off : off+len(dst)]
+		switch op {
+		case Sum, Avg:
+			for i := range acc {
+				acc[i] += load(s, i)
+			}
+		case Min:
+			for i := range acc {
+				acc[i] = min(acc[i], load(s, i))
+			}
+		case Max:
+			for i := range acc {
+				acc[i] = max(acc[i], load(s, i))
+			}
+		}
+	}
+	if div > 1 {
+		fd := float32(div)
+		if es == 1 {
+			for i := range acc {
+				acc[i] = float32(int64(acc[i]) / int64(div))
+			}
+		} else {
+			for i := range acc {
+				acc[i] /= fd
+			}
+		}
+	}
+	for i := range acc {
+		store(dst, i, acc[i])
+	}
+}
+
+// asSlice views b as a slice of T. b must be aligned for T (mmap'd and
+// Go-allocated buffers are; offsets used here are multiples of the size).
+func asSlice[T any](b []byte) []T {
+	var z T
+	sz := int(unsafe.Sizeof(z))
+	if len(b) < sz {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/sz)
+}
+
+// f16to32 converts IEEE half precision bits to float32.
+func f16to32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h) & 0x3ff
+	switch {
+	case exp == 0x1f: // inf/nan
+		return math.Float32frombits(sign | 0xff<<23 | man<<13)
+	case exp == 0:
+		if man == 0 {
+			return math.Float32frombits(sign)
+		}
+		// subnormal: value = man * 2^-24
+		f := float32(man) * (1.0 / (1 << 24))
+		if sign != 0 {
+			f = -f
+		}
+		return f
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
+}
+
+// f32to16 converts float32 to IEEE half precision, rounding to nearest even.
+func f32to16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	man := b & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		man |= 0x800000
+		shift := uint32(14 - e)
+		h := man >> shift
+		rem := man & (1<<shift - 1)
+		half := uint32(1) << (shift - 1)
+		if rem > half || (rem == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	h := uint32(e)<<10 | man>>13
+	rem := man & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++ // may carry into the exponent, which is right (up to inf)
+	}
+	return sign | uint16(h)
+}
+
+// f32toBF16 converts float32 to bfloat16, rounding to nearest even.
+func f32toBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// Float16Bits and friends convert between float32 and the 16-bit formats
+// the way the reductions do; tests and the bench use them to build inputs.
+func Float16Bits(f float32) uint16 { return f32to16(f) }
+
+// Float16FromBits converts IEEE half precision bits to float32.
+func Float16FromBits(h uint16) float32 { return f16to32(h) }
+
+// BFloat16Bits converts float32 to bfloat16 bits (round to nearest even).
+func BFloat16Bits(f float32) uint16 { return f32toBF16(f) }
+
+// BFloat16FromBits converts bfloat16 bits to float32.
+func BFloat16FromBits(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+func asBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(s[0])))
+}

@@ -1,0 +1,177 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/migctl/migctl/comm/shm"
+)
+
+// ShmOptions tune a ShmTransport; zero values pick defaults.
+type ShmOptions struct {
+	// Heartbeat is how often this rank bumps its heartbeat (default 10ms).
+	Heartbeat time.Duration
+	// PeerTimeout is how long a peer's heartbeat may stand still before it
+	// is declared dead (default 5s). A peer whose process is gone is dead at
+	// once.
+	PeerTimeout time.Duration
+	// Spin is how long a wait polls without sleeping (default 50µs).
+	Spin time.Duration
+}
+
+// ShmTransport is one rank's view of a job's shared control block: sequence
+// flags, the arena, liveness of every rank and the abort flag. Its methods
+// are safe for concurrent use.
+type ShmTransport struct {
+	ctl   *shm.Control
+	rank  int
+	world int
+	opts  ShmOptions
+
+	stop     chan struct{}
+	stopOnce sync.Once
+
+	mu        sync.Mutex
+	lastCheck time.Time
+	beat      []uint64
+	moved     []time.Time
+}
+
+// NewShmTransport attaches rank to ctl: it records the process id and starts
+// the heartbeat. Close stops it.
+func NewShmTransport(ctl *shm.Control, rank int, opts ShmOptions) (*ShmTransport, error) {
+	w := ctl.Layout().World
+	if rank < 0 || rank >= w {
+		return nil, fmt.Errorf("rank %d of %d: %w", rank, w, ErrInvalid)
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = 10 * time.Millisecond
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = 5 * time.Second
+	}
+	if opts.Spin <= 0 {
+		opts.Spin = 50 * time.Microsecond
+	}
+	t := &ShmTransport{ctl: ctl, rank: rank, world: w, opts: opts, stop: make(chan struct{}),
+		beat: make([]uint64, w), moved: make([]time.Time, w)}
+	ctl.PID(rank).Store(uint64(os.Getpid()))
+	ctl.Heartbeat(rank).Add(1)
+	now := time.Now()
+	for q := range t.moved {
+		t.moved[q] = now
+	}
+	go t.heartbeat()
+	return t, nil
+}
+
+func (t *ShmTransport) heartbeat() {
+	tk := time.NewTicker(t.opts.Heartbeat)
+	defer tk.Stop()
+	for {
+		select {
+		case <-tk.C:
+			t.ctl.Heartbeat(t.rank).Add(1)
+		case <-t.stop:
+			return
+		}
+	}
+}
+
+// Rank is this rank. World is the number of ranks.
+func (t *ShmTransport) Rank() int  { return t.rank }
+func (t *ShmTransport) World() int { return t.world }
+
+// Arena is the shared data arena.
+func (t *ShmTransport) Arena() []byte { return t.ctl.Data() }
+
+// Flag loads flag i.
+func (t *ShmTransport) Flag(i int) uint64 { return t.ctl.Flag(i).Load() }
+
+// Set stores v in flag i (flags this rank owns only).
+func (t *ShmTransport) Set(i int, v uint64) { t.ctl.Flag(i).Store(v) }
+
+// Abort raises the job's abort flag (the first rank to raise it is
+// recorded); every rank's waits then fail with ErrAborted.
+func (t *ShmTransport) Abort() { t.ctl.Abort().CompareAndSwap(0, uint64(t.rank+1)) }
+
+// Aborted returns an ErrAborted error if any rank raised the abort flag.
+func (t *ShmTransport) Aborted() error {
+	if w := t.ctl.Abort().Load(); w != 0 {
+		return fmt.Errorf("rank %d raised the abort flag: %w", int(w)-1, ErrAborted)
+	}
+	return nil
+}
+
+// Wait blocks until flag i ≥ v. It returns an error, after raising the abort
+// flag, when ctx ends, when another rank aborted, or when a peer is dead.
+func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
+	f := t.ctl.Flag(i)
+	if f.Load() >= v {
+		return nil
+	}
+	start := time.Now()
+	sleep := 5 * time.Microsecond
+	for n := 0; ; n++ {
+		if f.Load() >= v {
+			return nil
+		}
+		if n&15 != 15 {
+			runtime.Gosched()
+			continue
+		}
+		if err := t.Aborted(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			t.Abort()
+			return fmt.Errorf("waiting for flag %d to reach %#x (at %#x): %w", i, v, f.Load(), err)
+		}
+		if err := t.CheckPeers(); err != nil {
+			t.Abort()
+			return err
+		}
+		if time.Since(start) > t.opts.Spin {
+			time.Sleep(sleep)
+			sleep = min(2*sleep, 200*time.Microsecond)
+		}
+	}
+}
+
+// CheckPeers reports ErrPeerDead if a peer's process is gone or its
+// heartbeat stood still for longer than PeerTimeout. It checks at most once
+// a millisecond and answers nil in between.
+func (t *ShmTransport) CheckPeers() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if now.Sub(t.lastCheck) < time.Millisecond {
+		return nil
+	}
+	t.lastCheck = now
+	for q := range t.world {
+		if q == t.rank {
+			continue
+		}
+		if pid := int(t.ctl.PID(q).Load()); pid != 0 && !shm.Alive(pid) {
+			return fmt.Errorf("rank %d (pid %d) exited: %w", q, pid, ErrPeerDead)
+		}
+		b := t.ctl.Heartbeat(q).Load()
+		if b != t.beat[q] {
+			t.beat[q], t.moved[q] = b, now
+		} else if now.Sub(t.moved[q]) > t.opts.PeerTimeout {
+			return fmt.Errorf("rank %d has not heartbeaten for %v: %w", q, now.Sub(t.moved[q]).Round(time.Millisecond), ErrPeerDead)
+		}
+	}
+	return nil
+}
+
+// Close stops the heartbeat. It does not unmap the control block.
+func (t *ShmTransport) Close() error {
+	t.stopOnce.Do(func() { close(t.stop) })
+	return nil
+}
