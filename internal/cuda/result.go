@@ -135,10 +135,23 @@ func (r Result) Error() string {
 	return fmt.Sprintf("cuda: unrecognised CUresult %d", int(r))
 }
 
+// boxed holds the known results already converted to error, so that
+// returning one (ErrNotReady from every poll) does not allocate.
+var boxed = func() map[Result]error {
+	m := make(map[Result]error, len(resultNames))
+	for r := range resultNames {
+		m[r] = r
+	}
+	return m
+}()
+
 // resultError turns a CUresult into an error: nil for CUDA_SUCCESS.
 func resultError(code int) error {
 	if code == 0 {
 		return nil
+	}
+	if e, ok := boxed[Result(code)]; ok {
+		return e
 	}
 	return Result(code)
 }
