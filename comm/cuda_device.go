@@ -151,7 +151,7 @@ func NewCUDADevice(api cuda.Interface, cfg CUDAConfig) (*CUDADevice, error) {
 // GPUTopology is where a CUDA device sits, as the driver reports it.
 type GPUTopology struct {
 	// Ordinal is the CUDA ordinal in this process.
-	Ordinal int `json:"ordinal"`
+	Ordinal int    `json:"ordinal"`
 	Name    string `json:"name"`
 	// UUID identifies the device: "MIG-..." for a MIG instance, else "GPU-...".
 	UUID string `json:"uuid"`
