@@ -1,0 +1,242 @@
+package migsim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+)
+
+// Call describes a mutating NVML call about to be made on the simulator; a
+// Fault sees it before it has any effect.
+type Call struct {
+	Op  string // "SetMigMode", "CreateGpuInstanceWithPlacement", "GpuInstance.Destroy", ...
+	GPU int
+}
+
+// Fault decides the fate of a mutating call: SUCCESS lets it run, anything
+// else is returned to the caller and the call has no effect.
+type Fault func(Call) nvml.Return
+
+// Node is a simulated node: an nvml.Interface over a set of simulated GPUs.
+type Node struct {
+	mock.Interface // method set only: unmodelled calls panic
+
+	mu    sync.Mutex
+	model Model
+	st    state
+	path  string   // "" for an in-memory node
+	lock  *os.File // flock holder for a file-backed node
+	fault Fault
+}
+
+var _ nvml.Interface = (*Node)(nil)
+
+// New returns an in-memory node of n fresh GPUs of model m.
+func New(m Model, n int) *Node {
+	return &Node{model: m, st: freshState(m, n)}
+}
+
+// Open returns a node backed by the state file at path, creating a fresh
+// node of n GPUs of model m when the file does not exist. It takes an
+// exclusive lock on path+".lock", blocking until another process holding it
+// calls Close (or exits). A file made for another model or GPU count is an
+// error rather than silently reused.
+func Open(path string, m Model, n int) (*Node, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("creating simulator state directory: %w", err)
+	}
+	lf, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening simulator lock: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("locking simulator state: %w", err)
+	}
+	st, ok, err := load(path)
+	if err != nil {
+		lf.Close()
+		return nil, err
+	}
+	if ok && (st.Model != m.Key || len(st.GPUs) != n) {
+		lf.Close()
+		return nil, fmt.Errorf("simulator state %s holds %d x %s, not %d x %s (use another --sim-state)", path, len(st.GPUs), st.Model, n, m.Key)
+	}
+	node := &Node{model: m, st: st, path: path, lock: lf}
+	if !ok {
+		node.st = freshState(m, n)
+		if err := save(path, &node.st); err != nil {
+			lf.Close()
+			return nil, err
+		}
+	}
+	return node, nil
+}
+
+// Close releases the state lock. The state itself is already on disk.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lock == nil {
+		return nil
+	}
+	err := n.lock.Close() // closing drops the flock
+	n.lock = nil
+	return err
+}
+
+// Model is the simulated product.
+func (n *Node) Model() Model { return n.model }
+
+// SetFault installs f (nil removes it) to be consulted before every mutating call.
+func (n *Node) SetFault(f Fault) {
+	n.mu.Lock()
+	n.fault = f
+	n.mu.Unlock()
+}
+
+// ErrNoInstance: AttachProcess named a MIG device that does not exist.
+var ErrNoInstance = errors.New("no such MIG device")
+
+// AttachProcess records a fake process using usedBytes on GPU gpu: on the
+// compute instance (giID, ciID) when MIG is enabled, on the whole GPU when
+// giID < 0.
+func (n *Node) AttachProcess(gpu, giID, ciID int, pid uint32, usedBytes uint64) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if gpu < 0 || gpu >= len(n.st.GPUs) {
+		return fmt.Errorf("GPU %d: %w", gpu, ErrNoInstance)
+	}
+	g := &n.st.GPUs[gpu]
+	p := procState{PID: pid, Used: usedBytes}
+	if giID < 0 {
+		g.Procs = append(g.Procs, p)
+		return n.persist()
+	}
+	ci := n.findCI(g, giID, ciID)
+	if ci == nil {
+		return fmt.Errorf("GPU %d GI %d CI %d: %w", gpu, giID, ciID, ErrNoInstance)
+	}
+	ci.Procs = append(ci.Procs, p)
+	return n.persist()
+}
+
+// DetachProcess removes process pid from wherever it runs on GPU gpu.
+func (n *Node) DetachProcess(gpu int, pid uint32) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if gpu < 0 || gpu >= len(n.st.GPUs) {
+		return fmt.Errorf("GPU %d: %w", gpu, ErrNoInstance)
+	}
+	g := &n.st.GPUs[gpu]
+	g.Procs = dropPID(g.Procs, pid)
+	for i := range g.GIs {
+		for j := range g.GIs[i].CIs {
+			g.GIs[i].CIs[j].Procs = dropPID(g.GIs[i].CIs[j].Procs, pid)
+		}
+	}
+	return n.persist()
+}
+
+func dropPID(ps []procState, pid uint32) []procState {
+	out := ps[:0]
+	for _, p := range ps {
+		if p.PID != pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Reset stands for the admin resetting GPU gpu: a pending MIG mode takes
+// effect. It refuses (ERROR_IN_USE) while processes run on the GPU.
+func (n *Node) Reset(gpu int) nvml.Return {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if gpu < 0 || gpu >= len(n.st.GPUs) {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	g := &n.st.GPUs[gpu]
+	if gpuBusy(g) {
+		return nvml.ERROR_IN_USE
+	}
+	g.MIGCurrent = g.MIGPending
+	if g.MIGCurrent == nvml.DEVICE_MIG_DISABLE {
+		g.GIs = nil
+	}
+	if err := n.persist(); err != nil {
+		return nvml.ERROR_UNKNOWN
+	}
+	return nvml.SUCCESS
+}
+
+func gpuBusy(g *gpuState) bool {
+	if len(g.Procs) > 0 {
+		return true
+	}
+	for _, gi := range g.GIs {
+		for _, ci := range gi.CIs {
+			if len(ci.Procs) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// persist writes the state when the node is file-backed. Callers hold mu.
+func (n *Node) persist() error {
+	if n.path == "" {
+		return nil
+	}
+	return save(n.path, &n.st)
+}
+
+// mutate runs the fault hook for op, then f, then persists. Callers hold mu.
+func (n *Node) mutate(op string, gpu int, f func() nvml.Return) nvml.Return {
+	if n.fault != nil {
+		if r := n.fault(Call{Op: op, GPU: gpu}); r != nvml.SUCCESS {
+			return r
+		}
+	}
+	r := f()
+	if r == nvml.SUCCESS {
+		if err := n.persist(); err != nil {
+			return nvml.ERROR_UNKNOWN
+		}
+	}
+	return r
+}
+
+func (n *Node) findGI(g *gpuState, id int) *giState {
+	for i := range g.GIs {
+		if g.GIs[i].ID == id {
+			return &g.GIs[i]
+		}
+	}
+	return nil
+}
+
+func (n *Node) findCI(g *gpuState, giID, ciID int) *ciState {
+	gi := n.findGI(g, giID)
+	if gi == nil {
+		return nil
+	}
+	for i := range gi.CIs {
+		if gi.CIs[i].ID == ciID {
+			return &gi.CIs[i]
+		}
+	}
+	return nil
+}
+
+func (n *Node) nextSerial() uint64 {
+	n.st.Seq++
+	return n.st.Seq
+}

@@ -1,0 +1,441 @@
+package mig
+
+import (
+	"fmt"
+	"strings"
+)
+
+// InfeasibleError explains why wants could not be placed.
+type InfeasibleError struct {
+	GPU     int
+	Profile string // the GI profile that could not be placed
+	Source  string // the request entry it came from
+	Free    string // free memory units at that point ("3,7", "none")
+	Placed  Layout // what was placed before it (kept instances included)
+	Reason  string
+}
+
+func (e *InfeasibleError) Error() string {
+	placed := e.Placed.String()
+	return fmt.Sprintf("GPU %d: cannot place %s (%s): %s; free memory units: %s; placed: %s",
+		e.GPU, e.Profile, e.Source, e.Reason, e.Free, placed)
+}
+
+// Unwrap makes errors.Is(err, ErrInfeasible) true.
+func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
+
+// score ranks complete placements: higher is better.
+type score struct {
+	usableRun  int // longest run of free units some further instance could use
+	usable     int // free units some further instance could use
+	freeRun    int // longest free run
+	fragments  int // free runs (fewer is better)
+	valid      bool
+	placements []int
+}
+
+func (s score) better(o score) bool {
+	if !o.valid {
+		return true
+	}
+	if s.usableRun != o.usableRun {
+		return s.usableRun > o.usableRun
+	}
+	if s.usable != o.usable {
+		return s.usable > o.usable
+	}
+	if s.freeRun != o.freeRun {
+		return s.freeRun > o.freeRun
+	}
+	return s.fragments < o.fragments // equal: keep the earlier (lexicographically smaller)
+}
+
+// usableMask is the set of free units that some profile could still occupy
+// given counts and the 7 compute slices.
+func usableMask(profiles []GIProfile, mask uint16, counts map[string]int, slices int) uint16 {
+	var u uint16
+	for _, p := range profiles {
+		if counts[p.Name] >= p.MaxCount || slices+p.Slices > 7 {
+			continue
+		}
+		for _, pl := range p.Placements {
+			if pl.Mask()&mask == 0 {
+				u |= pl.Mask()
+			}
+		}
+	}
+	return u
+}
+
+// PlaceInstances places wants around the fixed layout on a GPU with the given
+// profiles. It searches exhaustively (8 memory units make that cheap),
+// honouring allowed placements, maximum counts and the 7 compute slices,
+// and returns the fixed layout plus the new instances. Among feasible
+// answers it keeps the free space most useful: the longest run of units a
+// further instance could use, then the most such units, then the longest and
+// fewest free runs, then the smallest starts in want order. Deterministic.
+// An impossible request returns an *InfeasibleError (wrapping ErrInfeasible).
+func PlaceInstances(gpuIndex int, profiles []GIProfile, fixed Layout, wants []Want) (Layout, error) {
+	var mask uint16
+	counts := map[string]int{}
+	slices := 0
+	byName := map[string]GIProfile{}
+	for _, p := range profiles {
+		byName[p.Name] = p
+	}
+	for _, f := range fixed {
+		mask |= f.Placement.Mask()
+		counts[f.Profile]++
+		slices += byName[f.Profile].Slices
+	}
+	// quick, explainable refusals
+	need, needSlices := 0, 0
+	for _, w := range wants {
+		need += w.Profile.Size()
+		needSlices += w.Profile.Slices
+	}
+	total := map[string]int{}
+	for k, v := range counts {
+		total[k] = v
+	}
+	for _, w := range wants {
+		total[w.Profile.Name]++
+		if total[w.Profile.Name] > w.Profile.MaxCount {
+			return nil, &InfeasibleError{GPU: gpuIndex, Profile: w.Profile.Name, Source: w.Source, Free: freeRanges(mask), Placed: fixed,
+				Reason: fmt.Sprintf("at most %d x %s per GPU", w.Profile.MaxCount, w.Profile.Name)}
+		}
+	}
+	if free := len(freeUnits(mask)); need > free && len(wants) > 0 {
+		return nil, &InfeasibleError{GPU: gpuIndex, Profile: wants[len(wants)-1].Profile.Name, Source: wants[len(wants)-1].Source,
+			Free: freeRanges(mask), Placed: fixed,
+			Reason: fmt.Sprintf("the request needs %d memory units, %d are free", need, free)}
+	}
+	if slices+needSlices > 7 {
+		return nil, &InfeasibleError{GPU: gpuIndex, Profile: wants[len(wants)-1].Profile.Name, Source: wants[len(wants)-1].Source,
+			Free: freeRanges(mask), Placed: fixed,
+			Reason: fmt.Sprintf("the request needs %d compute slices, %d of 7 are free", needSlices, 7-slices)}
+	}
+
+	s := &search{profiles: profiles, wants: wants, starts: make([]int, len(wants)), counts: counts, slices: slices, deepest: -1}
+	s.dfs(0, mask)
+	if !s.best.valid {
+		w := wants[s.deepest]
+		placed := append(Layout(nil), fixed...)
+		for i := 0; i < s.deepest; i++ {
+			placed = append(placed, wants[i].spec(s.deepStarts[i]))
+		}
+		return nil, &InfeasibleError{GPU: gpuIndex, Profile: w.Profile.Name, Source: w.Source, Free: freeRanges(s.deepMask), Placed: placed,
+			Reason: fmt.Sprintf("it needs %d memory units starting at %s", w.Profile.Size(), w.Profile.Starts())}
+	}
+	out := append(Layout(nil), fixed...)
+	for i, w := range wants {
+		out = append(out, w.spec(s.best.placements[i]))
+	}
+	return out.Sorted(), nil
+}
+
+type search struct {
+	profiles []GIProfile
+	wants    []Want
+	starts   []int
+	counts   map[string]int
+	slices   int
+	best     score
+	// the deepest point a search got stuck, for the explanation
+	deepest    int
+	deepMask   uint16
+	deepStarts []int
+}
+
+func (s *search) dfs(i int, mask uint16) {
+	if i == len(s.wants) {
+		// counts/slices of the complete layout
+		counts := map[string]int{}
+		for k, v := range s.counts {
+			counts[k] = v
+		}
+		sl := s.slices
+		for _, w := range s.wants {
+			counts[w.Profile.Name]++
+			sl += w.Profile.Slices
+		}
+		u := usableMask(s.profiles, mask, counts, sl)
+		sc := score{usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask),
+			fragments: freeFragments(mask), valid: true, placements: append([]int(nil), s.starts...)}
+		if sc.better(s.best) {
+			s.best = sc
+		}
+		return
+	}
+	w := s.wants[i]
+	lo := -1
+	// identical, unpinned wants take non-decreasing starts (no permutations)
+	if i > 0 && w.Start < 0 && sameWant(s.wants[i-1], w) {
+		lo = s.starts[i-1]
+	}
+	placed := false
+	for _, pl := range w.Profile.Placements {
+		if (w.Start >= 0 && pl.Start != w.Start) || pl.Start <= lo {
+			continue
+		}
+		if pl.Mask()&mask != 0 {
+			continue
+		}
+		placed = true
+		s.starts[i] = pl.Start
+		s.dfs(i+1, mask|pl.Mask())
+	}
+	if !placed && i > s.deepest {
+		s.deepest, s.deepMask, s.deepStarts = i, mask, append([]int(nil), s.starts[:i]...)
+	}
+}
+
+func sameWant(a, b Want) bool {
+	if a.Profile.Name != b.Profile.Name || a.Start >= 0 || len(a.CISlices) != len(b.CISlices) {
+		return false
+	}
+	for i := range a.CISlices {
+		if a.CISlices[i] != b.CISlices[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// PlanOptions tune planning.
+type PlanOptions struct {
+	// Force allows destroying instances that have processes. NVML still
+	// refuses to destroy a compute instance while a process runs on it; Force
+	// only stops migctl from refusing first.
+	Force bool
+}
+
+// GPUPlan is the plan for one GPU.
+type GPUPlan struct {
+	GPU       int     `json:"gpu" yaml:"gpu"`
+	UUID      string  `json:"uuid" yaml:"uuid"`
+	Name      string  `json:"name" yaml:"name"`
+	Request   Request `json:"request" yaml:"request"`
+	Current   Layout  `json:"current" yaml:"current"`
+	Target    Layout  `json:"target" yaml:"target"`
+	Kept      Layout  `json:"kept,omitempty" yaml:"kept,omitempty"`
+	EnableMIG bool    `json:"enableMIG,omitempty" yaml:"enableMIG,omitempty"`
+	// DisableMIG: the request has MIG off and it is on.
+	DisableMIG bool   `json:"disableMIG,omitempty" yaml:"disableMIG,omitempty"`
+	Steps      []Step `json:"steps" yaml:"steps"`
+}
+
+// NoOp reports a plan that changes nothing.
+func (p GPUPlan) NoOp() bool { return len(p.Steps) == 0 }
+
+// PlanGPU plans request req on gpu: which existing instances to keep (as many
+// as possible, always the busy ones unless forced), where new instances go,
+// and the steps from the current layout to the target. Pure and deterministic.
+func PlanGPU(gpu *GPU, req Request, opts PlanOptions) (GPUPlan, error) {
+	plan := GPUPlan{GPU: gpu.Index, UUID: gpu.UUID, Name: gpu.Name, Request: req, Current: gpu.Layout()}
+	wants, err := Expand(gpu, req)
+	if err != nil {
+		return plan, err
+	}
+	if !req.MIGEnabled {
+		if !gpu.MIGCapable || (!gpu.MIGEnabled && !gpu.MIGPending) {
+			plan.Target = Layout{}
+			return plan, nil
+		}
+		for _, in := range gpu.Instances {
+			if in.Busy() && !opts.Force {
+				return plan, fmt.Errorf("GPU %d: disabling MIG would destroy %s, which has processes (use --force): %w", gpu.Index, in, ErrBusy)
+			}
+		}
+		plan.Target = Layout{}
+		plan.DisableMIG = true
+		plan.Steps = append(Reconcile(gpu, Layout{}), Step{Op: OpDisableMIG})
+		return plan, nil
+	}
+	if !gpu.MIGEnabled {
+		plan.EnableMIG = true
+	}
+	target, kept, err := chooseKept(gpu, wants, opts)
+	if err != nil {
+		return plan, err
+	}
+	plan.Target, plan.Kept = target, kept
+	if plan.EnableMIG {
+		plan.Steps = append(plan.Steps, Step{Op: OpEnableMIG})
+	}
+	plan.Steps = append(plan.Steps, Reconcile(gpu, target)...)
+	return plan, nil
+}
+
+// chooseKept picks the largest set of existing instances that can stay (busy
+// ones always, unless forced) such that the rest of the wants fit around it.
+func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error) {
+	cur := gpu.Instances
+	if !gpu.MIGEnabled {
+		cur = nil
+	}
+	// candidates: instances some want could be
+	var cand []int
+	for i, in := range cur {
+		matched := false
+		for _, w := range wants {
+			if w.Profile.Name == in.Profile && intsEqual(in.CISlices(), sortedInts(w.CISlices)) && (w.Start < 0 || w.Start == in.Placement.Start) {
+				matched = true
+			}
+		}
+		if matched {
+			cand = append(cand, i)
+		} else if in.Busy() && !opts.Force {
+			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s, which has processes (use --force to destroy it): %w", gpu.Index, in, ErrBusy)
+		}
+	}
+	var firstErr error
+	for size := len(cand); size >= 0; size-- {
+		var best Layout
+		var bestKept Layout
+		var bestScore score
+		for sub := 0; sub < 1<<len(cand); sub++ {
+			if popcount(sub) != size {
+				continue
+			}
+			var kept Layout
+			busyOK := true
+			keep := map[int]bool{}
+			for k, ci := range cand {
+				if sub&(1<<k) != 0 {
+					kept = append(kept, cur[ci].Spec())
+					keep[ci] = true
+				}
+			}
+			for i, in := range cur {
+				if in.Busy() && !keep[i] && !opts.Force {
+					busyOK = false
+				}
+			}
+			if !busyOK {
+				continue
+			}
+			rest, ok := matchWants(wants, kept)
+			if !ok {
+				continue
+			}
+			target, err := PlaceInstances(gpu.Index, gpu.Profiles, kept, rest)
+			if err != nil {
+				if firstErr == nil || size == 0 {
+					firstErr = err
+				}
+				continue
+			}
+			sc := layoutScore(gpu.Profiles, target)
+			if best == nil || sc.better(bestScore) {
+				best, bestKept, bestScore = target, kept, sc
+			}
+		}
+		if best != nil {
+			return best, bestKept.Sorted(), nil
+		}
+	}
+	if firstErr == nil {
+		firstErr = fmt.Errorf("GPU %d: %w: busy instances leave no room for the layout", gpu.Index, ErrInfeasible)
+	}
+	return nil, nil, firstErr
+}
+
+// layoutScore scores a complete layout like the search does.
+func layoutScore(profiles []GIProfile, l Layout) score {
+	var mask uint16
+	counts := map[string]int{}
+	slices := 0
+	for _, s := range l {
+		mask |= s.Placement.Mask()
+		counts[s.Profile]++
+		for _, p := range profiles {
+			if p.Name == s.Profile {
+				slices += p.Slices
+			}
+		}
+	}
+	u := usableMask(profiles, mask, counts, slices)
+	return score{usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask), fragments: freeFragments(mask), valid: true}
+}
+
+// matchWants removes from wants one want per kept instance (pinned wants
+// first); ok is false when some kept instance matches none.
+func matchWants(wants []Want, kept Layout) ([]Want, bool) {
+	used := make([]bool, len(wants))
+	for _, pass := range []bool{true, false} {
+		for _, k := range kept {
+			if pass != anyPinnedAt(wants, k) {
+				continue
+			}
+			found := false
+			for i, w := range wants {
+				if used[i] || w.Profile.Name != k.Profile || !intsEqual(sortedInts(w.CISlices), sortedInts(k.CISlices)) {
+					continue
+				}
+				if (pass && w.Start == k.Placement.Start) || (!pass && w.Start < 0) {
+					used[i], found = true, true
+					break
+				}
+			}
+			if !found {
+				return nil, false
+			}
+		}
+	}
+	var rest []Want
+	for i, w := range wants {
+		if !used[i] {
+			rest = append(rest, w)
+		}
+	}
+	return rest, true
+}
+
+func anyPinnedAt(wants []Want, k InstanceSpec) bool {
+	for _, w := range wants {
+		if w.Start == k.Placement.Start && w.Profile.Name == k.Profile && intsEqual(sortedInts(w.CISlices), sortedInts(k.CISlices)) {
+			return true
+		}
+	}
+	return false
+}
+
+func popcount(x int) int {
+	n := 0
+	for ; x != 0; x &= x - 1 {
+		n++
+	}
+	return n
+}
+
+func intsEqual(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedInts(a []int) []int {
+	out := append([]int(nil), a...)
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j] < out[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// describeWants prints wants for messages.
+func describeWants(ws []Want) string {
+	s := make([]string, len(ws))
+	for i, w := range ws {
+		s[i] = w.Profile.Name
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,254 @@
+package mig_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
+)
+
+// h200 discovers a fresh simulated H200 (MIG off, no instances).
+func h200(t testing.TB) *mig.GPU {
+	t.Helper()
+	node, err := mig.Discover(migsim.New(migsim.H200, 1))
+	require.NoError(t, err)
+	return &node.GPUs[0]
+}
+
+func req(devs ...mig.DeviceRequest) mig.Request {
+	return mig.Request{MIGEnabled: true, Devices: devs}
+}
+
+func dev(profile string, count int, starts ...int) mig.DeviceRequest {
+	return mig.DeviceRequest{Profile: profile, Count: count, Starts: starts}
+}
+
+// checkValid asserts a layout obeys the H200's rules on its own terms.
+func checkValid(t *testing.T, g *mig.GPU, l mig.Layout) {
+	t.Helper()
+	var mask uint16
+	counts := map[string]int{}
+	slices := 0
+	for _, s := range l {
+		p, ok := g.Profile(s.Profile)
+		require.True(t, ok, s.Profile)
+		require.True(t, p.Allows(s.Placement.Start), "%s not allowed at %d", s.Profile, s.Placement.Start)
+		require.Equal(t, p.Size(), s.Placement.Size)
+		require.Zero(t, mask&s.Placement.Mask(), "overlap at %s", s)
+		mask |= s.Placement.Mask()
+		counts[s.Profile]++
+		require.LessOrEqual(t, counts[s.Profile], p.MaxCount)
+		slices += p.Slices
+	}
+	require.LessOrEqual(t, slices, 7)
+}
+
+func TestPlanH200Feasible(t *testing.T) {
+	g := h200(t)
+	tests := []struct {
+		name string
+		req  mig.Request
+		want string // expected target layout, sorted by start
+	}{
+		{"7x1g.18gb", req(dev("1g.18gb", 7)), "1g.18gb@0:1, 1g.18gb@1:1, 1g.18gb@2:1, 1g.18gb@3:1, 1g.18gb@4:1, 1g.18gb@5:1, 1g.18gb@6:1"},
+		{"4x1g.35gb", req(dev("1g.35gb", 4)), "1g.35gb@0:2, 1g.35gb@2:2, 1g.35gb@4:2, 1g.35gb@6:2"},
+		{"2x3g.71gb", req(dev("3g.71gb", 2)), "3g.71gb@0:4, 3g.71gb@4:4"},
+		{"4g+3g", req(dev("4g.71gb", 1), dev("3g.71gb", 1)), "4g.71gb@0:4, 3g.71gb@4:4"},
+		{"2x2g+3g", req(dev("2g.35gb", 2), dev("3g.71gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 3g.71gb@4:4"},
+		{"3x2g+1g", req(dev("2g.35gb", 3), dev("1g.18gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 2g.35gb@4:2, 1g.18gb@6:1"},
+		{"3x2g+1g.35gb", req(dev("2g.35gb", 3), dev("1g.35gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 2g.35gb@4:2, 1g.35gb@6:2"},
+		{"7g", req(dev("7g.141gb", 1)), "7g.141gb@0:8"},
+		{"3g+4x1g.18gb", req(dev("3g.71gb", 1), dev("1g.18gb", 4)), "1g.18gb@0:1, 1g.18gb@1:1, 1g.18gb@2:1, 1g.18gb@3:1, 3g.71gb@4:4"},
+		{"me+6x1g", req(dev("1g.18gb+me", 1), dev("1g.18gb", 6)), ""},
+		{"pinned 3g@4", req(dev("3g.71gb", 1, 4)), "3g.71gb@4:4"},
+		{"split 1c.2g.35gb=3", req(dev("1c.2g.35gb", 3)), ""},
+		{"demo layout", req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := mig.PlanGPU(g, tc.req, mig.PlanOptions{})
+			require.NoError(t, err)
+			checkValid(t, g, p.Target)
+			if tc.want != "" {
+				require.Equal(t, tc.want, p.Target.String())
+			}
+			require.True(t, p.EnableMIG, "MIG is off on a fresh GPU; the plan must turn it on")
+			require.Equal(t, mig.OpEnableMIG, p.Steps[0].Op)
+			// every requested device is there
+			n := 0
+			for _, s := range p.Target {
+				n += len(s.CISlices)
+			}
+			want := 0
+			for _, d := range tc.req.Devices {
+				want += d.Count
+			}
+			require.Equal(t, want, n)
+		})
+	}
+}
+
+func TestPlanDemoLayoutLeavesUsableSpace(t *testing.T) {
+	g := h200(t)
+	p, err := mig.PlanGPU(g, req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)), mig.PlanOptions{})
+	require.NoError(t, err)
+	// 3g@0 forces 2g@4 and 1g@6 and strands unit 7; 3g@4 leaves a unit a 1g.18gb can use.
+	require.Equal(t, "2g.35gb@0:2, 1g.18gb@2:1, 3g.71gb@4:4", p.Target.String())
+}
+
+func TestPlanH200Infeasible(t *testing.T) {
+	g := h200(t)
+	tests := []struct {
+		name    string
+		req     mig.Request
+		profile string // the profile the error must name
+		errIs   error
+	}{
+		{"4x1g.35gb + 1g.18gb", req(dev("1g.35gb", 4), dev("1g.18gb", 1)), "1g.18gb", mig.ErrInfeasible},
+		{"4x1g.35gb + 2g", req(dev("1g.35gb", 4), dev("2g.35gb", 1)), "", mig.ErrInfeasible},
+		{"8x1g.18gb", req(dev("1g.18gb", 8)), "1g.18gb", mig.ErrBadConfig},
+		{"3x3g", req(dev("3g.71gb", 3)), "3g.71gb", mig.ErrBadConfig},
+		{"7g + 1g", req(dev("7g.141gb", 1), dev("1g.18gb", 1)), "", mig.ErrInfeasible},
+		{"4g + 4g", req(dev("4g.71gb", 2)), "4g.71gb", mig.ErrBadConfig},
+		{"4g + 3g + 1g", req(dev("4g.71gb", 1), dev("3g.71gb", 1), dev("1g.18gb", 1)), "", mig.ErrInfeasible},
+		{"3x2g + 2x1g.18gb", req(dev("2g.35gb", 3), dev("1g.18gb", 2)), "1g.18gb", mig.ErrInfeasible},
+		{"1g.18gb pinned at 7", req(dev("1g.18gb", 1, 7)), "1g.18gb", mig.ErrBadConfig},
+		{"overlapping pins", req(dev("3g.71gb", 1, 0), dev("2g.35gb", 1, 2)), "2g.35gb", mig.ErrBadConfig},
+		{"unknown profile", req(dev("5g.99gb", 1)), "5g.99gb", mig.ErrUnknownProfile},
+		{"H100 name on H200", req(dev("1g.10gb", 1)), "1g.10gb", mig.ErrUnknownProfile},
+		{"malformed", req(dev("one-g", 1)), "one-g", mig.ErrUnknownProfile},
+		{"2x1g.18gb+me", req(dev("1g.18gb+me", 2)), "1g.18gb+me", mig.ErrBadConfig},
+		{"3g + 2g pinned at 4 and 1g.35gb x2", req(dev("3g.71gb", 1, 0), dev("2g.35gb", 1, 4), dev("1g.35gb", 2)), "1g.35gb", mig.ErrInfeasible},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := mig.PlanGPU(g, tc.req, mig.PlanOptions{})
+			require.Error(t, err)
+			require.ErrorIs(t, err, tc.errIs)
+			if tc.profile != "" {
+				require.Contains(t, err.Error(), tc.profile)
+			}
+			if tc.errIs == mig.ErrInfeasible {
+				require.Contains(t, err.Error(), "free memory units")
+			}
+		})
+	}
+}
+
+// TestPlanExhaustiveAgainstBruteForce checks feasibility for every request of
+// up to 7 instances against an independent brute force over placements.
+func TestPlanExhaustiveAgainstBruteForce(t *testing.T) {
+	g := h200(t)
+	profs := g.Profiles
+	var counts []int
+	var rec func(i, total int)
+	checked := 0
+	rec = func(i, total int) {
+		if i == len(profs) {
+			if total == 0 {
+				return
+			}
+			var r mig.Request
+			r.MIGEnabled = true
+			for k, c := range counts {
+				if c > 0 {
+					r.Devices = append(r.Devices, dev(profs[k].Name, c))
+				}
+			}
+			_, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+			feasible := bruteForce(profs, counts)
+			require.Equal(t, feasible, err == nil, "%v: planner says %v", r, err)
+			checked++
+			return
+		}
+		for c := 0; c <= profs[i].MaxCount && total+c <= 7; c++ {
+			counts = append(counts, c)
+			rec(i+1, total+c)
+			counts = counts[:len(counts)-1]
+		}
+	}
+	rec(0, 0)
+	require.Greater(t, checked, 100)
+}
+
+// bruteForce tries every assignment of placements independently of the planner.
+func bruteForce(profs []mig.GIProfile, counts []int) bool {
+	var items []mig.GIProfile
+	slices := 0
+	for k, c := range counts {
+		if c > profs[k].MaxCount {
+			return false
+		}
+		for j := 0; j < c; j++ {
+			items = append(items, profs[k])
+			slices += profs[k].Slices
+		}
+	}
+	if slices > 7 {
+		return false
+	}
+	var try func(i int, used [8]bool) bool
+	try = func(i int, used [8]bool) bool {
+		if i == len(items) {
+			return true
+		}
+		for _, pl := range items[i].Placements {
+			ok := true
+			for u := pl.Start; u < pl.Start+pl.Size; u++ {
+				ok = ok && !used[u]
+			}
+			if !ok {
+				continue
+			}
+			next := used
+			for u := pl.Start; u < pl.Start+pl.Size; u++ {
+				next[u] = true
+			}
+			if try(i+1, next) {
+				return true
+			}
+		}
+		return false
+	}
+	return try(0, [8]bool{})
+}
+
+func TestPlanDeterministic(t *testing.T) {
+	g := h200(t)
+	r := req(dev("1g.18gb", 2), dev("2g.35gb", 1), dev("1g.35gb", 1))
+	first, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+	require.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		p, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+		require.NoError(t, err)
+		require.Equal(t, first.Target.String(), p.Target.String())
+		require.Equal(t, first.Steps, p.Steps)
+	}
+}
+
+func BenchmarkPlanFullNode(b *testing.B) {
+	node, err := mig.Discover(migsim.New(migsim.H200, 8))
+	require.NoError(b, err)
+	layouts := []mig.Request{
+		req(dev("1g.18gb", 7)),
+		req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)),
+		req(dev("1g.35gb", 4)),
+		req(dev("2g.35gb", 3), dev("1g.18gb", 1)),
+		req(dev("4g.71gb", 1), dev("3g.71gb", 1)),
+		req(dev("1g.18gb", 3), dev("2g.35gb", 2)),
+		req(dev("3g.71gb", 2)),
+		req(dev("1g.18gb+me", 1), dev("1g.18gb", 4), dev("2g.35gb", 1)),
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k := range node.GPUs {
+			if _, err := mig.PlanGPU(&node.GPUs[k], layouts[k], mig.PlanOptions{}); err != nil {
+				b.Fatal(fmt.Errorf("GPU %d: %w", k, err))
+			}
+		}
+	}
+}
