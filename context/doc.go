@@ -27,10 +27,10 @@
 //     no MemoryInfo the Manager uses a declared capacity minus the bytes its
 //     registry holds on each device (tests, --gpu-memory).
 //
-// Processes are keyed by the pid the kernel reports for the socket peer
-// (SO_PEERCRED), which is the pid in the daemon's pid namespace, the one
-// nvidia-smi and ps on the host show; the pid in the shim's hello is kept as
-// ShimPID when it differs (a shim in a container).
+// Processes are keyed by the pid the shim sends in its hello (PROTOCOL.md).
+// The pid the kernel reports for the socket peer (SO_PEERCRED, the daemon's
+// pid namespace, what ps and nvidia-smi on the host show) is kept as PeerPID
+// when it differs (a shim in a container), and a swap by pid matches either.
 //
 // Sentinel errors (ErrNoSuchProcess, ErrNoSuchJob, ErrAlreadyOut, ErrAlreadyIn,
 // ErrBusy, ErrDisconnected, ErrDenied) are returned wrapped; match them with

@@ -84,7 +84,8 @@ func PlanNeed(s Snapshot, r Request) Decision {
 }
 
 // PlanSwapIn picks the swapped-out processes to bring back: those out or
-// blocked and not held by an operator, highest priority first, then oldest
+// blocked and not held by an operator (a blocked one only when its device has
+// more free than when its last swap-in failed, RetryAbove), highest priority first, then oldest
 // (earliest started), then lowest pid; each is taken if its bytes fit in what
 // is still free on its device (a bigger one does not stop a smaller one behind
 // it). It returns their pids in that order.
@@ -111,6 +112,9 @@ func PlanSwapIn(s Snapshot) []int {
 	}
 	var in []int
 	for _, p := range cands {
+		if p.State == Blocked && s.Free[p.Device] <= p.RetryAbove {
+			continue
+		}
 		if p.Bytes <= free[p.Device] {
 			free[p.Device] -= p.Bytes
 			in = append(in, p.PID)

@@ -11,7 +11,7 @@ const gib = int64(1) << 30
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-func proc(pid, prio int, bytes int64, state State, startedMin int) Process {
+func mkProc(pid, prio int, bytes int64, state State, startedMin int) Process {
 	return Process{PID: pid, Job: "job", Priority: prio, Device: "GPU-0", Bytes: bytes, State: state,
 		Started: t0.Add(time.Duration(startedMin) * time.Minute)}
 }
@@ -28,49 +28,49 @@ func TestPlanNeed(t *testing.T) {
 	}{
 		{
 			desc: "fits in free memory: no victims",
-			free: 10 * gib, procs: []Process{proc(1, 0, 20*gib, Running, 0)},
+			free: 10 * gib, procs: []Process{mkProc(1, 0, 20*gib, Running, 0)},
 			req: Request{PID: 9, Device: "GPU-0", Bytes: 10 * gib, Priority: 5}, wantGranted: true,
 		},
 		{
 			desc: "lowest priority goes first",
-			free: 0, procs: []Process{proc(1, 1, 8*gib, Running, 0), proc(2, 0, 8*gib, Running, 0), proc(3, 2, 8*gib, Running, 0)},
+			free: 0, procs: []Process{mkProc(1, 1, 8*gib, Running, 0), mkProc(2, 0, 8*gib, Running, 0), mkProc(3, 2, 8*gib, Running, 0)},
 			req: Request{PID: 9, Device: "GPU-0", Bytes: 8 * gib, Priority: 5}, wantGranted: true, wantVictims: []int{2},
 		},
 		{
 			desc: "among equal priorities the most recently started goes first",
-			free: 1 * gib, procs: []Process{proc(1, 0, 4*gib, Running, 0), proc(2, 0, 4*gib, Running, 10), proc(3, 0, 4*gib, Running, 5)},
+			free: 1 * gib, procs: []Process{mkProc(1, 0, 4*gib, Running, 0), mkProc(2, 0, 4*gib, Running, 10), mkProc(3, 0, 4*gib, Running, 5)},
 			req: Request{PID: 9, Device: "GPU-0", Bytes: 9 * gib, Priority: 1}, wantGranted: true, wantVictims: []int{2, 3},
 		},
 		{
 			desc: "keeps going until it fits, counting free memory",
-			free: 2 * gib, procs: []Process{proc(1, 0, 3*gib, Running, 0), proc(2, 1, 3*gib, Running, 0), proc(3, 2, 3*gib, Running, 0)},
+			free: 2 * gib, procs: []Process{mkProc(1, 0, 3*gib, Running, 0), mkProc(2, 1, 3*gib, Running, 0), mkProc(3, 2, 3*gib, Running, 0)},
 			req: Request{PID: 9, Device: "GPU-0", Bytes: 8 * gib, Priority: 3}, wantGranted: true, wantVictims: []int{1, 2},
 		},
 		{
 			desc: "equal or higher priority is never a victim; denied without victims",
-			free: 1 * gib, procs: []Process{proc(1, 0, 2*gib, Running, 0), proc(2, 5, 30*gib, Running, 0), proc(3, 6, 30*gib, Running, 0)},
-			req: Request{PID: 9, Device: "GPU-0", Bytes: 10 * gib, Priority: 5},
+			free: 1 * gib, procs: []Process{mkProc(1, 0, 2*gib, Running, 0), mkProc(2, 5, 30*gib, Running, 0), mkProc(3, 6, 30*gib, Running, 0)},
+			req:        Request{PID: 9, Device: "GPU-0", Bytes: 10 * gib, Priority: 5},
 			wantReason: `need 10.0 GiB on device "GPU-0": 1.0 GiB free, lower-priority jobs (priority < 5) hold 2.0 GiB; 60.0 GiB more is held by processes of priority >= 5 or not running`,
 		},
 		{
 			desc: "other devices, swapped-out, swapping and waiting processes are not victims",
 			free: 0, procs: []Process{
 				{PID: 1, Priority: 0, Device: "GPU-1", Bytes: 50 * gib, State: Running},
-				proc(2, 0, 50*gib, Out, 0), proc(3, 0, 50*gib, SwappingOut, 0), proc(4, 0, 50*gib, SwappingIn, 0),
+				mkProc(2, 0, 50*gib, Out, 0), mkProc(3, 0, 50*gib, SwappingOut, 0), mkProc(4, 0, 50*gib, SwappingIn, 0),
 				{PID: 5, Priority: 0, Device: "GPU-0", Bytes: 50 * gib, State: Running, Waiting: true},
-				proc(6, 0, 1*gib, Running, 0),
+				mkProc(6, 0, 1*gib, Running, 0),
 			},
 			req:        Request{PID: 9, Device: "GPU-0", Bytes: 2 * gib, Priority: 5},
 			wantReason: `need 2.0 GiB on device "GPU-0": 0 B free, lower-priority jobs (priority < 5) hold 1.0 GiB; 50.0 GiB more is held by processes of priority >= 5 or not running`,
 		},
 		{
 			desc: "the requester itself is not a victim",
-			free: 0, procs: []Process{proc(9, 0, 10*gib, Running, 0), proc(1, -1, 4*gib, Running, 0)},
+			free: 0, procs: []Process{mkProc(9, 0, 10*gib, Running, 0), mkProc(1, -1, 4*gib, Running, 0)},
 			req: Request{PID: 9, Device: "GPU-0", Bytes: 4 * gib, Priority: 0}, wantGranted: true, wantVictims: []int{1},
 		},
 		{
 			desc: "negative priorities order like any integers",
-			free: 0, procs: []Process{proc(1, -1, 4*gib, Running, 0), proc(2, -7, 4*gib, Running, 0)},
+			free: 0, procs: []Process{mkProc(1, -1, 4*gib, Running, 0), mkProc(2, -7, 4*gib, Running, 0)},
 			req: Request{Device: "GPU-0", Bytes: 4 * gib, Priority: 0}, wantGranted: true, wantVictims: []int{2},
 		},
 	}
@@ -90,7 +90,7 @@ func TestPlanNeed(t *testing.T) {
 }
 
 func TestPlanSwapIn(t *testing.T) {
-	held := proc(7, 9, 1*gib, Out, 0)
+	held := mkProc(7, 9, 1*gib, Out, 0)
 	held.Hold = true
 	tests := []struct {
 		desc  string
@@ -99,33 +99,42 @@ func TestPlanSwapIn(t *testing.T) {
 		want  []int
 	}{
 		{
-			desc: "highest priority first, then oldest",
-			free: map[string]int64{"GPU-0": 8 * gib},
-			procs: []Process{proc(1, 0, 4*gib, Out, 0), proc(2, 3, 4*gib, Out, 5), proc(3, 3, 4*gib, Out, 1)},
+			desc:  "highest priority first, then oldest",
+			free:  map[string]int64{"GPU-0": 8 * gib},
+			procs: []Process{mkProc(1, 0, 4*gib, Out, 0), mkProc(2, 3, 4*gib, Out, 5), mkProc(3, 3, 4*gib, Out, 1)},
 			want:  []int{3, 2},
 		},
 		{
-			desc: "a bigger one that does not fit does not stop a smaller one",
-			free: map[string]int64{"GPU-0": 5 * gib},
-			procs: []Process{proc(1, 9, 6*gib, Out, 0), proc(2, 1, 5*gib, Blocked, 0)},
+			desc:  "a bigger one that does not fit does not stop a smaller one",
+			free:  map[string]int64{"GPU-0": 5 * gib},
+			procs: []Process{mkProc(1, 9, 6*gib, Out, 0), mkProc(2, 1, 5*gib, Blocked, 0)},
 			want:  []int{2},
 		},
 		{
-			desc: "held by an operator, running and swapping processes stay where they are",
-			free: map[string]int64{"GPU-0": 100 * gib},
-			procs: []Process{held, proc(1, 0, 1*gib, Running, 0), proc(2, 0, 1*gib, SwappingOut, 0), proc(3, 0, 1*gib, SwappingIn, 0)},
+			desc:  "held by an operator, running and swapping processes stay where they are",
+			free:  map[string]int64{"GPU-0": 100 * gib},
+			procs: []Process{held, mkProc(1, 0, 1*gib, Running, 0), mkProc(2, 0, 1*gib, SwappingOut, 0), mkProc(3, 0, 1*gib, SwappingIn, 0)},
 			want:  nil,
 		},
 		{
-			desc: "each device has its own free memory",
-			free: map[string]int64{"GPU-0": 1 * gib, "GPU-1": 10 * gib},
-			procs: []Process{proc(1, 5, 2*gib, Out, 0), {PID: 2, Priority: 0, Device: "GPU-1", Bytes: 2 * gib, State: Out}},
+			desc:  "each device has its own free memory",
+			free:  map[string]int64{"GPU-0": 1 * gib, "GPU-1": 10 * gib},
+			procs: []Process{mkProc(1, 5, 2*gib, Out, 0), {PID: 2, Priority: 0, Device: "GPU-1", Bytes: 2 * gib, State: Out}},
 			want:  []int{2},
+		},
+		{
+			desc: "a blocked process is retried only when more is free than at its failure",
+			free: map[string]int64{"GPU-0": 10 * gib},
+			procs: []Process{
+				{PID: 1, Priority: 9, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, RetryAbove: 10 * gib},
+				{PID: 2, Priority: 1, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, RetryAbove: 9 * gib},
+			},
+			want: []int{2},
 		},
 		{
 			desc:  "nothing free, nothing comes in",
 			free:  map[string]int64{},
-			procs: []Process{proc(1, 5, 1, Out, 0)},
+			procs: []Process{mkProc(1, 5, 1, Out, 0)},
 			want:  nil,
 		},
 	}

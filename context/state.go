@@ -55,8 +55,10 @@ var (
 
 // Process is one shimmed process as the registry knows it (a copy).
 type Process struct {
-	PID      int    `json:"pid" yaml:"pid"`
-	ShimPID  int    `json:"shimPID,omitempty" yaml:"shimPID,omitempty"`
+	PID int `json:"pid" yaml:"pid"`
+	// PeerPID is the pid the kernel reports for the socket peer
+	// (SO_PEERCRED) when it differs from PID (a shim in a pid namespace).
+	PeerPID  int    `json:"peerPID,omitempty" yaml:"peerPID,omitempty"`
 	Job      string `json:"job" yaml:"job"`
 	Priority int    `json:"priority" yaml:"priority"`
 	Device   string `json:"device" yaml:"device"`
@@ -73,6 +75,9 @@ type Process struct {
 	// Done and Total are the last progress of the swap in flight.
 	Done  int64 `json:"done,omitempty" yaml:"done,omitempty"`
 	Total int64 `json:"total,omitempty" yaml:"total,omitempty"`
+	// RetryAbove is, for a Blocked process, the free memory of its device
+	// when its swap-in failed: the policy retries only once more is free.
+	RetryAbove int64 `json:"retryAboveFree,omitempty" yaml:"retryAboveFree,omitempty"`
 	// Waiting: the process has a need outstanding (blocked in an allocation).
 	Waiting bool `json:"waiting,omitempty" yaml:"waiting,omitempty"`
 }
