@@ -279,21 +279,31 @@ func (m *Manager) onNeed(ctx context.Context, pid int, msg swapproto.Message) {
 // ReservationTTL) and returns nil. Otherwise it returns ErrDenied with the
 // reason. It blocks until the victims' swaps end (each bounded by SwapTimeout).
 func (m *Manager) makeRoom(ctx context.Context, req Request) error {
-	return m.makeRoomFor(ctx, req, m.opts.ReservationTTL)
+	_, err := m.makeRoomFor(ctx, req, m.opts.ReservationTTL)
+	return err
 }
 
-func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Duration) error {
+// Reserve makes room for bytes on device for a job that does not run under
+// the shim (req.PID 0): like a need, but the granted memory is kept from the
+// policy for hold. It returns the policy's decision (victims, free memory
+// before), or an error wrapping ErrDenied. It blocks until the victims are out.
+func (m *Manager) Reserve(ctx context.Context, req Request, hold time.Duration) (Decision, error) {
+	req.PID = 0
+	return m.makeRoomFor(ctx, req, hold)
+}
+
+func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Duration) (Decision, error) {
 	if err := m.lockPolicy(ctx); err != nil {
-		return err
+		return Decision{}, err
 	}
 	defer m.unlockPolicy()
 	s, err := m.snapshot(ctx, req.Device)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrDenied, err)
+		return Decision{}, fmt.Errorf("%w: %v", ErrDenied, err)
 	}
 	d := PlanNeed(s, req)
 	if !d.Granted {
-		return fmt.Errorf("%w: %s", ErrDenied, d.Reason)
+		return d, fmt.Errorf("%w: %s", ErrDenied, d.Reason)
 	}
 	if len(d.Victims) > 0 {
 		m.log.Info("swapping out for a need", "pid", req.PID, "bytes", req.Bytes, "victims", d.Victims)
@@ -301,7 +311,7 @@ func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Durati
 		results := m.swapAll(sctx, SwapOut, d.Victims, false, nil)
 		cancel()
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return d, ctx.Err()
 		}
 		var failed []string
 		for _, r := range results {
@@ -310,11 +320,11 @@ func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Durati
 			}
 		}
 		if s, err = m.snapshot(ctx, req.Device); err != nil {
-			return fmt.Errorf("%w: %v", ErrDenied, err)
+			return d, fmt.Errorf("%w: %v", ErrDenied, err)
 		}
 		if free := s.Free[req.Device]; free < req.Bytes {
 			m.Kick() // what did go out may come back
-			return fmt.Errorf("%w: need %s on device %q, only %s free after swapping out %v (failed: %v)",
+			return d, fmt.Errorf("%w: need %s on device %q, only %s free after swapping out %v (failed: %v)",
 				ErrDenied, FormatBytes(req.Bytes), req.Device, FormatBytes(free), d.Victims, failed)
 		}
 	}
@@ -322,5 +332,5 @@ func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Durati
 	m.nextRes++
 	m.reserved[m.nextRes] = &reservation{pid: req.PID, device: req.Device, bytes: req.Bytes, expires: m.opts.Now().Add(hold)}
 	m.mu.Unlock()
-	return nil
+	return d, nil
 }

@@ -138,3 +138,12 @@ func FormatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f PiB", f/unit)
 }
+
+func sortedKeys(m map[string]int64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
