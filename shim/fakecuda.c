@@ -1,0 +1,682 @@
+/*
+ * fakecuda.c — a fake CUDA driver (libcuda.so.1) backed by host memory, for
+ * testing libmigswap.so without a GPU. See fakecuda.h for the environment.
+ *
+ * Device pointers are host addresses, so data really moves:
+ *   - cuMemAlloc* maps anonymous memory;
+ *   - cuMemAddressReserve maps PROT_NONE; cuMemCreate makes a memfd of the size
+ *     ("physical memory"); cuMemMap maps the memfd at the address (MAP_FIXED);
+ *     cuMemSetAccess makes it read/write; cuMemUnmap puts PROT_NONE back;
+ *     cuMemRelease closes the memfd. Touching unmapped memory faults, so a
+ *     kernel or copy that slips past the shim while it is swapped out crashes.
+ *   - Streams and events are synchronous; kernels are C functions looked up by
+ *     name in any "module": noop(), add_one(float *p, u64 n), fill(float *p,
+ *     u64 n, float v).
+ *   - A CUDA graph is a list of kernel nodes run in order by cuGraphLaunch.
+ *
+ * Built with -Wl,-Bsymbolic so the fake's own calls and the pointers returned by
+ * its cuGetProcAddress never resolve to an LD_PRELOADed interposer.
+ */
+#define _GNU_SOURCE
+#include "cudadrv.h"
+#include "fakecuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct fakecuda_stats local_stats;
+static struct fakecuda_stats *st = &local_stats;
+static size_t granularity = 2 << 20;
+static int initialised;
+
+struct ctx_obj { int magic; };
+static struct ctx_obj the_ctx = { 0x1234 };
+static __thread CUcontext current_ctx;
+
+static void stats_init_locked(void)
+{
+	uint64_t cap = 1ULL << 30;
+	const char *e = getenv("FAKECUDA_MEM_BYTES");
+	if (e && *e)
+		cap = strtoull(e, NULL, 0);
+	e = getenv("FAKECUDA_GRANULARITY");
+	if (e && *e)
+		granularity = strtoull(e, NULL, 0);
+	e = getenv("FAKECUDA_STATS");
+	if (e && *e) {
+		int fd = open(e, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0 && ftruncate(fd, sizeof(struct fakecuda_stats)) == 0) {
+			void *p = mmap(NULL, sizeof(struct fakecuda_stats), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (p != MAP_FAILED) {
+				st = p;
+				uint64_t zero = 0;
+				if (__atomic_compare_exchange_n(&st->magic, &zero, FAKECUDA_STATS_MAGIC, 0,
+								__ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+					__atomic_store_n(&st->capacity, cap, __ATOMIC_SEQ_CST);
+			}
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	if (st == &local_stats) {
+		st->magic = FAKECUDA_STATS_MAGIC;
+		st->capacity = cap;
+	}
+}
+
+static void ensure_stats(void)
+{
+	pthread_mutex_lock(&mu);
+	if (!initialised) {
+		stats_init_locked();
+		initialised = 1;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+/* charge reserves n bytes of device capacity; 0 when it does not fit. */
+static int charge(uint64_t n, int vmm)
+{
+	ensure_stats();
+	uint64_t cur = __atomic_load_n(&st->in_use, __ATOMIC_SEQ_CST);
+	for (;;) {
+		if (cur + n > st->capacity)
+			return 0;
+		if (__atomic_compare_exchange_n(&st->in_use, &cur, cur + n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+			break;
+	}
+	uint64_t now = cur + n, pk = __atomic_load_n(&st->peak, __ATOMIC_SEQ_CST);
+	while (now > pk && !__atomic_compare_exchange_n(&st->peak, &pk, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		;
+	if (vmm)
+		__atomic_add_fetch(&st->vmm_in_use, n, __ATOMIC_SEQ_CST);
+	return 1;
+}
+
+static void uncharge(uint64_t n, int vmm)
+{
+	__atomic_sub_fetch(&st->in_use, n, __ATOMIC_SEQ_CST);
+	if (vmm)
+		__atomic_sub_fetch(&st->vmm_in_use, n, __ATOMIC_SEQ_CST);
+}
+
+EXPORT uint64_t fakecuda_bytes_in_use(void)
+{
+	ensure_stats();
+	return __atomic_load_n(&st->in_use, __ATOMIC_SEQ_CST);
+}
+
+EXPORT int fakecuda_get_stats(struct fakecuda_stats *out)
+{
+	ensure_stats();
+	memcpy(out, st, sizeof(*out));
+	return 0;
+}
+
+/* ---- plain allocations ---- */
+
+struct plain { CUdeviceptr p; size_t size; struct plain *next; };
+static struct plain *plains;
+
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t size)
+{
+	if (!dptr || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t sz = (size + 4095) & ~(size_t)4095;
+	if (!charge(sz, 0))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	void *p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		uncharge(sz, 0);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	struct plain *r = malloc(sizeof(*r));
+	r->p = (CUdeviceptr)(uintptr_t)p;
+	r->size = sz;
+	pthread_mutex_lock(&mu);
+	r->next = plains;
+	plains = r;
+	pthread_mutex_unlock(&mu);
+	__atomic_add_fetch(&st->plain_allocs, 1, __ATOMIC_SEQ_CST);
+	*dptr = r->p;
+	return CUDA_SUCCESS;
+}
+
+static CUresult plain_free(CUdeviceptr p)
+{
+	if (p == 0)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&mu);
+	struct plain **pp = &plains, *r = NULL;
+	for (; *pp; pp = &(*pp)->next) {
+		if ((*pp)->p == p) {
+			r = *pp;
+			*pp = r->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	if (!r)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)r->p, r->size);
+	uncharge(r->size, 0);
+	free(r);
+	return CUDA_SUCCESS;
+}
+
+/* ---- init, devices, contexts ---- */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+	(void)flags;
+	ensure_stats();
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = 12080; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+	if (ordinal != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	(void)d;
+	snprintf(name, (size_t)len, "Fake CUDA Device");
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(char uuid[16], CUdevice d)
+{
+	(void)d;
+	for (int i = 0; i < 16; i++)
+		uuid[i] = (char)(0xf0 + i);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid_v2(char uuid[16], CUdevice d) { return cuDeviceGetUuid(uuid, d); }
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
+{
+	(void)d;
+	ensure_stats();
+	*b = st->capacity;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice d)
+{
+	(void)attrib, (void)d;
+	*v = 1;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+	(void)d;
+	*c = (CUcontext)&the_ctx;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned int flags, CUdevice d)
+{
+	(void)flags, (void)d;
+	*c = (CUcontext)&the_ctx;
+	current_ctx = *c;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) { current_ctx = c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = current_ctx; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetDevice(CUdevice *d)
+{
+	if (!current_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSynchronize(void) { return current_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
+{
+	switch (r) {
+	case CUDA_SUCCESS: *s = "no error"; break;
+	case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+	case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+	default: *s = "fake cuda error"; break;
+	}
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorName(CUresult r, const char **s) { return cuGetErrorString(r, s); }
+EXPORT CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total)
+{
+	ensure_stats();
+	*total = st->capacity;
+	*freeb = st->capacity - __atomic_load_n(&st->in_use, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n) { return plain_alloc(d, n); }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr d) { return plain_free(d); }
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *d, size_t *pitch, size_t w, size_t h, unsigned int esz)
+{
+	(void)esz;
+	*pitch = (w + 511) & ~(size_t)511;
+	return plain_alloc(d, *pitch * h);
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *d, size_t n, unsigned int flags) { (void)flags; return plain_alloc(d, n); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { (void)s; return plain_alloc(d, n); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { (void)s; return plain_alloc(d, n); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s) { (void)p, (void)s; return plain_alloc(d, n); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { (void)s; return plain_free(d); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { (void)s; return plain_free(d); }
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr d)
+{
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &d, sizeof(d));
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags)
+{
+	(void)flags;
+	void *m = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*p = m;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAllocHost_v2(void **p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+	(void)p; /* host buffers are few and small in tests; keep them mapped */
+	return CUDA_SUCCESS;
+}
+
+/* ---- VMM ---- */
+
+struct phys { int fd; size_t size; };
+struct reservation { CUdeviceptr base; size_t size; void *raw; size_t rawsize; struct reservation *next; };
+static struct reservation *reservations;
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
+{
+	(void)prop, (void)option;
+	ensure_stats();
+	*g = granularity;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+	(void)addr, (void)flags;
+	ensure_stats();
+	if (size == 0 || size % granularity)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (align < granularity)
+		align = granularity;
+	size_t raw = size + align;
+	void *m = mmap(NULL, raw, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uintptr_t b = ((uintptr_t)m + align - 1) & ~(uintptr_t)(align - 1);
+	struct reservation *r = malloc(sizeof(*r));
+	r->base = b;
+	r->size = size;
+	r->raw = m;
+	r->rawsize = raw;
+	pthread_mutex_lock(&mu);
+	r->next = reservations;
+	reservations = r;
+	pthread_mutex_unlock(&mu);
+	*ptr = b;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	pthread_mutex_lock(&mu);
+	struct reservation **pp = &reservations, *r = NULL;
+	for (; *pp; pp = &(*pp)->next) {
+		if ((*pp)->base == ptr && (*pp)->size == size) {
+			r = *pp;
+			*pp = r->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	if (!r)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap(r->raw, r->rawsize);
+	free(r);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	(void)flags;
+	ensure_stats();
+	if (!h || !prop || size == 0 || size % granularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+	    prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!charge(size, 1))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	int fd = memfd_create("fakecuda-phys", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+		if (fd >= 0)
+			close(fd);
+		uncharge(size, 1);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	struct phys *p = malloc(sizeof(*p));
+	p->fd = fd;
+	p->size = size;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)p;
+	__atomic_add_fetch(&st->vmm_creates, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	struct phys *p = (struct phys *)(uintptr_t)h;
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	close(p->fd);
+	uncharge(p->size, 1);
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+	(void)flags;
+	struct phys *p = (struct phys *)(uintptr_t)h;
+	if (!p || offset + size > p->size || ptr % granularity)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	if (!desc || count == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int prot = desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE : PROT_READ;
+	if (mprotect((void *)(uintptr_t)ptr, size, prot) != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	return m == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- copies and memsets (synchronous) ---- */
+
+#define P(x) ((void *)(uintptr_t)(x))
+EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove(P(d), P(s), n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st_) { (void)st_; return cuMemcpy(d, s, n); }
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { memcpy(P(d), s, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { memcpy(d, P(s), n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove(P(d), P(s), n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream x) { (void)x; return cuMemcpyHtoD_v2(d, s, n); }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream x) { (void)x; return cuMemcpyDtoH_v2(d, s, n); }
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream x) { (void)x; return cuMemcpyDtoD_v2(d, s, n); }
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset(P(d), v, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
+{
+	unsigned int *p = P(d);
+	for (size_t i = 0; i < n; i++)
+		p[i] = v;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream x) { (void)x; return cuMemsetD8_v2(d, v, n); }
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream x) { (void)x; return cuMemsetD32_v2(d, v, n); }
+
+/* ---- streams and events (synchronous) ---- */
+
+struct stream_obj { int magic; };
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	(void)flags;
+	*s = (CUstream)calloc(1, sizeof(struct stream_obj));
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+	(void)flags;
+	*e = (CUevent)calloc(1, 8);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)s, (void)mode; return CUDA_ERROR_NOT_SUPPORTED; }
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { (void)s, (void)g; return CUDA_ERROR_NOT_SUPPORTED; }
+
+/* ---- modules and kernels ---- */
+
+typedef void (*kernel_fn)(void **params);
+struct kernel { const char *name; kernel_fn fn; int nparams; size_t psize[4]; };
+
+static void k_noop(void **params) { (void)params; }
+static void k_add_one(void **params)
+{
+	float *p = P(*(CUdeviceptr *)params[0]);
+	unsigned long long n = *(unsigned long long *)params[1];
+	for (unsigned long long i = 0; i < n; i++)
+		p[i] += 1.0f;
+}
+static void k_fill(void **params)
+{
+	float *p = P(*(CUdeviceptr *)params[0]);
+	unsigned long long n = *(unsigned long long *)params[1];
+	float v = *(float *)params[2];
+	for (unsigned long long i = 0; i < n; i++)
+		p[i] = v;
+}
+
+static struct kernel kernels[] = {
+	{ "noop", k_noop, 0, { 0 } },
+	{ "add_one", k_add_one, 2, { 8, 8 } },
+	{ "fill", k_fill, 3, { 8, 8, 4 } },
+};
+
+struct module_obj { int magic; };
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+	(void)image;
+	*m = (CUmodule)calloc(1, sizeof(struct module_obj));
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleUnload(CUmodule m) { free(m); return CUDA_SUCCESS; }
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+	(void)m;
+	for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) {
+		if (strcmp(kernels[i].name, name) == 0) {
+			*f = (CUfunction)&kernels[i];
+			return CUDA_SUCCESS;
+		}
+	}
+	return CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult run_kernel(CUfunction f, void **params)
+{
+	struct kernel *k = (struct kernel *)f;
+	if (!k)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (k->nparams && !params)
+		return CUDA_ERROR_INVALID_VALUE;
+	k->fn(params);
+	__atomic_add_fetch(&st->launches, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			       unsigned shmem, CUstream s, void **params, void **extra)
+{
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+	ensure_stats();
+	return run_kernel(f, params);
+}
+/* A distinct entry point, as the real driver has, for per-thread default streams. */
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+				    unsigned shmem, CUstream s, void **params, void **extra)
+{
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+	ensure_stats();
+	return run_kernel(f, params);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+	(void)cfg, (void)extra;
+	ensure_stats();
+	return run_kernel(f, params);
+}
+
+/* ---- graphs ---- */
+
+#define MAX_NODES 64
+struct gnode { struct kernel *k; unsigned char args[4][8]; };
+struct graph_obj { int n; struct gnode nodes[MAX_NODES]; };
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+	(void)flags;
+	*g = (CUgraph)calloc(1, sizeof(struct graph_obj));
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+					const CUDA_KERNEL_NODE_PARAMS *np)
+{
+	(void)deps, (void)ndeps;
+	struct graph_obj *gr = (struct graph_obj *)g;
+	if (!gr || !np || gr->n == MAX_NODES)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct gnode *n = &gr->nodes[gr->n];
+	n->k = (struct kernel *)np->func;
+	for (int i = 0; i < n->k->nparams; i++)
+		memcpy(n->args[i], np->kernelParams[i], n->k->psize[i]); /* captured by value, like the driver */
+	if (node)
+		*node = (CUgraphNode)(uintptr_t)(gr->n + 1);
+	gr->n++;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+				     const CUDA_KERNEL_NODE_PARAMS *np)
+{
+	return cuGraphAddKernelNode_v2(node, g, deps, ndeps, np);
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+	(void)flags;
+	struct graph_obj *c = malloc(sizeof(*c));
+	memcpy(c, g, sizeof(*c));
+	*e = (CUgraphExec)c;
+	return CUDA_SUCCESS;
+}
+static CUresult graph_launch(CUgraphExec e)
+{
+	struct graph_obj *g = (struct graph_obj *)e;
+	if (!g)
+		return CUDA_ERROR_INVALID_HANDLE;
+	ensure_stats();
+	for (int i = 0; i < g->n; i++) {
+		void *ptrs[4];
+		for (int j = 0; j < 4; j++)
+			ptrs[j] = g->nodes[i].args[j];
+		CUresult r = run_kernel((CUfunction)g->nodes[i].k, ptrs);
+		if (r)
+			return r;
+	}
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { (void)s; return graph_launch(e); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { (void)s; return graph_launch(e); }
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+
+/* ---- cuGetProcAddress ---- */
+
+struct proc { const char *name; int minver; void *fn; void *ptsz; };
+#define E(n) { #n, 0, (void *)n, NULL }
+#define V2(n, ver) { #n, ver, (void *)n##_v2, NULL }
+static const struct proc procs[] = {
+	E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName),
+	E(cuDeviceGetAttribute), { "cuDeviceGetUuid", 0, (void *)cuDeviceGetUuid_v2, NULL },
+	V2(cuDeviceTotalMem, 3020), E(cuDevicePrimaryCtxRetain), V2(cuDevicePrimaryCtxRelease, 11000),
+	V2(cuCtxCreate, 3020), V2(cuCtxDestroy, 4000), E(cuCtxSetCurrent), E(cuCtxGetCurrent), E(cuCtxGetDevice),
+	E(cuCtxSynchronize), E(cuGetErrorString), E(cuGetErrorName), V2(cuMemGetInfo, 3020),
+	V2(cuMemAlloc, 3020), V2(cuMemFree, 3020), V2(cuMemAllocPitch, 3020), E(cuMemAllocManaged),
+	{ "cuMemAllocAsync", 0, (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz },
+	E(cuMemAllocFromPoolAsync),
+	{ "cuMemFreeAsync", 0, (void *)cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz },
+	E(cuIpcGetMemHandle), E(cuMemHostAlloc), V2(cuMemAllocHost, 3020), E(cuMemFreeHost),
+	E(cuMemGetAllocationGranularity), E(cuMemAddressReserve), E(cuMemAddressFree), E(cuMemCreate),
+	E(cuMemRelease), E(cuMemMap), E(cuMemSetAccess), E(cuMemUnmap), E(cuMemcpy), E(cuMemcpyAsync),
+	V2(cuMemcpyHtoD, 3020), V2(cuMemcpyDtoH, 3020), V2(cuMemcpyDtoD, 3020), V2(cuMemcpyHtoDAsync, 3020),
+	V2(cuMemcpyDtoHAsync, 3020), V2(cuMemcpyDtoDAsync, 3020), V2(cuMemsetD8, 3020), V2(cuMemsetD32, 3020),
+	E(cuMemsetD8Async), E(cuMemsetD32Async), E(cuStreamCreate), V2(cuStreamDestroy, 4000),
+	E(cuStreamSynchronize), E(cuStreamQuery), E(cuEventCreate), V2(cuEventDestroy, 4000), E(cuEventRecord),
+	E(cuEventSynchronize), E(cuEventQuery), V2(cuStreamBeginCapture, 10010), E(cuStreamEndCapture),
+	E(cuModuleLoadData), E(cuModuleUnload), E(cuModuleGetFunction),
+	{ "cuLaunchKernel", 0, (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz },
+	E(cuLaunchKernelEx), E(cuGraphCreate), V2(cuGraphAddKernelNode, 12000), E(cuGraphInstantiateWithFlags),
+	{ "cuGraphLaunch", 0, (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz },
+	E(cuGraphExecDestroy), E(cuGraphDestroy),
+	{ "cuGetProcAddress", 12000, NULL, NULL }, /* filled in below */
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, int *status);
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags);
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, int *status)
+{
+	if (status)
+		*status = 0;
+	if (!symbol || !pfn)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pfn = NULL;
+	if (strcmp(symbol, "cuGetProcAddress") == 0) {
+		*pfn = ver >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+		return CUDA_SUCCESS;
+	}
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+		const struct proc *p = &procs[i];
+		if (strcmp(p->name, symbol) != 0 || !p->fn)
+			continue;
+		if (ver < p->minver) {
+			if (status)
+				*status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+			return CUDA_ERROR_NOT_FOUND;
+		}
+		*pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && p->ptsz ? p->ptsz : p->fn;
+		return CUDA_SUCCESS;
+	}
+	if (status)
+		*status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+	return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+	return cuGetProcAddress_v2(symbol, pfn, ver, flags, NULL);
+}

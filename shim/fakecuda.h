@@ -1,0 +1,39 @@
+/*
+ * fakecuda.h — the test-only extras of the fake libcuda.so (fakecuda.c).
+ *
+ * The fake is a host-memory CUDA driver: "device pointers" are real host
+ * addresses, VMM maps memfd-backed "physical memory" at reserved addresses, and
+ * kernels are C functions looked up by name (see fakecuda.c for the list).
+ *
+ * Environment:
+ *   FAKECUDA_MEM_BYTES    device capacity in bytes (default 1 GiB); allocations
+ *                         beyond it fail with CUDA_ERROR_OUT_OF_MEMORY.
+ *   FAKECUDA_GRANULARITY  VMM granularity in bytes (default 2 MiB, a power of two).
+ *   FAKECUDA_STATS        path of a file holding struct fakecuda_stats, mapped
+ *                         shared: every process using the same file shares one
+ *                         "device" (capacity and bytes in use), and a test can
+ *                         read the counters from outside. Created if absent.
+ */
+#ifndef MIGSWAP_FAKECUDA_H
+#define MIGSWAP_FAKECUDA_H
+
+#include <stdint.h>
+
+#define FAKECUDA_STATS_MAGIC 0x4144554345414bULL /* "KAECUDA" */
+
+/* Layout of the FAKECUDA_STATS file: little-endian uint64 words. */
+struct fakecuda_stats {
+	uint64_t magic;        /* FAKECUDA_STATS_MAGIC once initialised */
+	uint64_t capacity;     /* bytes */
+	uint64_t in_use;       /* bytes held: cuMemAlloc* plus cuMemCreate handles */
+	uint64_t peak;         /* high-water mark of in_use */
+	uint64_t launches;     /* kernels run (direct launches and graph nodes) */
+	uint64_t vmm_creates;  /* cuMemCreate calls that succeeded */
+	uint64_t plain_allocs; /* cuMemAlloc/Pitch/Managed/Async calls that succeeded */
+	uint64_t vmm_in_use;   /* bytes of in_use held by cuMemCreate handles */
+};
+
+uint64_t fakecuda_bytes_in_use(void);
+int fakecuda_get_stats(struct fakecuda_stats *out);
+
+#endif

@@ -1,0 +1,453 @@
+/*
+ * testprog.c — a CUDA driver-API program for the shim's tests. It reaches the
+ * driver the way real programs do: by direct symbols (the _linked build), by
+ * dlopen("libcuda.so.1") + dlsym, or by cuGetProcAddress (v1, v2, per-thread
+ * stream). Run it with LD_PRELOAD=libmigswap.so and the fake libcuda.so.1 on
+ * LD_LIBRARY_PATH. It prints "READY ..." when its memory is set up and
+ * "RESULT key=value ..." lines the Go tests parse.
+ *
+ *   testprog RESOLVE basic            allocate, copy, launch, graph; report bookkeeping
+ *   testprog RESOLVE loop NBUF BYTES [fork]
+ *                                     keep launching add_one until stdin says "stop"
+ *                                     (or closes), then check every float
+ *   testprog RESOLVE refuse ipc|async|managed   hold memory the shim cannot move
+ *   testprog RESOLVE oom BYTES        one allocation; report its result code
+ *   testprog RESOLVE bench N          time N launches of a no-op kernel
+ * RESOLVE: direct | dlsym | gpa | gpa1 | ptsz
+ */
+#define _GNU_SOURCE
+#include "cudadrv.h"
+#include "fakecuda.h"
+#include "migswap.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* FN(field, export symbol, cuGetProcAddress name, version) */
+#define FNS(FN)                                                                                  \
+	FN(Init, cuInit, "cuInit", 2000)                                                         \
+	FN(DeviceGet, cuDeviceGet, "cuDeviceGet", 2000)                                          \
+	FN(CtxCreate, cuCtxCreate_v2, "cuCtxCreate", 3020)                                       \
+	FN(MemAlloc, cuMemAlloc_v2, "cuMemAlloc", 3020)                                          \
+	FN(MemAllocPitch, cuMemAllocPitch_v2, "cuMemAllocPitch", 3020)                           \
+	FN(MemFree, cuMemFree_v2, "cuMemFree", 3020)                                             \
+	FN(MemcpyHtoD, cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020)                                    \
+	FN(MemcpyDtoH, cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020)                                    \
+	FN(MemsetD32, cuMemsetD32_v2, "cuMemsetD32", 3020)                                       \
+	FN(ModuleLoadData, cuModuleLoadData, "cuModuleLoadData", 2000)                           \
+	FN(ModuleGetFunction, cuModuleGetFunction, "cuModuleGetFunction", 2000)                  \
+	FN(LaunchKernel, cuLaunchKernel, "cuLaunchKernel", 4000)                                 \
+	FN(LaunchKernelEx, cuLaunchKernelEx, "cuLaunchKernelEx", 11080)                          \
+	FN(GraphCreate, cuGraphCreate, "cuGraphCreate", 10000)                                   \
+	FN(GraphAddKernelNode, cuGraphAddKernelNode, "cuGraphAddKernelNode", 10000)              \
+	FN(GraphInstantiate, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040)  \
+	FN(GraphLaunch, cuGraphLaunch, "cuGraphLaunch", 10000)                                   \
+	FN(CtxSynchronize, cuCtxSynchronize, "cuCtxSynchronize", 2000)                           \
+	FN(IpcGetMemHandle, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010)                        \
+	FN(MemAllocAsync, cuMemAllocAsync, "cuMemAllocAsync", 11020)                             \
+	FN(MemFreeAsync, cuMemFreeAsync, "cuMemFreeAsync", 11020)                                \
+	FN(MemAllocManaged, cuMemAllocManaged, "cuMemAllocManaged", 6000)
+
+static struct {
+	CUresult (*Init)(unsigned);
+	CUresult (*DeviceGet)(CUdevice *, int);
+	CUresult (*CtxCreate)(CUcontext *, unsigned, CUdevice);
+	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+	CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+	CUresult (*MemFree)(CUdeviceptr);
+	CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+	CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+	CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
+	CUresult (*ModuleLoadData)(CUmodule *, const void *);
+	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+				 CUstream, void **, void **);
+	CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+	CUresult (*GraphCreate)(CUgraph *, unsigned);
+	CUresult (*GraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS *);
+	CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+	CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+	CUresult (*CtxSynchronize)(void);
+	CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+	CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+} cu;
+
+#ifdef LINKED
+/* declared here, resolved by the dynamic linker: the direct-symbol path */
+#define FN(field, sym, name, ver) extern int sym(void);
+FNS(FN)
+#undef FN
+#endif
+
+static void *lib;
+
+static void die(const char *what, CUresult r)
+{
+	printf("RESULT ok=0 error=\"%s\" code=%d\n", what, r);
+	fflush(stdout);
+	exit(2);
+}
+
+#define CHECK(call)                                  \
+	do {                                         \
+		CUresult r_ = (call);                \
+		if (r_ != CUDA_SUCCESS)              \
+			die(#call, r_);              \
+	} while (0)
+
+static void resolve(const char *how)
+{
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+	if (!lib) {
+		printf("RESULT ok=0 error=\"dlopen: %s\"\n", dlerror());
+		exit(2);
+	}
+	if (strcmp(how, "direct") == 0) {
+#ifdef LINKED
+#define FN(field, sym, name, ver) cu.field = (void *)sym;
+		FNS(FN)
+#undef FN
+#else
+		fprintf(stderr, "direct needs the _linked build\n");
+		exit(2);
+#endif
+	} else if (strcmp(how, "dlsym") == 0) {
+#define FN(field, sym, name, ver) cu.field = dlsym(lib, #sym);
+		FNS(FN)
+#undef FN
+	} else {
+		int v1 = strcmp(how, "gpa1") == 0;
+		cuuint64_t flags = strcmp(how, "ptsz") == 0 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+		CUresult (*gpa2)(const char *, void **, int, cuuint64_t, int *) = dlsym(lib, "cuGetProcAddress_v2");
+		CUresult (*gpa1)(const char *, void **, int, cuuint64_t) = dlsym(lib, "cuGetProcAddress");
+		if (!gpa1 || !gpa2)
+			die("no cuGetProcAddress", 0);
+		/* fetch cuGetProcAddress through itself, as cudart does */
+		void *self = NULL;
+		if (v1) {
+			CHECK(gpa1("cuGetProcAddress", &self, 11030, 0));
+			gpa1 = self;
+		} else {
+			CHECK(gpa2("cuGetProcAddress", &self, 12000, 0, NULL));
+			gpa2 = self;
+		}
+#define FN(field, sym, name, ver)                                                        \
+	if (v1)                                                                          \
+		CHECK(gpa1(name, (void **)&cu.field, 12080, flags));                     \
+	else                                                                             \
+		CHECK(gpa2(name, (void **)&cu.field, 12080, flags, NULL));
+		FNS(FN)
+#undef FN
+	}
+#define FN(field, sym, name, ver) \
+	if (!cu.field)            \
+		die("unresolved " #sym, 0);
+	FNS(FN)
+#undef FN
+}
+
+static CUcontext ctx;
+static CUfunction k_add_one, k_fill, k_noop;
+
+static void setup(void)
+{
+	CUdevice dev;
+	CUmodule mod;
+	CHECK(cu.Init(0));
+	CHECK(cu.DeviceGet(&dev, 0));
+	CHECK(cu.CtxCreate(&ctx, 0, dev));
+	CHECK(cu.ModuleLoadData(&mod, "fake-module"));
+	CHECK(cu.ModuleGetFunction(&k_add_one, mod, "add_one"));
+	CHECK(cu.ModuleGetFunction(&k_fill, mod, "fill"));
+	CHECK(cu.ModuleGetFunction(&k_noop, mod, "noop"));
+}
+
+static CUresult add_one(CUdeviceptr p, unsigned long long n)
+{
+	void *args[] = { &p, &n };
+	return cu.LaunchKernel(k_add_one, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+}
+
+static CUgraphExec graph_add_one(CUdeviceptr *bufs, int nbuf, unsigned long long n)
+{
+	CUgraph g;
+	CUgraphExec e;
+	CHECK(cu.GraphCreate(&g, 0));
+	for (int i = 0; i < nbuf; i++) {
+		void *args[] = { &bufs[i], &n };
+		CUDA_KERNEL_NODE_PARAMS np = { k_add_one, 1, 1, 1, 1, 1, 1, 0, args, NULL };
+		CHECK(cu.GraphAddKernelNode(NULL, g, NULL, 0, &np));
+	}
+	CHECK(cu.GraphInstantiate(&e, g, 0));
+	return e;
+}
+
+static void report_stats(const char *prefix)
+{
+	struct migswap_stats s;
+	int (*ms)(struct migswap_stats *) = (int (*)(struct migswap_stats *))dlsym(RTLD_DEFAULT, "migswap_get_stats");
+	int (*fs)(struct fakecuda_stats *) = (int (*)(struct fakecuda_stats *))dlsym(lib, "fakecuda_get_stats");
+	memset(&s, 0, sizeof s);
+	if (ms)
+		ms(&s);
+	struct fakecuda_stats f;
+	memset(&f, 0, sizeof f);
+	if (fs)
+		fs(&f);
+	printf("%s shim=%d mode=%u state=%u connected=%u allocations=%llu bytes=%llu gated=%llu swaps_out=%llu "
+	       "swaps_in=%llu in_use=%llu vmm_in_use=%llu vmm_creates=%llu plain_allocs=%llu launches=%llu\n",
+	       prefix, ms != NULL, s.mode, s.state, s.connected, (unsigned long long)s.allocations,
+	       (unsigned long long)s.bytes, (unsigned long long)s.gated_calls, (unsigned long long)s.swaps_out,
+	       (unsigned long long)s.swaps_in, (unsigned long long)f.in_use, (unsigned long long)f.vmm_in_use,
+	       (unsigned long long)f.vmm_creates, (unsigned long long)f.plain_allocs, (unsigned long long)f.launches);
+	fflush(stdout);
+}
+
+static int basic(void)
+{
+	setup();
+	size_t na = (3u << 20) / 4 + 25; /* not a multiple of any granularity */
+	CUdeviceptr a, b, c;
+	size_t pitch;
+	CHECK(cu.MemAlloc(&a, na * 4));
+	CHECK(cu.MemAllocPitch(&b, &pitch, 1000 * 4, 10, 4));
+	CHECK(cu.MemAlloc(&c, 1000));
+	float *h = malloc(na * 4);
+	for (size_t i = 0; i < na; i++)
+		h[i] = (float)i;
+	CHECK(cu.MemcpyHtoD(a, h, na * 4));
+	for (int i = 0; i < 5; i++)
+		CHECK(add_one(a, na));
+	unsigned long long n = na;
+	void *args[] = { &a, &n };
+	CUlaunchConfig cfg = { 1, 1, 1, 1, 1, 1, 0, NULL, NULL, 0 };
+	CHECK(cu.LaunchKernelEx(&cfg, k_add_one, args, NULL));
+	CUgraphExec e = graph_add_one(&a, 1, na);
+	for (int i = 0; i < 3; i++)
+		CHECK(cu.GraphLaunch(e, NULL));
+	CHECK(cu.MemsetD32(b, 0x3f800000u, pitch * 10 / 4));
+	CHECK(cu.CtxSynchronize());
+	CHECK(cu.MemcpyDtoH(h, a, na * 4));
+	size_t wrong = 0;
+	for (size_t i = 0; i < na; i++)
+		wrong += h[i] != (float)i + 9.0f;
+	float *hb = malloc(pitch * 10);
+	CHECK(cu.MemcpyDtoH(hb, b, pitch * 10));
+	for (size_t i = 0; i < pitch * 10 / 4; i++)
+		wrong += hb[i] != 1.0f;
+	printf("RESULT ok=%d wrong=%zu pitch=%zu a=%#llx b=%#llx c=%#llx\n", wrong == 0, wrong, pitch, a, b, c);
+	report_stats("STATS");
+	CHECK(cu.MemFree(a));
+	CHECK(cu.MemFree(b));
+	CHECK(cu.MemFree(c));
+	report_stats("FREED");
+	return wrong == 0 ? 0 : 3;
+}
+
+static volatile int stop;
+static void *stdin_reader(void *arg)
+{
+	(void)arg;
+	char line[64];
+	while (fgets(line, sizeof line, stdin))
+		if (strncmp(line, "stop", 4) == 0)
+			break;
+	stop = 1;
+	return NULL;
+}
+
+static float pattern(int b, size_t i) { return (float)(b * 1000 + (int)(i % 997)); }
+
+static int child_main(void)
+{
+	/* a forked child: the parent's shim state must not be ours */
+	report_stats("CHILD_AFTER_FORK");
+	CUdeviceptr p;
+	CHECK(cu.Init(0));
+	CUdevice dev;
+	CHECK(cu.DeviceGet(&dev, 0));
+	CHECK(cu.CtxCreate(&ctx, 0, dev));
+	size_t n = 1 << 18;
+	CHECK(cu.MemAlloc(&p, n * 4));
+	float *h = calloc(n, 4);
+	CHECK(cu.MemcpyHtoD(p, h, n * 4));
+	for (int i = 0; i < 3; i++)
+		CHECK(add_one(p, n));
+	CHECK(cu.MemcpyDtoH(h, p, n * 4));
+	size_t wrong = 0;
+	for (size_t i = 0; i < n; i++)
+		wrong += h[i] != 3.0f;
+	report_stats("CHILD_STATS");
+	printf("CHILD_RESULT ok=%d wrong=%zu pid=%d\n", wrong == 0, wrong, (int)getpid());
+	fflush(stdout);
+	usleep(300000); /* let the daemon see us registered */
+	return wrong == 0 ? 0 : 3;
+}
+
+static int loop(int nbuf, size_t bytes, int do_fork)
+{
+	setup();
+	size_t n = bytes / 4;
+	CUdeviceptr *bufs = calloc((size_t)nbuf, sizeof *bufs);
+	float *h = malloc(n * 4);
+	for (int b = 0; b < nbuf; b++) {
+		CHECK(cu.MemAlloc(&bufs[b], n * 4));
+		for (size_t i = 0; i < n; i++)
+			h[i] = pattern(b, i);
+		CHECK(cu.MemcpyHtoD(bufs[b], h, n * 4));
+	}
+	CUgraphExec g = graph_add_one(bufs, nbuf, n);
+	pid_t child = -1;
+	if (do_fork) {
+		fflush(stdout);
+		child = fork();
+		if (child == 0)
+			_exit(child_main());
+	}
+	printf("READY pid=%d\n", (int)getpid());
+	report_stats("READY_STATS");
+	pthread_t rd;
+	pthread_create(&rd, NULL, stdin_reader, NULL);
+	long iters = 0, bad_probe = 0;
+	while (!stop) {
+		if (iters % 2)
+			CHECK(cu.GraphLaunch(g, NULL));
+		else
+			for (int b = 0; b < nbuf; b++)
+				CHECK(add_one(bufs[b], n));
+		iters++;
+		if (iters % 16 == 0) {
+			float v;
+			CHECK(cu.MemcpyDtoH(&v, bufs[0], 4));
+			bad_probe += v != pattern(0, 0) + (float)iters;
+		}
+		usleep(200);
+	}
+	CHECK(cu.CtxSynchronize());
+	size_t wrong = 0;
+	for (int b = 0; b < nbuf; b++) {
+		CHECK(cu.MemcpyDtoH(h, bufs[b], n * 4));
+		for (size_t i = 0; i < n; i++)
+			wrong += h[i] != pattern(b, i) + (float)iters;
+	}
+	int child_status = -1;
+	if (child > 0) {
+		int st;
+		waitpid(child, &st, 0);
+		child_status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+	}
+	report_stats("STATS");
+	printf("RESULT ok=%d iters=%ld wrong=%zu bad_probe=%ld child_status=%d\n", wrong == 0 && bad_probe == 0, iters,
+	       wrong, bad_probe, child_status);
+	fflush(stdout);
+	return wrong == 0 && bad_probe == 0 ? 0 : 3;
+}
+
+static int refuse(const char *kind)
+{
+	setup();
+	CUdeviceptr p, q = 0;
+	CHECK(cu.MemAlloc(&p, 1 << 20));
+	if (strcmp(kind, "ipc") == 0) {
+		CUipcMemHandle hd;
+		CHECK(cu.IpcGetMemHandle(&hd, p));
+	} else if (strcmp(kind, "async") == 0) {
+		CHECK(cu.MemAllocAsync(&q, 1 << 20, NULL));
+	} else if (strcmp(kind, "managed") == 0) {
+		CHECK(cu.MemAllocManaged(&q, 1 << 20, 1));
+	}
+	const char *(*why)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "migswap_unswappable_reason");
+	printf("READY pid=%d reason=\"%s\"\n", (int)getpid(), why && why() ? why() : "");
+	fflush(stdout);
+	pthread_t rd;
+	pthread_create(&rd, NULL, stdin_reader, NULL);
+	while (!stop) {
+		CHECK(add_one(p, 1 << 18));
+		usleep(1000);
+	}
+	if (strcmp(kind, "async") == 0) {
+		CHECK(cu.MemFreeAsync(q, NULL));
+		printf("FREED_ASYNC reason=\"%s\"\n", why && why() ? why() : "");
+	}
+	report_stats("STATS");
+	printf("RESULT ok=1\n");
+	fflush(stdout);
+	return 0;
+}
+
+static int oom(size_t bytes)
+{
+	setup();
+	CUdeviceptr p = 0;
+	CUresult r = cu.MemAlloc(&p, bytes);
+	size_t wrong = 0;
+	if (r == CUDA_SUCCESS) {
+		CHECK(cu.MemsetD32(p, 0, bytes / 4));
+		CHECK(add_one(p, bytes / 4));
+		float v;
+		CHECK(cu.MemcpyDtoH(&v, p + bytes - 4, 4));
+		wrong = v != 1.0f;
+	}
+	report_stats("STATS");
+	printf("RESULT ok=%d code=%d wrong=%zu\n", r == CUDA_SUCCESS && wrong == 0, r, wrong);
+	fflush(stdout);
+	return 0;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench(long n)
+{
+	setup();
+	for (long i = 0; i < 1000; i++)
+		CHECK(cu.LaunchKernel(k_noop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+	double best = 1e9;
+	for (int rep = 0; rep < 5; rep++) {
+		double t0 = now();
+		for (long i = 0; i < n; i++)
+			cu.LaunchKernel(k_noop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+		double ns = (now() - t0) * 1e9 / (double)n;
+		if (ns < best)
+			best = ns;
+	}
+	report_stats("STATS");
+	printf("RESULT ok=1 launches=%ld ns_per_launch=%.2f\n", n, best);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s direct|dlsym|gpa|gpa1|ptsz basic|loop|refuse|oom|bench ...\n", argv[0]);
+		return 2;
+	}
+	resolve(argv[1]);
+	const char *m = argv[2];
+	if (strcmp(m, "basic") == 0)
+		return basic();
+	if (strcmp(m, "loop") == 0 && argc >= 5)
+		return loop(atoi(argv[3]), strtoull(argv[4], NULL, 0), argc > 5 && strcmp(argv[5], "fork") == 0);
+	if (strcmp(m, "refuse") == 0 && argc >= 4)
+		return refuse(argv[3]);
+	if (strcmp(m, "oom") == 0 && argc >= 4)
+		return oom(strtoull(argv[3], NULL, 0));
+	if (strcmp(m, "bench") == 0 && argc >= 4)
+		return bench(atol(argv[3]));
+	fprintf(stderr, "bad arguments\n");
+	return 2;
+}
