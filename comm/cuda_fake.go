@@ -3,6 +3,7 @@ package comm
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/migctl/migctl/internal/cuda"
 )
@@ -76,6 +77,38 @@ func fakeScale(dt DType) cuda.FakeKernel {
 		if err != nil {
 			return err
 		}
-		return ScaleHost(dst, dt, int(div))
+		if div <= 0 {
+			return cuda.ErrInvalidValue
+		}
+		scaleBytes(dst, dt, div)
+		return nil
+	}
+}
+
+// scaleBytes divides every element like mig_scale_<dt>: floats with one
+// rounding (fp16/bf16 through fp32), integers truncating.
+func scaleBytes(b []byte, dt DType, div int64) {
+	le := binary.LittleEndian
+	for i := 0; i < len(b)/dt.Size(); i++ {
+		switch dt {
+		case Float32:
+			le.PutUint32(b[4*i:], math.Float32bits(math.Float32frombits(le.Uint32(b[4*i:]))/float32(div)))
+		case Float64:
+			le.PutUint64(b[8*i:], math.Float64bits(math.Float64frombits(le.Uint64(b[8*i:]))/float64(div)))
+		case Float16:
+			le.PutUint16(b[2*i:], Float16Bits(Float16FromBits(le.Uint16(b[2*i:]))/float32(div)))
+		case BFloat16:
+			le.PutUint16(b[2*i:], BFloat16Bits(BFloat16FromBits(le.Uint16(b[2*i:]))/float32(div)))
+		case Int32:
+			le.PutUint32(b[4*i:], uint32(int32(int64(int32(le.Uint32(b[4*i:])))/div)))
+		case Int64:
+			v := int64(le.Uint64(b[8*i:]))
+			if div != -1 {
+				v /= div
+			}
+			le.PutUint64(b[8*i:], uint64(v))
+		case Uint8:
+			b[i] = byte(int64(b[i]) / div)
+		}
 	}
 }

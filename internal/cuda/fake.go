@@ -1097,3 +1097,11 @@ func (f *Fake) LaunchKernel(fn Function, grid, block Dim3, sharedMem uint32, s S
 		return nil
 	})
 }
+
+// Kernel returns the kernel registered under name, e.g. to wrap it.
+func (f *Fake) Kernel(name string) (FakeKernel, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k, ok := f.kernels[name]
+	return k, ok
+}
