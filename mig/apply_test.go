@@ -1,0 +1,264 @@
+package mig_test
+
+import (
+	"context"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
+)
+
+func all(n int, r mig.Request) map[int]mig.Request {
+	out := map[int]mig.Request{}
+	for i := 0; i < n; i++ {
+		out[i] = r
+	}
+	return out
+}
+
+func layouts(t *testing.T, lib nvml.Interface) []mig.Layout {
+	t.Helper()
+	node, err := mig.Discover(lib)
+	require.NoError(t, err)
+	out := make([]mig.Layout, len(node.GPUs))
+	for i := range node.GPUs {
+		out[i] = node.GPUs[i].Layout()
+	}
+	return out
+}
+
+func newManager(t *testing.T, sim *migsim.Node, opts ...mig.Option) *mig.Manager {
+	t.Helper()
+	opts = append([]mig.Option{mig.WithJournal(filepath.Join(t.TempDir(), "journal"))}, opts...)
+	return mig.NewManager(sim, opts...)
+}
+
+func TestApplyAndIdempotence(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.H200, 8)
+	m := newManager(t, sim)
+	r := req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1))
+	res, err := m.Apply(ctx, all(8, r), mig.ApplyOptions{})
+	require.NoError(t, err)
+	require.Len(t, res.GPUs, 8)
+	for i, l := range layouts(t, sim) {
+		require.Equal(t, "applied", res.GPUs[i].Outcome)
+		require.True(t, l.Equal(res.Plan.GPUs[i].Target), "GPU %d: %s", i, l)
+		require.Len(t, l, 3)
+	}
+	node, err := m.Discover(ctx)
+	require.NoError(t, err)
+	uuids := map[string]bool{}
+	for _, g := range node.GPUs {
+		require.True(t, g.MIGEnabled)
+		for _, in := range g.Instances {
+			require.Len(t, in.Compute, 1)
+			require.Regexp(t, `^MIG-[0-9a-f-]{36}$`, in.Compute[0].UUID)
+			uuids[in.Compute[0].UUID] = true
+		}
+	}
+	require.Len(t, uuids, 24, "every MIG device has its own UUID")
+
+	res, err = m.Apply(ctx, all(8, r), mig.ApplyOptions{})
+	require.NoError(t, err)
+	for _, g := range res.GPUs {
+		require.Equal(t, "unchanged", g.Outcome)
+	}
+}
+
+func TestReconfigureKeepsMatchingInstances(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.H200, 1)
+	m := newManager(t, sim)
+	_, err := m.Apply(ctx, all(1, req(dev("3g.71gb", 2))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	before, err := m.Discover(ctx)
+	require.NoError(t, err)
+
+	// keep one 3g, replace the other with two 2g: only one GI may be destroyed
+	plan, err := m.Plan(ctx, all(1, req(dev("3g.71gb", 1), dev("2g.35gb", 2))), mig.PlanOptions{})
+	require.NoError(t, err)
+	destroyed := 0
+	for _, s := range plan.GPUs[0].Steps {
+		if s.Op == mig.OpDestroyGI {
+			destroyed++
+		}
+	}
+	require.Equal(t, 1, destroyed, "%v", plan.GPUs[0].Steps)
+	require.Len(t, plan.GPUs[0].Kept, 1)
+
+	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 1), dev("2g.35gb", 2))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	after, err := m.Discover(ctx)
+	require.NoError(t, err)
+	kept := 0
+	for _, a := range after.GPUs[0].Instances {
+		for _, b := range before.GPUs[0].Instances {
+			if a.Compute[0].UUID == b.Compute[0].UUID {
+				kept++
+			}
+		}
+	}
+	require.Equal(t, 1, kept, "the surviving 3g.71gb is the same MIG device")
+	require.Len(t, after.GPUs[0].Instances, 3)
+}
+
+func TestBusyInstancesAreKeptOrRefused(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.H200, 1)
+	m := newManager(t, sim)
+	_, err := m.Apply(ctx, all(1, req(dev("3g.71gb", 1, 4))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	node, _ := m.Discover(ctx)
+	in := node.GPUs[0].Instances[0]
+	require.NoError(t, sim.AttachProcess(0, in.GIID, in.Compute[0].CIID, 999, 1<<30))
+
+	// a layout with no room for it is refused, nothing changes
+	before := layouts(t, sim)
+	_, err = m.Apply(ctx, all(1, req(dev("7g.141gb", 1))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrBusy)
+	require.Equal(t, before, layouts(t, sim))
+
+	// a layout that can keep it plans around it: 2g at 0 and 2, 3g stays at 4
+	res, err := m.Apply(ctx, all(1, req(dev("3g.71gb", 1), dev("2g.35gb", 2))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "2g.35gb@0:2, 2g.35gb@2:2, 3g.71gb@4:4", res.GPUs[0].Layout.String())
+	node, _ = m.Discover(ctx)
+	require.Equal(t, in.Compute[0].UUID, node.GPUs[0].Instances[2].Compute[0].UUID)
+
+	// a layout that would move it (3g pinned at 0) is refused
+	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 1, 0))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrBusy)
+}
+
+func TestDisableAndPendingMode(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.A100_40GB, 1)
+	m := newManager(t, sim)
+	_, err := m.Apply(ctx, all(1, req(dev("1g.5gb", 7))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrModePending)
+	require.Contains(t, err.Error(), "nvidia-smi -r -i 0")
+	node, _ := m.Discover(ctx)
+	require.False(t, node.GPUs[0].MIGEnabled)
+	require.True(t, node.GPUs[0].MIGPending)
+	require.Equal(t, nvml.SUCCESS, sim.Reset(0)) // the admin resets the GPU
+	res, err := m.Apply(ctx, all(1, req(dev("1g.5gb", 7))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	require.Len(t, res.GPUs[0].Layout, 7)
+
+	h := migsim.New(migsim.H200, 1)
+	mh := newManager(t, h)
+	_, err = mh.Apply(ctx, all(1, req(dev("2g.35gb", 3))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	_, err = mh.Apply(ctx, all(1, mig.Request{MIGEnabled: false}), mig.ApplyOptions{})
+	require.NoError(t, err)
+	node, _ = mh.Discover(ctx)
+	require.False(t, node.GPUs[0].MIGEnabled)
+	require.Empty(t, node.GPUs[0].Instances)
+}
+
+// TestFaultInjectionEveryCall makes each mutating NVML call of an apply fail
+// in turn and checks every GPU ends in its old layout or the new one.
+func TestFaultInjectionEveryCall(t *testing.T) {
+	ctx := context.Background()
+	oldReq := req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1c.2g.35gb", 2))
+	newReq := req(dev("1g.18gb", 3), dev("1c.3g.71gb", 2))
+	setup := func(t *testing.T) (*migsim.Node, *mig.Manager) {
+		sim := migsim.New(migsim.H200, 2)
+		m := newManager(t, sim)
+		_, err := m.Apply(ctx, all(2, oldReq), mig.ApplyOptions{})
+		require.NoError(t, err)
+		return sim, m
+	}
+	// count the mutating calls of a clean apply
+	sim, m := setup(t)
+	oldL := layouts(t, sim)
+	calls := 0
+	sim.SetFault(func(migsim.Call) nvml.Return { calls++; return nvml.SUCCESS })
+	_, err := m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+	require.NoError(t, err)
+	newL := layouts(t, sim)
+	require.NotEqual(t, oldL, newL)
+	require.Greater(t, calls, 6)
+
+	for k := 1; k <= calls; k++ {
+		for _, mode := range []string{"once", "from-then-on"} {
+			sim, m := setup(t)
+			n := 0
+			sim.SetFault(func(c migsim.Call) nvml.Return {
+				n++
+				if n == k || (mode == "from-then-on" && n > k) {
+					return nvml.ERROR_UNKNOWN
+				}
+				return nvml.SUCCESS
+			})
+			_, err := m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+			require.Error(t, err, "call %d (%s)", k, mode)
+			if mode == "once" {
+				// one failure: the rollback succeeds, every GPU is old or new
+				got := layouts(t, sim)
+				for g := range got {
+					require.True(t, got[g].Equal(oldL[g]) || got[g].Equal(newL[g]),
+						"call %d: GPU %d is in between: %s (old %s, new %s)", k, g, got[g], oldL[g], newL[g])
+				}
+				require.ErrorIs(t, err, mig.ErrRolledBack)
+			} else {
+				// the failed rollback left the journal; with NVML healthy again,
+				// recover converges to the new layout
+				sim.SetFault(nil)
+				_, err := m.Recover(ctx)
+				require.NoError(t, err)
+				_, err = m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+				require.NoError(t, err)
+				final := layouts(t, sim)
+				for g := range final {
+					require.True(t, final[g].Equal(newL[g]), "call %d: GPU %d: %s", k, g, final[g])
+				}
+			}
+		}
+	}
+}
+
+// TestRecoverAfterInterruptedApply stops the applying goroutine dead after
+// step k (runtime.Goexit: no rollback, the journal stays) and checks that
+// Recover rolls the GPU forward to the target.
+func TestRecoverAfterInterruptedApply(t *testing.T) {
+	ctx := context.Background()
+	target := req(dev("2g.35gb", 2), dev("1g.18gb", 3))
+	for k := 1; k <= 8; k++ {
+		sim := migsim.New(migsim.H200, 1)
+		journal := filepath.Join(t.TempDir(), "journal")
+		base := mig.NewManager(sim, mig.WithJournal(journal))
+		_, err := base.Apply(ctx, all(1, req(dev("4g.71gb", 1), dev("3g.71gb", 1))), mig.ApplyOptions{})
+		require.NoError(t, err)
+		crashing := mig.NewManager(sim, mig.WithJournal(journal), mig.WithStepHook(func(_, n int, _ mig.Step) {
+			if n == k {
+				runtime.Goexit()
+			}
+		}))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = crashing.Apply(ctx, all(1, target), mig.ApplyOptions{})
+		}()
+		<-done
+		tx, err := mig.NewJournal(journal).Pending()
+		require.NoError(t, err)
+		require.NotNil(t, tx, "step %d: the journal must survive the crash", k)
+		require.Equal(t, k, tx.Done)
+
+		rec, err := mig.NewManager(sim, mig.WithJournal(journal)).Recover(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "rolled-forward", rec.Outcome)
+		got := layouts(t, sim)[0]
+		require.True(t, got.Equal(tx.Target), "step %d: %s", k, got)
+		tx, err = mig.NewJournal(journal).Pending()
+		require.NoError(t, err)
+		require.Nil(t, tx)
+	}
+}

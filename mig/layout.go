@@ -1,0 +1,434 @@
+package mig
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is a mig-parted v1 configuration file, read as-is, with migctl's
+// extensions: devices may name GPUs by UUID or PCI bus id as well as index,
+// and an entry may pin GPU instances with "mig-placements".
+//
+//	version: v1
+//	mig-configs:
+//	  balanced:
+//	    - devices: all              # or [0, 1], or ["GPU-…", "0000:1B:00.0"]
+//	      device-filter: "0x233510DE" # optional: PCI device ids (string or list)
+//	      mig-enabled: true
+//	      mig-devices:
+//	        "3g.71gb": 1
+//	        "2g.35gb": 1
+//	      mig-placements:           # migctl extension: memory-unit starts
+//	        "3g.71gb": [4]
+type Config struct {
+	File    string
+	Version string
+	Configs map[string][]ConfigEntry
+	order   []string
+}
+
+// ConfigEntry is one item of a named configuration.
+type ConfigEntry struct {
+	Line         int
+	AllDevices   bool
+	Devices      []DeviceSelector
+	DeviceFilter []uint32
+	MIGEnabled   bool
+	MIGDevices   []DeviceRequest // in file order
+}
+
+// DeviceSelector names one GPU: by index, or by UUID / PCI bus id (Key).
+type DeviceSelector struct {
+	Index int // -1 when Key is used
+	Key   string
+	Line  int
+}
+
+// Names lists the configurations in file order.
+func (c *Config) Names() []string { return append([]string(nil), c.order...) }
+
+func (c *Config) errf(n *yaml.Node, format string, args ...any) error {
+	return fmt.Errorf("%w: %s:%d: %s", ErrBadConfig, c.File, n.Line, fmt.Sprintf(format, args...))
+}
+
+// ParseConfig parses a mig-parted v1 file; file names the source in errors,
+// which carry line numbers and name the offending key.
+func ParseConfig(data []byte, file string) (*Config, error) {
+	c := &Config{File: file, Configs: map[string][]ConfigEntry{}}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadConfig, file, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty file", ErrBadConfig, file)
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, c.errf(root, "top level must be a mapping with version and mig-configs")
+	}
+	var configs *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		switch k.Value {
+		case "version":
+			c.Version = v.Value
+		case "mig-configs":
+			configs = v
+		default:
+			return nil, c.errf(k, "unknown key %q (want version, mig-configs)", k.Value)
+		}
+	}
+	if c.Version != "v1" {
+		return nil, c.errf(root, "version must be v1, got %q", c.Version)
+	}
+	if configs == nil || configs.Kind != yaml.MappingNode {
+		return nil, c.errf(root, "mig-configs must be a mapping of configuration names")
+	}
+	for i := 0; i+1 < len(configs.Content); i += 2 {
+		k, v := configs.Content[i], configs.Content[i+1]
+		if _, dup := c.Configs[k.Value]; dup {
+			return nil, c.errf(k, "configuration %q defined twice", k.Value)
+		}
+		if v.Kind != yaml.SequenceNode {
+			return nil, c.errf(v, "configuration %q must be a list of entries", k.Value)
+		}
+		var entries []ConfigEntry
+		for _, en := range v.Content {
+			e, err := c.parseEntry(k.Value, en)
+			if err != nil {
+				return nil, err
+			}
+			entries = append(entries, e)
+		}
+		c.Configs[k.Value] = entries
+		c.order = append(c.order, k.Value)
+	}
+	return c, nil
+}
+
+func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
+	e := ConfigEntry{Line: n.Line}
+	if n.Kind != yaml.MappingNode {
+		return e, c.errf(n, "%s: entry must be a mapping", name)
+	}
+	var devices, placements *yaml.Node
+	seen := map[string]bool{}
+	var migDevs *yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		seen[k.Value] = true
+		switch k.Value {
+		case "devices":
+			devices = v
+		case "device-filter":
+			f, err := c.parseFilter(name, v)
+			if err != nil {
+				return e, err
+			}
+			e.DeviceFilter = f
+		case "mig-enabled":
+			b, err := strconv.ParseBool(v.Value)
+			if err != nil || v.Kind != yaml.ScalarNode {
+				return e, c.errf(v, "%s: mig-enabled must be true or false, got %q", name, v.Value)
+			}
+			e.MIGEnabled = b
+		case "mig-devices":
+			migDevs = v
+		case "mig-placements":
+			placements = v
+		default:
+			return e, c.errf(k, "%s: unknown key %q (want devices, device-filter, mig-enabled, mig-devices, mig-placements)", name, k.Value)
+		}
+	}
+	if devices == nil {
+		return e, c.errf(n, "%s: entry has no devices", name)
+	}
+	if !seen["mig-enabled"] {
+		return e, c.errf(n, "%s: entry has no mig-enabled", name)
+	}
+	switch {
+	case devices.Kind == yaml.ScalarNode && devices.Value == "all":
+		e.AllDevices = true
+	case devices.Kind == yaml.SequenceNode:
+		for _, d := range devices.Content {
+			if d.Kind != yaml.ScalarNode {
+				return e, c.errf(d, "%s: devices: each device is an index, a GPU UUID or a PCI bus id", name)
+			}
+			if i, err := strconv.Atoi(d.Value); err == nil && d.Tag == "!!int" {
+				if i < 0 {
+					return e, c.errf(d, "%s: devices: negative index %d", name, i)
+				}
+				e.Devices = append(e.Devices, DeviceSelector{Index: i, Line: d.Line})
+			} else {
+				e.Devices = append(e.Devices, DeviceSelector{Index: -1, Key: d.Value, Line: d.Line})
+			}
+		}
+	default:
+		return e, c.errf(devices, "%s: devices must be \"all\" or a list", name)
+	}
+	if migDevs != nil && migDevs.Kind != yaml.MappingNode && !(migDevs.Kind == yaml.ScalarNode && migDevs.Tag == "!!null") {
+		return e, c.errf(migDevs, "%s: mig-devices must map profile names to counts", name)
+	}
+	if migDevs != nil && migDevs.Kind == yaml.MappingNode {
+		if !e.MIGEnabled && len(migDevs.Content) > 0 {
+			return e, c.errf(migDevs, "%s: mig-devices given with mig-enabled: false", name)
+		}
+		for i := 0; i+1 < len(migDevs.Content); i += 2 {
+			k, v := migDevs.Content[i], migDevs.Content[i+1]
+			src := fmt.Sprintf("%s:%d: mig-devices %q", c.File, k.Line, k.Value)
+			if _, err := ParseProfileName(k.Value); err != nil {
+				return e, fmt.Errorf("%s: %w", src, err)
+			}
+			cnt, err := strconv.Atoi(v.Value)
+			if err != nil || v.Kind != yaml.ScalarNode || cnt < 0 {
+				return e, c.errf(v, "%s: mig-devices %q: count must be a non-negative integer, got %q", name, k.Value, v.Value)
+			}
+			for _, d := range e.MIGDevices {
+				if d.Profile == k.Value {
+					return e, c.errf(k, "%s: mig-devices %q listed twice", name, k.Value)
+				}
+			}
+			e.MIGDevices = append(e.MIGDevices, DeviceRequest{Profile: k.Value, Count: cnt, Source: src})
+		}
+	}
+	if placements != nil {
+		if placements.Kind != yaml.MappingNode {
+			return e, c.errf(placements, "%s: mig-placements must map profile names to lists of starts", name)
+		}
+		for i := 0; i+1 < len(placements.Content); i += 2 {
+			k, v := placements.Content[i], placements.Content[i+1]
+			idx := -1
+			for j, d := range e.MIGDevices {
+				if d.Profile == k.Value {
+					idx = j
+				}
+			}
+			if idx < 0 {
+				return e, c.errf(k, "%s: mig-placements %q: profile not in mig-devices", name, k.Value)
+			}
+			var starts []int
+			items := v.Content
+			if v.Kind == yaml.ScalarNode {
+				items = []*yaml.Node{v}
+			}
+			for _, s := range items {
+				st, err := strconv.Atoi(s.Value)
+				if err != nil || st < 0 || st >= MemoryUnits {
+					return e, c.errf(s, "%s: mig-placements %q: start must be 0..%d, got %q", name, k.Value, MemoryUnits-1, s.Value)
+				}
+				starts = append(starts, st)
+			}
+			e.MIGDevices[idx].Starts = starts
+			e.MIGDevices[idx].Source = fmt.Sprintf("%s:%d: mig-devices %q", c.File, k.Line, k.Value)
+		}
+	}
+	return e, nil
+}
+
+func (c *Config) parseFilter(name string, v *yaml.Node) ([]uint32, error) {
+	items := []*yaml.Node{v}
+	if v.Kind == yaml.SequenceNode {
+		items = v.Content
+	}
+	var out []uint32
+	for _, it := range items {
+		for _, s := range strings.Split(it.Value, ",") {
+			s = strings.TrimSpace(s)
+			x, err := strconv.ParseUint(strings.TrimPrefix(strings.ToLower(s), "0x"), 16, 32)
+			if err != nil || s == "" {
+				return nil, c.errf(it, "%s: device-filter: %q is not a PCI device id like 0x233510DE", name, s)
+			}
+			out = append(out, uint32(x))
+		}
+	}
+	return out, nil
+}
+
+// Requests resolves configuration name against the node: which GPUs each
+// entry selects and what it asks of them. GPUs no entry selects are absent
+// from the result (left alone). Errors name the entry and line: an unknown
+// configuration, a device index out of range, a UUID or bus id that matches
+// no GPU, a GPU selected by two entries.
+func (c *Config) Requests(name string, node *Node) (map[int]Request, error) {
+	entries, ok := c.Configs[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s: no configuration %q (have: %s)", ErrBadConfig, c.File, name, strings.Join(c.order, ", "))
+	}
+	out := map[int]Request{}
+	by := map[int]int{} // gpu -> line of the entry that selected it
+	for _, e := range entries {
+		var sel []int
+		if e.AllDevices {
+			for _, g := range node.GPUs {
+				sel = append(sel, g.Index)
+			}
+		}
+		for _, d := range e.Devices {
+			if d.Index >= 0 {
+				if d.Index >= len(node.GPUs) {
+					return nil, fmt.Errorf("%w: %s:%d: %s: device %d out of range (the node has %d GPUs: 0..%d)",
+						ErrBadConfig, c.File, d.Line, name, d.Index, len(node.GPUs), len(node.GPUs)-1)
+				}
+				sel = append(sel, d.Index)
+				continue
+			}
+			i, ok := node.Find(d.Key)
+			if !ok {
+				return nil, fmt.Errorf("%w: %s:%d: %s: device %q matches no GPU's UUID or PCI bus id", ErrBadConfig, c.File, d.Line, name, d.Key)
+			}
+			sel = append(sel, i)
+		}
+		for _, i := range sel {
+			if len(e.DeviceFilter) > 0 && !containsID(e.DeviceFilter, node.GPUs[i].PCIDeviceID) {
+				continue
+			}
+			if l, dup := by[i]; dup {
+				return nil, fmt.Errorf("%w: %s:%d: %s: GPU %d is already selected by the entry at line %d", ErrBadConfig, c.File, e.Line, name, i, l)
+			}
+			by[i] = e.Line
+			out[i] = Request{MIGEnabled: e.MIGEnabled, Devices: append([]DeviceRequest(nil), e.MIGDevices...)}
+		}
+	}
+	return out, nil
+}
+
+func containsID(ids []uint32, id uint32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Find returns the index of the GPU whose UUID or PCI bus id is key. Bus ids
+// match in any common spelling ("0000:1b:00.0", "00000000:1B:00.0", "1b:00.0").
+func (n *Node) Find(key string) (int, bool) {
+	for _, g := range n.GPUs {
+		if strings.EqualFold(g.UUID, key) || (g.PCIBusID != "" && sameBusID(g.PCIBusID, key)) {
+			return g.Index, true
+		}
+	}
+	return 0, false
+}
+
+func sameBusID(a, b string) bool {
+	pa, ok1 := parseBusID(a)
+	pb, ok2 := parseBusID(b)
+	return ok1 && ok2 && pa == pb
+}
+
+func parseBusID(s string) ([4]uint64, bool) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	var out [4]uint64
+	parts := strings.Split(s, ":")
+	if len(parts) == 2 {
+		parts = append([]string{"0"}, parts...)
+	}
+	if len(parts) != 3 {
+		return out, false
+	}
+	df := strings.Split(parts[2], ".")
+	if len(df) != 2 {
+		return out, false
+	}
+	for i, p := range []string{parts[0], parts[1], df[0], df[1]} {
+		x, err := strconv.ParseUint(p, 16, 32)
+		if err != nil {
+			return out, false
+		}
+		out[i] = x
+	}
+	return out, true
+}
+
+// ParseLayout parses the --layout shorthand: comma-separated entries
+// "PROFILE=COUNT" (the planner places them) or "PROFILE@START" (one instance
+// pinned at a memory-unit start). "none" asks for MIG enabled with no
+// instances. The result always has MIG enabled.
+func ParseLayout(s string) (Request, error) {
+	r := Request{MIGEnabled: true}
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return r, fmt.Errorf("%w: --layout is empty (use e.g. 1g.18gb=2,3g.71gb=1, or none)", ErrBadConfig)
+	}
+	if s == "none" {
+		return r, nil
+	}
+	idx := map[string]int{}
+	for _, ent := range strings.Split(s, ",") {
+		ent = strings.TrimSpace(ent)
+		src := fmt.Sprintf("--layout entry %q", ent)
+		prof, count, start := ent, 1, -1
+		if p, c, ok := strings.Cut(ent, "="); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(c))
+			if err != nil || n < 0 {
+				return r, fmt.Errorf("%w: %s: count must be a non-negative integer", ErrBadConfig, src)
+			}
+			prof, count = strings.TrimSpace(p), n
+		} else if p, st, ok := strings.Cut(ent, "@"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(st))
+			if err != nil || n < 0 || n >= MemoryUnits {
+				return r, fmt.Errorf("%w: %s: start must be 0..%d", ErrBadConfig, src, MemoryUnits-1)
+			}
+			prof, start = strings.TrimSpace(p), n
+		}
+		if _, err := ParseProfileName(prof); err != nil {
+			return r, fmt.Errorf("%s: %w", src, err)
+		}
+		i, ok := idx[prof]
+		if !ok {
+			i = len(r.Devices)
+			idx[prof] = i
+			r.Devices = append(r.Devices, DeviceRequest{Profile: prof, Source: fmt.Sprintf("--layout %q", prof)})
+		}
+		r.Devices[i].Count += count
+		if start >= 0 {
+			r.Devices[i].Starts = append(r.Devices[i].Starts, start)
+		}
+	}
+	return r, nil
+}
+
+// SelectGPUs parses --gpus: "all", or comma-separated indices, UUIDs or PCI
+// bus ids. Errors name the entry and the node's range.
+func SelectGPUs(s string, node *Node) ([]int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "all" {
+		out := make([]int, len(node.GPUs))
+		for i := range node.GPUs {
+			out[i] = node.GPUs[i].Index
+		}
+		return out, nil
+	}
+	seen := map[int]bool{}
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		i, err := strconv.Atoi(p)
+		if err == nil {
+			if i < 0 || i >= len(node.GPUs) {
+				return nil, fmt.Errorf("%w: --gpus %q: device %d out of range (the node has %d GPUs: 0..%d)", ErrBadConfig, s, i, len(node.GPUs), len(node.GPUs)-1)
+			}
+		} else if i, err = findOrErr(node, p); err != nil {
+			return nil, fmt.Errorf("%w: --gpus %q: %v", ErrBadConfig, s, err)
+		}
+		if !seen[i] {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+func findOrErr(node *Node, key string) (int, error) {
+	if i, ok := node.Find(key); ok {
+		return i, nil
+	}
+	return 0, fmt.Errorf("%q matches no GPU's index, UUID or PCI bus id", key)
+}
