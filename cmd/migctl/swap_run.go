@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/schollz/progressbar/v3"
+
+	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/internal/printer"
+)
+
+// swapMoveOptions are the options of 'swap out' and 'swap in'.
+type swapMoveOptions struct {
+	conn   *swapConn
+	dir    ctlpb.Direction
+	pid    int
+	job    string
+	quiet  bool
+	output func() (printer.Format, error)
+	format printer.Format
+	s      streams
+}
+
+func (o *swapMoveOptions) Complete() error {
+	f, err := o.output()
+	o.format = f
+	return err
+}
+
+func (o *swapMoveOptions) Validate() error {
+	if (o.pid == 0) == (o.job == "") {
+		return errors.New("give exactly one of --pid and --job")
+	}
+	if o.pid < 0 {
+		return errors.New("--pid must be positive")
+	}
+	if o.conn.timeout <= 0 {
+		return errors.New("--timeout must be positive")
+	}
+	return nil
+}
+
+// swapResults prints as a table of one row per process.
+type swapResults struct {
+	Results []ctxmgr.Result `json:"results" yaml:"results"`
+}
+
+func (r swapResults) Header() []string {
+	return []string{"pid", "job", "swap", "ok", "bytes", "seconds", "GiB/s", "error"}
+}
+
+func (r swapResults) Rows() [][]string {
+	var rows [][]string
+	for _, x := range r.Results {
+		rate := "-"
+		if x.OK && x.Seconds > 0 {
+			rate = fmt.Sprintf("%.1f", float64(x.Bytes)/x.Seconds/(1<<30))
+		}
+		rows = append(rows, []string{strconv.Itoa(x.PID), x.Job, x.Direction, strconv.FormatBool(x.OK),
+			ctxmgr.FormatBytes(x.Bytes), fmt.Sprintf("%.3f", x.Seconds), rate, x.Error})
+	}
+	return rows
+}
+
+func (o *swapMoveOptions) Run(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.conn.timeout)
+	defer cancel()
+	cl, closeConn, err := o.conn.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	stream, err := cl.Swap(ctx, &ctlpb.SwapRequest{Direction: o.dir, Pid: int32(o.pid), Job: o.job})
+	if err != nil {
+		return o.conn.explain(err)
+	}
+	word := "swapping out"
+	if o.dir == ctlpb.Direction_DIRECTION_IN {
+		word = "swapping in"
+	}
+	bar := newSwapBar(o.s.ErrOut, word, o.quiet)
+	var results []ctxmgr.Result
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			bar.abort()
+			return o.conn.explain(err)
+		}
+		if p := ev.GetProgress(); p != nil {
+			bar.update(int(p.GetPid()), p.GetDone(), p.GetTotal())
+		}
+		if r := ev.GetResult(); r != nil {
+			dir := ctxmgr.SwapOut.String()
+			if r.GetDirection() == ctlpb.Direction_DIRECTION_IN {
+				dir = ctxmgr.SwapIn.String()
+			}
+			results = append(results, ctxmgr.Result{PID: int(r.GetPid()), Job: r.GetJob(), Direction: dir,
+				OK: r.GetOk(), Bytes: r.GetBytes(), Seconds: r.GetSeconds(), Error: r.GetError()})
+		}
+	}
+	bar.finish()
+	if err := printer.Print(o.s.Out, o.format, swapResults{Results: results}); err != nil {
+		return err
+	}
+	var failed []error
+	for _, r := range results {
+		if !r.OK {
+			failed = append(failed, fmt.Errorf("%s of pid %d (job %s) failed: %s", r.Direction, r.PID, r.Job, r.Error))
+		}
+	}
+	return errors.Join(failed...)
+}
+
+// swapBar is one progress bar over every process of a swap (bytes done of
+// bytes total, summed over pids), on stderr.
+type swapBar struct {
+	w     io.Writer
+	desc  string
+	quiet bool
+	bar   *progressbar.ProgressBar
+	done  map[int]int64
+	total map[int]int64
+}
+
+func newSwapBar(w io.Writer, desc string, quiet bool) *swapBar {
+	return &swapBar{w: w, desc: desc, quiet: quiet, done: map[int]int64{}, total: map[int]int64{}}
+}
+
+func (b *swapBar) update(pid int, done, total int64) {
+	if b.quiet {
+		return
+	}
+	b.done[pid], b.total[pid] = done, total
+	var d, t int64
+	for p := range b.total {
+		d += b.done[p]
+		t += b.total[p]
+	}
+	if b.bar == nil {
+		b.bar = progressbar.NewOptions64(t, progressbar.OptionSetWriter(b.w), progressbar.OptionShowBytes(true),
+			progressbar.OptionUseIECUnits(true), progressbar.OptionSetDescription(b.desc),
+			progressbar.OptionSetWidth(30), progressbar.OptionShowTotalBytes(true),
+			progressbar.OptionSetPredictTime(true), progressbar.OptionOnCompletion(func() { fmt.Fprintln(b.w) }))
+	} else if t != b.bar.GetMax64() {
+		b.bar.ChangeMax64(t)
+	}
+	_ = b.bar.Set64(d)
+}
+
+func (b *swapBar) finish() {
+	if b.bar != nil && !b.bar.IsFinished() {
+		_ = b.bar.Finish()
+	}
+}
+
+func (b *swapBar) abort() {
+	if b.bar != nil {
+		_ = b.bar.Exit()
+		fmt.Fprintln(b.w)
+	}
+}

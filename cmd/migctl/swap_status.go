@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/internal/printer"
+)
+
+type swapStatusOptions struct {
+	conn   *swapConn
+	output func() (printer.Format, error)
+	format printer.Format
+	s      streams
+}
+
+func newSwapStatusCmd(s streams, c *swapConn) *cobra.Command {
+	o := &swapStatusOptions{conn: c, s: s}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "List the shimmed processes: job, priority, device, bytes, where their memory is",
+		Long: `List the processes that run under the shim as the daemon knows them, and the free memory
+of their devices (JSON/YAML). STATE is one of:
+  running       memory on the GPU
+  swapping-out  being copied to host (PROGRESS shows how far)
+  out           in host memory; the process waits at its next GPU call
+  swapping-in   being copied back
+  blocked       a swap-in found no memory; the process waits until one succeeds
+HOLD marks a manual 'swap out' that the daemon will not undo on its own.`,
+		Example: `  migctl swap status
+  migctl swap status -o json | jq '.processes[] | select(.state=="out")'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	o.output = outputFlag(cmd)
+	return cmd
+}
+
+func (o *swapStatusOptions) Complete() error {
+	f, err := o.output()
+	o.format = f
+	return err
+}
+
+func (o *swapStatusOptions) Validate() error { return nil }
+
+// statusView is what 'swap status' prints.
+type statusView struct {
+	Processes []processView `json:"processes" yaml:"processes"`
+	Devices   []deviceView  `json:"devices" yaml:"devices"`
+}
+
+type processView struct {
+	PID          int       `json:"pid" yaml:"pid"`
+	PeerPID      int       `json:"peerPID,omitempty" yaml:"peerPID,omitempty"`
+	Job          string    `json:"job" yaml:"job"`
+	Priority     int       `json:"priority" yaml:"priority"`
+	Device       string    `json:"device" yaml:"device"`
+	State        string    `json:"state" yaml:"state"`
+	Hold         bool      `json:"hold" yaml:"hold"`
+	Bytes        int64     `json:"bytes" yaml:"bytes"`
+	GPUBytes     int64     `json:"gpuBytes" yaml:"gpuBytes"`
+	Started      time.Time `json:"started" yaml:"started"`
+	LastProgress time.Time `json:"lastProgress,omitzero" yaml:"lastProgress,omitempty"`
+	Done         int64     `json:"done,omitempty" yaml:"done,omitempty"`
+	Total        int64     `json:"total,omitempty" yaml:"total,omitempty"`
+	Waiting      bool      `json:"waiting,omitempty" yaml:"waiting,omitempty"`
+}
+
+type deviceView struct {
+	Device string `json:"device" yaml:"device"`
+	Free   int64  `json:"free" yaml:"free"`
+}
+
+func (v statusView) Header() []string {
+	return []string{"pid", "job", "priority", "device", "state", "hold", "bytes", "on-gpu", "progress", "started", "last-progress"}
+}
+
+func (v statusView) Rows() [][]string {
+	var rows [][]string
+	for _, p := range v.Processes {
+		prog := "-"
+		if p.Total > 0 && (p.State == string(ctxmgr.SwappingOut) || p.State == string(ctxmgr.SwappingIn)) {
+			prog = strconv.Itoa(int(100*p.Done/p.Total)) + "%"
+		}
+		last := "-"
+		if !p.LastProgress.IsZero() {
+			last = p.LastProgress.Local().Format(time.TimeOnly)
+		}
+		hold := ""
+		if p.Hold {
+			hold = "hold"
+		}
+		rows = append(rows, []string{strconv.Itoa(p.PID), p.Job, strconv.Itoa(p.Priority), p.Device, p.State, hold,
+			ctxmgr.FormatBytes(p.Bytes), ctxmgr.FormatBytes(p.GPUBytes), prog,
+			p.Started.Local().Format(time.DateTime), last})
+	}
+	return rows
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func (o *swapStatusOptions) Run(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.conn.timeout)
+	defer cancel()
+	cl, closeConn, err := o.conn.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	st, err := cl.Status(ctx, &ctlpb.StatusRequest{})
+	if err != nil {
+		return o.conn.explain(err)
+	}
+	v := statusView{Processes: []processView{}, Devices: []deviceView{}}
+	for _, p := range st.GetProcesses() {
+		v.Processes = append(v.Processes, processView{PID: int(p.GetPid()), PeerPID: int(p.GetPeerPid()), Job: p.GetJob(),
+			Priority: int(p.GetPriority()), Device: p.GetDevice(), State: p.GetState(), Hold: p.GetHold(),
+			Bytes: p.GetBytes(), GPUBytes: p.GetGpuBytes(), Started: unixNano(p.GetStartedUnixNano()),
+			LastProgress: unixNano(p.GetLastProgressUnixNano()), Done: p.GetDone(), Total: p.GetTotal(), Waiting: p.GetWaiting()})
+	}
+	for _, d := range st.GetDevices() {
+		v.Devices = append(v.Devices, deviceView{Device: d.GetDevice(), Free: d.GetFree()})
+	}
+	return printer.Print(o.s.Out, o.format, v)
+}
