@@ -12,6 +12,7 @@
  *                                     (or closes), then check every float
  *   testprog RESOLVE refuse ipc|async|managed   hold memory the shim cannot move
  *   testprog RESOLVE oom BYTES        one allocation; report its result code
+ *   testprog RESOLVE hold BYTES       hold one allocation until stdin says "stop"
  *   testprog RESOLVE bench N          time N launches of a no-op kernel
  * RESOLVE: direct | dlsym | gpa | gpa1 | ptsz
  */
@@ -384,6 +385,22 @@ static int refuse(const char *kind)
 	return 0;
 }
 
+static int hold(size_t bytes)
+{
+	setup();
+	CUdeviceptr p = 0;
+	CHECK(cu.MemAlloc(&p, bytes));
+	printf("READY pid=%d\n", (int)getpid());
+	fflush(stdout);
+	pthread_t rd;
+	pthread_create(&rd, NULL, stdin_reader, NULL);
+	while (!stop)
+		usleep(1000);
+	CHECK(cu.MemFree(p));
+	printf("RESULT ok=1\n");
+	return 0;
+}
+
 static int oom(size_t bytes)
 {
 	setup();
@@ -398,6 +415,8 @@ static int oom(size_t bytes)
 		wrong = v != 1.0f;
 	}
 	report_stats("STATS");
+	if (r == CUDA_SUCCESS)
+		CHECK(cu.MemFree(p)); /* the fake's shared counter does not see process exit */
 	printf("RESULT ok=%d code=%d wrong=%zu\n", r == CUDA_SUCCESS && wrong == 0, r, wrong);
 	fflush(stdout);
 	return 0;
@@ -444,6 +463,8 @@ int main(int argc, char **argv)
 		return loop(atoi(argv[3]), strtoull(argv[4], NULL, 0), argc > 5 && strcmp(argv[5], "fork") == 0);
 	if (strcmp(m, "refuse") == 0 && argc >= 4)
 		return refuse(argv[3]);
+	if (strcmp(m, "hold") == 0 && argc >= 4)
+		return hold(strtoull(argv[3], NULL, 0));
 	if (strcmp(m, "oom") == 0 && argc >= 4)
 		return oom(strtoull(argv[3], NULL, 0));
 	if (strcmp(m, "bench") == 0 && argc >= 4)

@@ -1,0 +1,354 @@
+package shimtest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	modePassthrough = "1"
+	modeVMM         = "2"
+	stateSwappedOut = "2"
+)
+
+// Every way a program reaches the driver ends in the shim: the allocations
+// become VMM allocations (cuMemCreate in the fake, no plain cuMemAlloc), the
+// table tracks them, launches pass the gate, and frees give everything back.
+func TestInterpositionPaths(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct{ desc, resolve string }{
+		{"direct symbols (linked against libcuda.so.1)", "direct"},
+		{"dlopen + dlsym", "dlsym"},
+		{"cuGetProcAddress_v2 fetched through itself", "gpa"},
+		{"cuGetProcAddress (v1)", "gpa1"},
+		{"cuGetProcAddress per-thread default stream", "ptsz"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			d := startDaemon(t, e.dir)
+			e.socket = d.path
+			p := e.start(t, tc.resolve, "basic")
+			c := d.waitConn(t)
+			require.Equal(t, p.cmd.Process.Pid, c.pid())
+			require.Equal(t, float64(1), c.hello.num("version"))
+			require.Equal(t, "GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfeff", c.hello.str("device"))
+			lines := p.finish(t, 20*time.Second)
+			res := line(t, lines, "RESULT")
+			require.Equal(t, "1", res["ok"], "data wrong: %v", res)
+			st := line(t, lines, "STATS")
+			require.Equal(t, modeVMM, st["mode"])
+			require.Equal(t, uint64(3), num(t, st, "allocations"))
+			require.Equal(t, uint64(3), num(t, st, "vmm_creates"), "every allocation is VMM-backed")
+			require.Equal(t, uint64(0), num(t, st, "plain_allocs"), "no allocation bypassed the shim")
+			// 3 allocations of 3 MiB+100 B, 10 rows of pitch 4096 and 1000 B at 2 MiB granularity
+			require.Equal(t, uint64((2+1+1)<<21), num(t, st, "bytes"))
+			require.Equal(t, num(t, st, "bytes"), num(t, st, "vmm_in_use"))
+			// 5 launches, 1 LaunchKernelEx, 3 graph launches, HtoD, memset, 2 DtoH
+			require.GreaterOrEqual(t, num(t, st, "gated"), uint64(13))
+			require.Equal(t, uint64(9), num(t, st, "launches"))
+			fr := line(t, lines, "FREED")
+			require.Equal(t, uint64(0), num(t, fr, "allocations"))
+			require.Equal(t, uint64(0), num(t, fr, "in_use"), "frees release VMM memory")
+		})
+	}
+}
+
+// Without a daemon the shim stays out of the way: same allocations (plain
+// cuMemAlloc), same results, same device usage as without the shim.
+func TestPassthroughWithoutDaemon(t *testing.T) {
+	needBin(t)
+	run := func(t *testing.T, e *env) []string {
+		p := e.start(t, "gpa", "basic")
+		return p.finish(t, 20*time.Second)
+	}
+	bare := newEnv(t)
+	bare.shim = false
+	want := run(t, bare)
+	wantStats := line(t, want, "STATS")
+
+	for _, tc := range []struct {
+		desc  string
+		setup func(t *testing.T, e *env)
+	}{
+		{"socket path absent", func(t *testing.T, e *env) {}},
+		{"socket file without a listener", func(t *testing.T, e *env) {
+			p := filepath.Join(e.dir, "dead.sock")
+			require.NoError(t, os.WriteFile(p, nil, 0o600))
+			e.socket = p
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			tc.setup(t, e)
+			got := run(t, e)
+			require.Equal(t, "1", line(t, got, "RESULT")["ok"])
+			st := line(t, got, "STATS")
+			require.Equal(t, "1", st["shim"])
+			require.Equal(t, modePassthrough, st["mode"])
+			require.Equal(t, "0", st["connected"])
+			for _, k := range []string{"in_use", "vmm_creates", "plain_allocs", "launches"} {
+				require.Equal(t, wantStats[k], st[k], "fake device counter %s differs from a run without the shim", k)
+			}
+			require.Equal(t, "0", line(t, got, "FREED")["in_use"])
+		})
+	}
+}
+
+// Many swap cycles while the program launches kernels and graphs: launches
+// stop while out, memory is really released, every byte comes back
+// (MIGSWAP_CHECKSUM=1 and the program checks every float).
+func TestSwapCyclesKeepDataAndReleaseMemory(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct {
+		desc    string
+		resolve string
+		cycles  int
+	}{
+		{"launches via cuGetProcAddress", "gpa", 25},
+		{"launches via direct symbols", "direct", 10},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			d := startDaemon(t, e.dir)
+			e.socket = d.path
+			const nbuf, size = 4, 3<<20 + 4096
+			p := e.start(t, tc.resolve, "loop", "4", "3149824")
+			c := d.waitConn(t)
+			p.waitLine(t, "READY", 20*time.Second)
+			resident := readFakeStats(t, e.stats)
+			require.Equal(t, uint64(nbuf*(4<<20)), resident.VMMInUse)
+
+			for i := 0; i < tc.cycles; i++ {
+				out := c.swap(t, "swap_out")
+				require.Equal(t, true, out["ok"], "swap_out %d: %v", i, out)
+				require.Equal(t, float64(nbuf*size), out.num("bytes"))
+
+				st := readFakeStats(t, e.stats)
+				require.Equal(t, uint64(0), st.InUse, "device memory not released while swapped out")
+				time.Sleep(20 * time.Millisecond)
+				st2 := readFakeStats(t, e.stats)
+				require.Equal(t, st.Launches, st2.Launches, "a kernel ran while swapped out")
+
+				in := c.swap(t, "swap_in")
+				require.Equal(t, true, in["ok"], "swap_in %d: %v", i, in)
+				require.Equal(t, resident.VMMInUse, readFakeStats(t, e.stats).VMMInUse)
+				require.Eventually(t, func() bool { return readFakeStats(t, e.stats).Launches > st2.Launches },
+					5*time.Second, time.Millisecond, "launches did not resume after swap_in")
+			}
+			require.GreaterOrEqual(t, c.progressCount(), 2*tc.cycles, "a progress message per swap at least")
+			lines := p.finish(t, 30*time.Second)
+			res := line(t, lines, "RESULT")
+			require.Equal(t, "1", res["ok"], "data lost: %v", res)
+			require.Equal(t, "0", res["wrong"])
+			require.Greater(t, num(t, res, "iters"), uint64(tc.cycles))
+			st := line(t, lines, "STATS")
+			require.Equal(t, uint64(tc.cycles), num(t, st, "swaps_out"))
+			require.Equal(t, uint64(tc.cycles), num(t, st, "swaps_in"))
+		})
+	}
+}
+
+// What cannot be moved safely makes the shim refuse with a reason; the
+// program keeps running untouched.
+func TestSwapRefusedWithReason(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct{ kind, reason string }{
+		{"ipc", "IPC-exported memory"},
+		{"async", "stream-ordered allocations"},
+		{"managed", "managed memory"},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			e := newEnv(t)
+			d := startDaemon(t, e.dir)
+			e.socket = d.path
+			p := e.start(t, "gpa", "refuse", tc.kind)
+			c := d.waitConn(t)
+			ready := p.waitLine(t, "READY", 20*time.Second)
+			require.Contains(t, ready["reason"], tc.reason)
+			before := readFakeStats(t, e.stats)
+			res := c.swap(t, "swap_out")
+			require.Equal(t, false, res["ok"])
+			require.Contains(t, res.str("error"), tc.reason)
+			require.Equal(t, before.VMMInUse, readFakeStats(t, e.stats).VMMInUse, "nothing was released")
+			require.Eventually(t, func() bool { return readFakeStats(t, e.stats).Launches > before.Launches },
+				5*time.Second, time.Millisecond, "the program is blocked after a refused swap")
+			in := c.swap(t, "swap_in")
+			require.Equal(t, true, in["ok"], "swap_in of a resident process is a no-op")
+			lines := p.finish(t, 20*time.Second)
+			require.Equal(t, "1", line(t, lines, "RESULT")["ok"])
+			if tc.kind == "async" {
+				require.Equal(t, "", line(t, lines, "FREED_ASYNC")["reason"], "freeing the async allocation makes it swappable")
+			}
+		})
+	}
+}
+
+// A forked child never shares the parent's connection or table: it starts
+// undecided, registers itself under its own pid, and the parent keeps
+// swapping normally.
+func TestForkSafety(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "gpa", "loop", "2", "1048576", "fork")
+	parent := d.waitConn(t)
+	require.Equal(t, p.cmd.Process.Pid, parent.pid())
+	child := d.waitConn(t)
+	require.NotEqual(t, parent.pid(), child.pid(), "the child registered under its own pid")
+	after := p.waitLine(t, "CHILD_AFTER_FORK", 20*time.Second)
+	require.Equal(t, "0", after["connected"], "the child inherited the parent's connection")
+	require.Equal(t, "0", after["mode"])
+	require.Equal(t, "0", after["allocations"], "the child inherited the parent's allocation table")
+	cres := p.waitLine(t, "CHILD_RESULT", 20*time.Second)
+	require.Equal(t, "1", cres["ok"])
+	select {
+	case <-child.closed:
+	case <-time.After(20 * time.Second):
+		require.FailNow(t, "the child's connection did not close when it exited")
+	}
+	for i := 0; i < 5; i++ {
+		require.Equal(t, true, parent.swap(t, "swap_out")["ok"])
+		require.Equal(t, true, parent.swap(t, "swap_in")["ok"])
+	}
+	lines := p.finish(t, 20*time.Second)
+	res := line(t, lines, "RESULT")
+	require.Equal(t, "1", res["ok"])
+	require.Equal(t, "0", res["child_status"])
+}
+
+// OUT_OF_MEMORY → need → the daemon frees memory (swaps a victim out) →
+// granted → the allocation is retried and succeeds; denied → it fails as it
+// would without the shim.
+func TestNeedGrantedRetry(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct {
+		desc  string
+		grant bool
+	}{
+		{"granted after swapping a victim out", true},
+		{"denied", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			e.extra = []string{"FAKECUDA_MEM_BYTES=67108864"} // one shared 64 MiB device
+			d := startDaemon(t, e.dir)
+			e.socket = d.path
+			victimProc := e.start(t, "gpa", "loop", "2", "16777216")
+			victim := d.waitConn(t)
+			victimProc.waitLine(t, "READY", 20*time.Second)
+			needs := make(chan uint64, 4)
+			d.onNeed = func(c *shimConn, bytes uint64) (bool, string) {
+				needs <- bytes
+				if !tc.grant {
+					return false, "nothing to preempt"
+				}
+				r := victim.swap(t, "swap_out")
+				return r["ok"] == true, r.str("error")
+			}
+			req := e.start(t, "gpa", "oom", "41943040")
+			reqConn := d.waitConn(t)
+			lines := req.finish(t, 30*time.Second)
+			require.Equal(t, uint64(40<<20), <-needs)
+			res := line(t, lines, "RESULT")
+			st := line(t, lines, "STATS")
+			if tc.grant {
+				require.Equal(t, "1", res["ok"], "the retried allocation failed: %v", res)
+				require.Equal(t, "0", res["code"])
+			} else {
+				require.Equal(t, "2", res["code"], "CUDA_ERROR_OUT_OF_MEMORY as without the shim")
+			}
+			<-reqConn.closed
+			if tc.grant {
+				in := victim.swap(t, "swap_in")
+				require.Equal(t, true, in["ok"], "%v", in)
+			}
+			vl := victimProc.finish(t, 20*time.Second)
+			require.Equal(t, "1", line(t, vl, "RESULT")["ok"])
+			_ = st
+		})
+	}
+}
+
+// A swap-in that cannot get memory leaves the program blocked and says so;
+// a later swap-in succeeds and nothing is lost.
+func TestSwapInWithoutMemoryStaysBlocked(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	e.extra = []string{"FAKECUDA_MEM_BYTES=33554432"}
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "gpa", "loop", "2", "8388608")
+	c := d.waitConn(t)
+	p.waitLine(t, "READY", 20*time.Second)
+	require.Equal(t, true, c.swap(t, "swap_out")["ok"])
+
+	hogEnv := *e
+	hogEnv.socket = "" // passthrough
+	hog := hogEnv.start(t, "gpa", "hold", "25165824")
+	hog.waitLine(t, "READY", 20*time.Second)
+
+	res := c.swap(t, "swap_in")
+	require.Equal(t, false, res["ok"])
+	require.Contains(t, res.str("error"), "stays swapped out and blocked")
+	st := readFakeStats(t, e.stats)
+	require.Equal(t, uint64(24<<20), st.InUse, "the failed swap-in gave back what it took")
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, st.Launches, readFakeStats(t, e.stats).Launches, "the program ran without its memory")
+
+	hog.finish(t, 20*time.Second)
+	require.Equal(t, true, c.swap(t, "swap_in")["ok"])
+	lines := p.finish(t, 20*time.Second)
+	require.Equal(t, "1", line(t, lines, "RESULT")["ok"])
+}
+
+// If the daemon goes away while the program is swapped out, the shim brings
+// the memory back by itself and the program continues.
+func TestDaemonGoneSwapsBackIn(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "gpa", "loop", "2", "1048576")
+	c := d.waitConn(t)
+	p.waitLine(t, "READY", 20*time.Second)
+	require.Equal(t, true, c.swap(t, "swap_out")["ok"])
+	launches := readFakeStats(t, e.stats).Launches
+	require.NoError(t, c.c.Close())
+	require.Eventually(t, func() bool { return readFakeStats(t, e.stats).Launches > launches },
+		10*time.Second, time.Millisecond)
+	lines := p.finish(t, 20*time.Second)
+	res := line(t, lines, "RESULT")
+	require.Equal(t, "1", res["ok"])
+	require.Equal(t, "0", line(t, lines, "STATS")["connected"])
+}
+
+// Unknown message types are answered with an error and otherwise ignored.
+func TestProtocolUnknownType(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "gpa", "loop", "1", "65536")
+	c := d.waitConn(t)
+	p.waitLine(t, "READY", 20*time.Second)
+	c.send(msg{"type": "frobnicate", "id": 7})
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.errors) == 1
+	}, 5*time.Second, time.Millisecond)
+	require.Contains(t, c.errors[0].str("reason"), "frobnicate")
+	require.Equal(t, true, c.swap(t, "swap_out")["ok"], "the connection still works")
+	require.Equal(t, true, c.swap(t, "swap_in")["ok"])
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.usage == 1<<21
+	}, 5*time.Second, 10*time.Millisecond, "usage reports the bytes held")
+	require.Equal(t, "1", line(t, p.finish(t, 20*time.Second), "RESULT")["ok"])
+}
