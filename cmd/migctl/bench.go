@@ -1,16 +1,335 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/printer"
 )
 
-// Placeholder: replaced by the real command group.
+// benchSpec is everything a rank needs to run its part of a benchmark; the
+// launcher hands it to the workers it starts as JSON.
+type benchSpec struct {
+	Coll      string        `json:"coll"`
+	NP        int           `json:"np"`
+	Backend   string        `json:"backend"`
+	Transport string        `json:"transport"`
+	Algorithm string        `json:"algorithm"`
+	DType     string        `json:"dtype"`
+	Op        string        `json:"op"`
+	MinBytes  int64         `json:"minBytes"`
+	MaxBytes  int64         `json:"maxBytes"`
+	Factor    int           `json:"factor"`
+	Iters     int           `json:"iters"`
+	Warmup    int           `json:"warmup"`
+	Check     bool          `json:"check"`
+	InPlace   bool          `json:"inPlace"`
+	Root      int           `json:"root"`
+	GPUs      []int         `json:"gpus"`
+	Timeout   time.Duration `json:"timeout"`
+	Chunk     int           `json:"chunk"`
+	Slots     int           `json:"slots"`
+	Depth     int           `json:"depth"`
+	Workers   int           `json:"workers"`
+	ShmRoot   string        `json:"shmRoot"`
+	Job       string        `json:"job"`
+	Quiet     bool          `json:"quiet"`
+}
+
+type benchOptions struct {
+	spec      benchSpec
+	dtype     string
+	sizeMin   string
+	sizeMax   string
+	check     int
+	gpus      string
+	chunk     string
+	rdvAddr   string
+	token     string
+	rank      int
+	listen    string
+	local     int
+	output    func() (printer.Format, error)
+	format    printer.Format
+	collType  allreduce.Coll
+	dt        comm.DType
+	op        comm.Op
+	streams   streams
+	launchNew bool
+}
+
+const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results checked element by element
+  migctl bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
+
+  # the MIG path measured on one GPU: 7 processes on CUDA device 0 through shared host memory
+  migctl bench allreduce --np 7 --backend gpu --transport shm -b 256M -e 256M -n 10 -w 3
+
+  # other collectives, other types and ops
+  migctl bench reducescatter --np 3 --backend host --dtype bf16 --op max -c 1
+  migctl bench broadcast --np 4 --backend host --root 2 -b 1M -e 1M -c 1 -o json
+
+  # ranks started elsewhere: host the rendezvous here, join it from each rank
+  migctl bench allreduce --np 2 --listen 127.0.0.1:7777 --token s3cret --local 0 &
+  migctl bench allreduce --np 2 --rendezvous 127.0.0.1:7777 --token s3cret --rank 0 &
+  migctl bench allreduce --np 2 --rendezvous 127.0.0.1:7777 --token s3cret --rank 1`
+
 func newBenchCmd(s streams) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "(not implemented yet)",
-		RunE:  func(*cobra.Command, []string) error { return errors.New("bench: not implemented yet") },
+		Short: "Measure collectives between processes and check their results",
+		Long: `Run a collective between N processes (ranks) and print, per message size, the time per
+call, the algorithm and bus bandwidth (nccl-tests definitions) and the number of wrong elements.
+
+The ranks are separate OS processes that meet through a gRPC rendezvous hosted by this command
+and exchange data through shared host memory (/dev/shm): the path MIG instances need, because
+they have no CUDA P2P or IPC between them. --backend host runs everything on the CPU (no GPU
+needed); --backend gpu puts every rank's buffers on a CUDA device (by default all on device 0,
+so N ranks share one GPU, which is how the MIG path is measured on a GPU without MIG).
+
+With -c 1 every element of every rank's result is compared with the exactly predictable
+expected value; the command exits non-zero if any is wrong or any rank fails.`,
+		Example: benchExamples,
 	}
+	for _, c := range []allreduce.Coll{allreduce.AllReduce, allreduce.ReduceScatter, allreduce.AllGather,
+		allreduce.Broadcast, allreduce.Barrier} {
+		cmd.AddCommand(newBenchCollCmd(s, c))
+	}
+	cmd.AddCommand(newBenchWorkerCmd(s))
+	return cmd
+}
+
+func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
+	o := &benchOptions{streams: s, collType: coll}
+	o.spec.Coll = coll.String()
+	c := &cobra.Command{
+		Use:     coll.String(),
+		Short:   fmt.Sprintf("Benchmark %s between N processes", coll),
+		Example: benchExamples,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&o.spec.NP, "np", 2, "number of ranks (processes)")
+	f.StringVar(&o.spec.Backend, "backend", "host", "where buffers live: host (CPU only) or gpu (CUDA)")
+	f.StringVar(&o.spec.Transport, "transport", "auto", "auto, shm (shared host memory, the MIG path) or ipc (CUDA IPC between non-MIG GPUs)")
+	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (hoststaged when all ranks share a GPU or use the host backend, else ring), hoststaged or ring")
+	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
+	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
+	f.StringVarP(&o.sizeMin, "minbytes", "b", "8", "smallest message size in bytes (suffixes K, M, G)")
+	f.StringVarP(&o.sizeMax, "maxbytes", "e", "64M", "largest message size in bytes")
+	f.IntVarP(&o.spec.Factor, "stepfactor", "f", 2, "multiply the size by this between rows")
+	f.IntVarP(&o.spec.Iters, "iters", "n", 20, "timed iterations per size")
+	f.IntVarP(&o.spec.Warmup, "warmup_iters", "w", 5, "untimed iterations per size")
+	f.IntVarP(&o.check, "check", "c", 0, "1: check every element of every result (one extra call per size)")
+	f.BoolVar(&o.spec.InPlace, "inplace", false, "run in place (send buffer = receive buffer)")
+	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
+	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
+	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
+	f.StringVar(&o.chunk, "chunk", "2M", "shared-memory slot size (pipeline chunk)")
+	f.IntVar(&o.spec.Slots, "slots", 4, "slots per rank in shared memory (pipeline depth)")
+	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
+	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
+	f.StringVar(&o.spec.ShmRoot, "shm-dir", "/dev/shm", "directory of POSIX shared memory")
+	f.StringVar(&o.rdvAddr, "rendezvous", "", "join this rendezvous (host:port or unix:///path) as --rank instead of starting ranks")
+	f.StringVar(&o.token, "token", "", "job token for --rendezvous / --listen (default: random)")
+	f.IntVar(&o.rank, "rank", -1, "rank to take when joining a rendezvous (-1: any)")
+	f.StringVar(&o.listen, "listen", "", "host the rendezvous at this address (host:port or unix:///path) instead of a private socket")
+	f.IntVar(&o.local, "local", -1, "ranks to start here (-1: all --np); the others join with --rendezvous")
+	f.BoolVarP(&o.spec.Quiet, "quiet", "q", false, "no progress on stderr")
+	o.output = outputFlag(c)
+	return c
+}
+
+// Complete parses flag values.
+func (o *benchOptions) Complete() error {
+	var err error
+	if o.format, err = o.output(); err != nil {
+		return err
+	}
+	if o.dt, err = parseDType(o.dtype); err != nil {
+		return err
+	}
+	o.spec.DType = dtypeName(o.dt)
+	if o.op, err = parseOp(o.spec.Op); err != nil {
+		return err
+	}
+	if o.spec.MinBytes, err = parseBytes(o.sizeMin); err != nil {
+		return err
+	}
+	if o.spec.MaxBytes, err = parseBytes(o.sizeMax); err != nil {
+		return err
+	}
+	chunk, err := parseBytes(o.chunk)
+	if err != nil {
+		return err
+	}
+	o.spec.Chunk = int(chunk)
+	o.spec.Check = o.check != 0
+	o.spec.GPUs = nil
+	for _, g := range strings.Split(o.gpus, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(g))
+		if err != nil || n < 0 {
+			return fmt.Errorf("--gpu %q: want comma-separated CUDA ordinals", o.gpus)
+		}
+		o.spec.GPUs = append(o.spec.GPUs, n)
+	}
+	if o.local < 0 {
+		o.local = o.spec.NP
+	}
+	o.launchNew = o.rdvAddr == ""
+	if o.token == "" {
+		if !o.launchNew {
+			return fmt.Errorf("--rendezvous needs --token")
+		}
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("making a job token: %w", err)
+		}
+		o.token = hex.EncodeToString(b)
+	}
+	if o.spec.Job == "" {
+		o.spec.Job = o.token[:min(8, len(o.token))]
+	}
+	return nil
+}
+
+// Validate checks the options before anything starts.
+func (o *benchOptions) Validate() error {
+	s := o.spec
+	switch {
+	case s.NP < 1 || s.NP > 256:
+		return fmt.Errorf("--np %d: want 1..256", s.NP)
+	case s.Backend != "host" && s.Backend != "gpu":
+		return fmt.Errorf("--backend %q: want host or gpu", s.Backend)
+	case s.Transport != "auto" && s.Transport != "shm" && s.Transport != "ipc":
+		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
+	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring":
+		return fmt.Errorf("--algo %q: want auto, hoststaged or ring", s.Algorithm)
+	case s.MinBytes < 0 || s.MaxBytes < s.MinBytes:
+		return fmt.Errorf("sizes -b %d -e %d: want 0 <= b <= e", s.MinBytes, s.MaxBytes)
+	case s.MaxBytes > 64<<30:
+		return fmt.Errorf("-e %d: at most 64G", s.MaxBytes)
+	case s.Factor < 2 && s.MinBytes != s.MaxBytes:
+		return fmt.Errorf("-f %d: want at least 2", s.Factor)
+	case s.Iters < 1 || s.Warmup < 0:
+		return fmt.Errorf("-n %d -w %d: want n >= 1 and w >= 0", s.Iters, s.Warmup)
+	case s.Root < 0 || s.Root >= s.NP:
+		return fmt.Errorf("--root %d of %d ranks", s.Root, s.NP)
+	case s.Timeout <= 0:
+		return fmt.Errorf("--timeout %v: want > 0", s.Timeout)
+	case s.Chunk < 4096 || s.Chunk%4096 != 0 || s.Chunk < 64*s.NP*8:
+		return fmt.Errorf("--chunk %d: want a multiple of 4096 and at least 512·np", s.Chunk)
+	case s.Slots < 1 || s.Depth < 1:
+		return fmt.Errorf("--slots %d --depth %d: want >= 1", s.Slots, s.Depth)
+	case s.Backend == "host" && s.Transport == "ipc":
+		return fmt.Errorf("--transport ipc needs --backend gpu")
+	case !o.launchNew && (o.rank < -1 || o.rank >= s.NP):
+		return fmt.Errorf("--rank %d of %d ranks", o.rank, s.NP)
+	case o.local < 0 || o.local > s.NP:
+		return fmt.Errorf("--local %d of %d ranks", o.local, s.NP)
+	case o.local < s.NP && o.listen == "" && o.launchNew:
+		return fmt.Errorf("--local %d < --np %d needs --listen so that the other ranks can join", o.local, s.NP)
+	}
+	return nil
+}
+
+// Run launches (or joins) the ranks, prints the report, and fails if any
+// rank failed or any element was wrong.
+func (o *benchOptions) Run(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var rep *benchReport
+	var err error
+	if o.launchNew {
+		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, o.streams)
+	} else {
+		rep, err = runRank(ctx, o.spec, o.rdvAddr, o.token, o.rank, o.streams.ErrOut)
+	}
+	if err != nil {
+		return err
+	}
+	if rep == nil { // a joining rank other than 0, or a launcher without rank 0
+		return nil
+	}
+	if err := printer.Print(o.streams.Out, o.format, rep); err != nil {
+		return err
+	}
+	return rep.verdict()
+}
+
+func parseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(strings.ToUpper(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult, t = 1<<10, t[:n-1]
+		case 'M':
+			mult, t = 1<<20, t[:n-1]
+		case 'G':
+			mult, t = 1<<30, t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("size %q: want a byte count like 8, 8K, 256M or 1G", s)
+	}
+	return v * mult, nil
+}
+
+func parseDType(s string) (comm.DType, error) {
+	switch strings.ToLower(s) {
+	case "float", "float32", "fp32", "f32":
+		return comm.Float32, nil
+	case "half", "float16", "fp16", "f16":
+		return comm.Float16, nil
+	case "bfloat16", "bf16":
+		return comm.BFloat16, nil
+	case "double", "float64", "fp64", "f64":
+		return comm.Float64, nil
+	case "int32", "int":
+		return comm.Int32, nil
+	case "int64":
+		return comm.Int64, nil
+	case "uint8", "u8", "byte":
+		return comm.Uint8, nil
+	}
+	return 0, fmt.Errorf("--dtype %q: want float, half, bfloat16, double, int32, int64 or uint8", s)
+}
+
+func dtypeName(d comm.DType) string {
+	return [...]string{"float", "half", "bfloat16", "double", "int32", "int64", "uint8"}[d]
+}
+
+func parseOp(s string) (comm.Op, error) {
+	switch strings.ToLower(s) {
+	case "sum":
+		return comm.Sum, nil
+	case "avg":
+		return comm.Avg, nil
+	case "min":
+		return comm.Min, nil
+	case "max":
+		return comm.Max, nil
+	}
+	return 0, fmt.Errorf("--op %q: want sum, avg, min or max", s)
 }

@@ -226,3 +226,16 @@ func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.Barri
 	}
 	return &pb.BarrierResponse{}, nil
 }
+
+// WaitBarrier blocks until every rank has entered the barrier called name
+// (the host's way to learn that joined ranks are done) or ctx ends.
+func (s *Server) WaitBarrier(ctx context.Context, name string) error {
+	s.mu.Lock()
+	b, ok := s.barriers[name]
+	if !ok {
+		b = &barrier{in: map[int32]bool{}, done: make(chan struct{})}
+		s.barriers[name] = b
+	}
+	s.mu.Unlock()
+	return wait(ctx, b.done)
+}
