@@ -22,7 +22,7 @@ type Options struct {
 	Memory MemoryInfo
 	// GPUMemory is the declared capacity of every device when Memory is nil.
 	GPUMemory int64
-	// SwapTimeout bounds each swap the policy starts (default 5 minutes); a
+	// SwapTimeout bounds each swap the policy starts (default 90 s, under the shim's 120-s wait for an answer to need); a
 	// victim that does not finish in time makes its need denied.
 	SwapTimeout time.Duration
 	// ReservationTTL is how long memory granted to a need is kept from the
@@ -121,7 +121,7 @@ type op struct {
 // NewManager returns a Manager; Serve runs it.
 func NewManager(opts Options) *Manager {
 	if opts.SwapTimeout <= 0 {
-		opts.SwapTimeout = 5 * time.Minute
+		opts.SwapTimeout = 90 * time.Second
 	}
 	if opts.ReservationTTL <= 0 {
 		opts.ReservationTTL = 5 * time.Second

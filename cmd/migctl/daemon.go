@@ -98,7 +98,7 @@ processes on the device report.`,
 	f.StringVar(&o.controlSocket, "socket", envOr(envControlSocket, defaultControlSocket), "control socket for 'migctl swap' (gRPC; env "+envControlSocket+")")
 	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, defaultSwapSocket), "socket the shims connect to (env "+envSwapSocket+")")
 	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed)")
-	f.DurationVar(&o.swapTimeout, "swap-timeout", 5*time.Minute, "longest a swap started by the policy may take before its need is denied")
+	f.DurationVar(&o.swapTimeout, "swap-timeout", 90*time.Second, "longest a swap started by the policy may take before its need is denied")
 	f.DurationVar(&o.rebalanceEvery, "rebalance-every", 5*time.Second, "how often to retry swapping jobs back in (0: only on events)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
 	return cmd
@@ -183,10 +183,12 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- m.Serve(ctx, swapLn) }()
 	var runErr error
+	served := false
 	select {
 	case runErr = <-serveErr:
-	case runErr = <-grpcErr:
-		runErr = fmt.Errorf("control server: %w", runErr)
+		served = true
+	case err := <-grpcErr:
+		runErr = fmt.Errorf("control server: %w", err)
 	}
 	stop()
 	stopped := make(chan struct{})
@@ -196,8 +198,8 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	case <-time.After(2 * time.Second):
 		srv.Stop()
 	}
-	if runErr == nil {
-		runErr = <-serveErr
+	if !served {
+		<-serveErr
 	}
 	log.Info("migctl daemon stopped")
 	return runErr
