@@ -431,7 +431,23 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream s
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { memcpy(P(d), s, n); return CUDA_SUCCESS; }
 EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { memcpy(d, P(s), n); return CUDA_SUCCESS; }
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove(P(d), P(s), n); return CUDA_SUCCESS; }
-EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream x) { (void)x; return cuMemcpyHtoD_v2(d, s, n); }
+/* FAKECUDA_CORRUPT_HTOD_ASYNC=N flips one byte of the N-th asynchronous
+ * host-to-device copy (the shim's swap-in path), to test checksums. */
+static long corrupt_countdown = -1;
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream x)
+{
+	(void)x;
+	memcpy(P(d), s, n);
+	pthread_mutex_lock(&mu);
+	if (corrupt_countdown < 0) {
+		const char *e = getenv("FAKECUDA_CORRUPT_HTOD_ASYNC");
+		corrupt_countdown = e && *e ? strtol(e, NULL, 0) : 0;
+	}
+	if (corrupt_countdown > 0 && --corrupt_countdown == 0 && n > 0)
+		((unsigned char *)P(d))[n / 2] ^= 0x40;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream x) { (void)x; return cuMemcpyDtoH_v2(d, s, n); }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream x) { (void)x; return cuMemcpyDtoD_v2(d, s, n); }
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset(P(d), v, n); return CUDA_SUCCESS; }
@@ -622,7 +638,8 @@ struct proc { const char *name; int minver; void *fn; void *ptsz; };
 static const struct proc procs[] = {
 	E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName),
 	E(cuDeviceGetAttribute), { "cuDeviceGetUuid", 0, (void *)cuDeviceGetUuid_v2, NULL },
-	V2(cuDeviceTotalMem, 3020), E(cuDevicePrimaryCtxRetain), V2(cuDevicePrimaryCtxRelease, 11000),
+	E(cuDevicePrimaryCtxRetain),
+	V2(cuDeviceTotalMem, 3020), V2(cuDevicePrimaryCtxRelease, 11000),
 	V2(cuCtxCreate, 3020), V2(cuCtxDestroy, 4000), E(cuCtxSetCurrent), E(cuCtxGetCurrent), E(cuCtxGetDevice),
 	E(cuCtxSynchronize), E(cuGetErrorString), E(cuGetErrorName), V2(cuMemGetInfo, 3020),
 	V2(cuMemAlloc, 3020), V2(cuMemFree, 3020), V2(cuMemAllocPitch, 3020), E(cuMemAllocManaged),

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHUNK ((size_t)64 << 20)
 #define BATCH ((size_t)1 << 30)
@@ -60,6 +61,83 @@ static uint64_t checksum(const void *p, size_t n)
 		h[1] *= 0x100000001B3ULL;
 	}
 	return h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7) ^ n;
+}
+
+/* Parallel checksums: every allocation is cut into CSUM_BLOCK blocks hashed by
+ * a few threads; an allocation's checksum folds its block hashes in order. */
+#define CSUM_BLOCK ((size_t)16 << 20)
+
+struct csum_job {
+	struct ms_alloc **v;
+	size_t n;
+	size_t *first_block; /* per allocation: index of its first block */
+	size_t nblocks;
+	uint64_t *hashes;
+	atomic_size_t next;
+};
+
+static void *csum_worker(void *arg)
+{
+	struct csum_job *j = arg;
+	size_t ai = 0;
+	for (;;) {
+		size_t b = atomic_fetch_add(&j->next, 1);
+		if (b >= j->nblocks)
+			return NULL;
+		while (ai + 1 < j->n && j->first_block[ai + 1] <= b)
+			ai++;
+		while (ai > 0 && j->first_block[ai] > b)
+			ai--;
+		struct ms_alloc *a = j->v[ai];
+		size_t off = (b - j->first_block[ai]) * CSUM_BLOCK;
+		size_t len = a->size - off < CSUM_BLOCK ? a->size - off : CSUM_BLOCK;
+		j->hashes[b] = checksum((char *)arena + a->host_off + off, len);
+	}
+}
+
+/* checksum_all computes the checksum of every allocation's arena copy into
+ * out[i]; 0 on success. */
+static int checksum_all(struct ms_alloc **v, size_t n, uint64_t *out)
+{
+	struct csum_job j;
+	memset(&j, 0, sizeof j);
+	j.v = v;
+	j.n = n;
+	j.first_block = calloc(n + 1, sizeof(size_t));
+	if (!j.first_block)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		j.first_block[i] = j.nblocks;
+		j.nblocks += v[i]->size ? (v[i]->size + CSUM_BLOCK - 1) / CSUM_BLOCK : 1;
+	}
+	j.first_block[n] = j.nblocks;
+	j.hashes = calloc(j.nblocks ? j.nblocks : 1, sizeof(uint64_t));
+	if (!j.hashes) {
+		free(j.first_block);
+		return -1;
+	}
+	long nt = sysconf(_SC_NPROCESSORS_ONLN);
+	if (nt > 8)
+		nt = 8;
+	if (nt < 1)
+		nt = 1;
+	pthread_t th[8];
+	long started = 0;
+	for (long i = 1; i < nt; i++)
+		if (pthread_create(&th[started], NULL, csum_worker, &j) == 0)
+			started++;
+	csum_worker(&j);
+	for (long i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (size_t i = 0; i < n; i++) {
+		uint64_t h = v[i]->size;
+		for (size_t b = j.first_block[i]; b < j.first_block[i + 1]; b++)
+			h = (h ^ j.hashes[b]) * 0x100000001B3ULL + b - j.first_block[i];
+		out[i] = h;
+	}
+	free(j.hashes);
+	free(j.first_block);
+	return 0;
 }
 
 /* snapshot returns the live allocations (caller frees the array). */
@@ -234,9 +312,17 @@ int ms_swap_out(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progre
 		rc = fail(err, errlen, "copying device memory to host", r);
 		goto reopen;
 	}
-	if (checksum_enabled())
+	if (checksum_enabled()) {
+		uint64_t *cs = calloc(n, sizeof *cs);
+		if (!cs || checksum_all(v, n, cs) != 0) {
+			free(cs);
+			rc = fail(err, errlen, "out of host memory for checksums", 0);
+			goto reopen;
+		}
 		for (size_t i = 0; i < n; i++)
-			v[i]->csum = checksum((char *)arena + v[i]->host_off, v[i]->size);
+			v[i]->csum = cs[i];
+		free(cs);
+	}
 	for (size_t i = 0; i < n; i++) {
 		if ((r = drv.cuMemUnmap(v[i]->ptr, v[i]->mapsize))) {
 			ms_log("unmap of %#llx failed: %s; it stays resident", v[i]->ptr, ms_errstr(r));
@@ -352,9 +438,17 @@ int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progres
 			atomic_store(&ms_state, MIGSWAP_STATE_CORRUPT);
 			return fail(err, errlen, "reading back for verification; the process stays blocked", r);
 		}
+		uint64_t *cs = calloc(n, sizeof *cs);
+		if (!cs || checksum_all(v, n, cs) != 0) {
+			free(cs);
+			free(v);
+			atomic_store(&ms_state, MIGSWAP_STATE_CORRUPT);
+			return fail(err, errlen, "out of host memory for checksums; the process stays blocked", 0);
+		}
 		for (size_t i = 0; i < n; i++) {
-			uint64_t c = checksum((char *)arena + v[i]->host_off, v[i]->size);
+			uint64_t c = cs[i];
 			if (c != v[i]->csum) {
+				free(cs);
 				char what[256];
 				snprintf(what, sizeof what,
 					 "checksum mismatch in allocation %#llx (%zu bytes) after swap-in; the process stays blocked",
@@ -364,6 +458,7 @@ int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progres
 				return fail(err, errlen, what, 0);
 			}
 		}
+		free(cs);
 	}
 	free(v);
 	*bytes = total;

@@ -35,7 +35,8 @@
 #define FNS(FN)                                                                                  \
 	FN(Init, cuInit, "cuInit", 2000)                                                         \
 	FN(DeviceGet, cuDeviceGet, "cuDeviceGet", 2000)                                          \
-	FN(CtxCreate, cuCtxCreate_v2, "cuCtxCreate", 3020)                                       \
+	FN(PrimaryCtxRetain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000)         \
+	FN(CtxSetCurrent, cuCtxSetCurrent, "cuCtxSetCurrent", 4000)                              \
 	FN(MemAlloc, cuMemAlloc_v2, "cuMemAlloc", 3020)                                          \
 	FN(MemAllocPitch, cuMemAllocPitch_v2, "cuMemAllocPitch", 3020)                           \
 	FN(MemFree, cuMemFree_v2, "cuMemFree", 3020)                                             \
@@ -59,7 +60,8 @@
 static struct {
 	CUresult (*Init)(unsigned);
 	CUresult (*DeviceGet)(CUdevice *, int);
-	CUresult (*CtxCreate)(CUcontext *, unsigned, CUdevice);
+	CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*CtxSetCurrent)(CUcontext);
 	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 	CUresult (*MemFree)(CUdeviceptr);
@@ -159,13 +161,35 @@ static void resolve(const char *how)
 static CUcontext ctx;
 static CUfunction k_add_one, k_fill, k_noop;
 
-static void setup(void)
+static void open_ctx(void)
 {
 	CUdevice dev;
-	CUmodule mod;
 	CHECK(cu.Init(0));
 	CHECK(cu.DeviceGet(&dev, 0));
-	CHECK(cu.CtxCreate(&ctx, 0, dev));
+	CHECK(cu.PrimaryCtxRetain(&ctx, dev));
+	CHECK(cu.CtxSetCurrent(ctx));
+}
+
+/* setup opens the primary context and loads the kernels: the fake's by name,
+ * or on a real GPU the PTX in $MIGSWAP_TEST_PTX (bench needs only "noop"). */
+static void setup(void)
+{
+	CUmodule mod;
+	open_ctx();
+	const char *ptx = getenv("MIGSWAP_TEST_PTX");
+	if (ptx && *ptx) {
+		FILE *f = fopen(ptx, "rb");
+		if (!f)
+			die("opening $MIGSWAP_TEST_PTX", 0);
+		static char img[1 << 16];
+		size_t n = fread(img, 1, sizeof img - 1, f);
+		fclose(f);
+		img[n] = 0;
+		CHECK(cu.ModuleLoadData(&mod, img));
+		CHECK(cu.ModuleGetFunction(&k_noop, mod, "noop"));
+		cu.ModuleGetFunction(&k_add_one, mod, "add_one");
+		return;
+	}
 	CHECK(cu.ModuleLoadData(&mod, "fake-module"));
 	CHECK(cu.ModuleGetFunction(&k_add_one, mod, "add_one"));
 	CHECK(cu.ModuleGetFunction(&k_fill, mod, "fill"));
@@ -273,10 +297,7 @@ static int child_main(void)
 	/* a forked child: the parent's shim state must not be ours */
 	report_stats("CHILD_AFTER_FORK");
 	CUdeviceptr p;
-	CHECK(cu.Init(0));
-	CUdevice dev;
-	CHECK(cu.DeviceGet(&dev, 0));
-	CHECK(cu.CtxCreate(&ctx, 0, dev));
+	open_ctx();
 	size_t n = 1 << 18;
 	CHECK(cu.MemAlloc(&p, n * 4));
 	float *h = calloc(n, 4);

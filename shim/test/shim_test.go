@@ -144,7 +144,7 @@ func TestSwapCyclesKeepDataAndReleaseMemory(t *testing.T) {
 			res := line(t, lines, "RESULT")
 			require.Equal(t, "1", res["ok"], "data lost: %v", res)
 			require.Equal(t, "0", res["wrong"])
-			require.Greater(t, num(t, res, "iters"), uint64(tc.cycles))
+			require.GreaterOrEqual(t, num(t, res, "iters"), uint64(tc.cycles), "launches resumed after every swap-in")
 			st := line(t, lines, "STATS")
 			require.Equal(t, uint64(tc.cycles), num(t, st, "swaps_out"))
 			require.Equal(t, uint64(tc.cycles), num(t, st, "swaps_in"))
@@ -351,4 +351,27 @@ func TestProtocolUnknownType(t *testing.T) {
 		return c.usage == 1<<21
 	}, 5*time.Second, 10*time.Millisecond, "usage reports the bytes held")
 	require.Equal(t, "1", line(t, p.finish(t, 20*time.Second), "RESULT")["ok"])
+}
+
+// Memory that comes back wrong is never run on: the swap-in fails with the
+// checksum error, and the program stays blocked.
+func TestCorruptSwapInStaysBlocked(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	e.extra = []string{"FAKECUDA_CORRUPT_HTOD_ASYNC=2"}
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "gpa", "loop", "2", "1048576")
+	c := d.waitConn(t)
+	p.waitLine(t, "READY", 20*time.Second)
+	require.Equal(t, true, c.swap(t, "swap_out")["ok"])
+	res := c.swap(t, "swap_in")
+	require.Equal(t, false, res["ok"])
+	require.Contains(t, res.str("error"), "checksum mismatch")
+	launches := readFakeStats(t, e.stats).Launches
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, launches, readFakeStats(t, e.stats).Launches, "the program ran on corrupt memory")
+	again := c.swap(t, "swap_in")
+	require.Equal(t, false, again["ok"], "a corrupt process never resumes")
+	require.Contains(t, again.str("error"), "stays blocked")
 }
