@@ -116,7 +116,8 @@ func (m *Manager) Plan(ctx context.Context, reqs map[int]Request, opts PlanOptio
 // ApplyOptions tune Apply.
 type ApplyOptions struct {
 	PlanOptions
-	// DryRun plans (after recovering any interrupted transaction) and changes nothing.
+	// DryRun plans and changes nothing (an interrupted transaction is
+	// reported in ApplyResult.Recovered with outcome "needed", not recovered).
 	DryRun bool
 }
 
@@ -156,12 +157,20 @@ func (m *Manager) Apply(ctx context.Context, reqs map[int]Request, opts ApplyOpt
 		defer j.Unlock()
 	}
 	res := &ApplyResult{}
-	rec, err := m.recover(ctx)
-	if rec != nil && rec.Tx != nil {
-		res.Recovered = rec
-	}
-	if err != nil {
-		return res, fmt.Errorf("recovering the interrupted apply: %w", err)
+	if opts.DryRun {
+		if j := m.opts.journal; j != nil {
+			if tx, err := j.Pending(); err == nil && tx != nil {
+				res.Recovered = &RecoverResult{Tx: tx, Outcome: "needed"}
+			}
+		}
+	} else {
+		rec, err := m.recover(ctx)
+		if rec != nil && rec.Tx != nil {
+			res.Recovered = rec
+		}
+		if err != nil {
+			return res, fmt.Errorf("recovering the interrupted apply: %w", err)
+		}
 	}
 	node, err := m.Discover(ctx)
 	if err != nil {
