@@ -52,7 +52,9 @@ func Export(node *Node, name string, gpus []int) ([]byte, error) {
 		grp.gpus = append(grp.gpus, i)
 	}
 	str := func(s string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Value: s} }
-	qstr := func(s string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Value: s, Style: yaml.DoubleQuotedStyle} }
+	qstr := func(s string) *yaml.Node {
+		return &yaml.Node{Kind: yaml.ScalarNode, Value: s, Style: yaml.DoubleQuotedStyle}
+	}
 	num := func(n int) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(n)} }
 	var entries []*yaml.Node
 	for _, grp := range groups {

@@ -81,7 +81,9 @@ type modeView struct {
 	GPUs []mig.ModeResult `json:"gpus" yaml:"gpus"`
 }
 
-func (v modeView) Header() []string { return []string{"gpu", "current", "pending", "outcome", "action"} }
+func (v modeView) Header() []string {
+	return []string{"gpu", "current", "pending", "outcome", "action"}
+}
 
 func (v modeView) Rows() [][]string {
 	var rows [][]string
