@@ -141,19 +141,9 @@ func reduceBlock(dst []byte, srcs [][]byte, off int, dt DType, op Op, div int) {
 		}
 		foldNative(dst, src(0), srcs, off, op)
 	case Float16:
-		reduceWide(dst, srcs, off, op, div, func(b []byte, i int) float32 {
-			return f16to32(uint16(b[2*i]) | uint16(b[2*i+1])<<8)
-		}, func(b []byte, i int, v float32) {
-			h := f32to16(v)
-			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
-		}, 2)
+		reduceHalf(dst, srcs, off, op, div, false)
 	case BFloat16:
-		reduceWide(dst, srcs, off, op, div, func(b []byte, i int) float32 {
-			return math.Float32frombits(uint32(uint16(b[2*i])|uint16(b[2*i+1])<<8) << 16)
-		}, func(b []byte, i int, v float32) {
-			h := f32toBF16(v)
-			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
-		}, 2)
+		reduceHalf(dst, srcs, off, op, div, true)
 	}
 }
 
@@ -161,33 +151,54 @@ type native interface {
 	~float32 | ~float64 | ~int32 | ~int64 | ~uint8
 }
 
-// foldNative writes op(srcs...) into d; first is srcs[0] as []T.
+// foldNative writes op(first, srcs[1:]...) into d, folding up to four
+// sources per pass over the block: fewer loads and stores of d.
 func foldNative[T native](d, first []T, srcs [][]byte, off int, op Op) {
 	n := len(d)
 	es := int(unsafe.Sizeof(d[0]))
 	rest := srcs[1:]
 	s := func(i int) []T { return asSlice[T](rest[i][off : off+n*es]) }
-	i := 0
-	// Fold three sources per pass while there are at least two more: fewer
-	// loads and stores of d than one source at a time.
-	if len(rest) >= 2 {
-		a, b := s(0), s(1)
-		op3(d, first, a, b, op)
-		i = 2
-	} else if len(rest) == 1 {
-		op2(d, first, s(0), op)
-		return
-	} else {
+	switch len(rest) {
+	case 0:
 		if &d[0] != &first[0] {
 			copy(d, first)
 		}
 		return
+	case 1:
+		op2(d, first, s(0), op)
+		return
+	case 2:
+		op3(d, first, s(0), s(1), op)
+		return
 	}
-	for ; i+1 < len(rest); i += 2 {
+	op4(d, first, s(0), s(1), s(2), op)
+	i := 3
+	for ; i+2 < len(rest); i += 3 {
+		op4(d, d, s(i), s(i+1), s(i+2), op)
+	}
+	switch len(rest) - i {
+	case 2:
 		op3(d, d, s(i), s(i+1), op)
-	}
-	if i < len(rest) {
+	case 1:
 		op2(d, d, s(i), op)
+	}
+}
+
+func op4[T native](d, a, b, c, e []T, op Op) {
+	a, b, c, e = a[:len(d)], b[:len(d)], c[:len(d)], e[:len(d)]
+	switch op {
+	case Sum, Avg:
+		for i := range d {
+			d[i] = (a[i] + b[i]) + (c[i] + e[i])
+		}
+	case Min:
+		for i := range d {
+			d[i] = min(a[i], b[i], c[i], e[i])
+		}
+	case Max:
+		for i := range d {
+			d[i] = max(a[i], b[i], c[i], e[i])
+		}
 	}
 }
 
@@ -223,6 +234,79 @@ func op3[T native](d, a, b, c []T, op Op) {
 	case Max:
 		for i := range d {
 			d[i] = max(a[i], b[i], c[i])
+		}
+	}
+}
+
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for i := range t {
+		t[i] = f16to32(uint16(i))
+	}
+	return &t
+})
+
+// reduceHalf reduces float16 or bfloat16 through a float32 accumulator
+// block: one rounding at the end, like the GPU kernels.
+func reduceHalf(dst []byte, srcs [][]byte, off int, op Op, div int, bf bool) {
+	var accBuf [blockBytes / 2]float32
+	n := len(dst) / 2
+	acc := accBuf[:n]
+	var tab *[1 << 16]float32
+	if !bf {
+		tab = f16Table()
+	}
+	for k, src := range srcs {
+		h := asSlice[uint16](src[off : off+len(dst)])[:n]
+		switch {
+		case k == 0 && bf:
+			for i := range acc {
+				acc[i] = math.Float32frombits(uint32(h[i]) << 16)
+			}
+		case k == 0:
+			for i := range acc {
+				acc[i] = tab[h[i]]
+			}
+		case bf && (op == Sum || op == Avg):
+			for i := range acc {
+				acc[i] += math.Float32frombits(uint32(h[i]) << 16)
+			}
+		case op == Sum || op == Avg:
+			for i := range acc {
+				acc[i] += tab[h[i]]
+			}
+		case bf && op == Min:
+			for i := range acc {
+				acc[i] = min(acc[i], math.Float32frombits(uint32(h[i])<<16))
+			}
+		case op == Min:
+			for i := range acc {
+				acc[i] = min(acc[i], tab[h[i]])
+			}
+		case bf:
+			for i := range acc {
+				acc[i] = max(acc[i], math.Float32frombits(uint32(h[i])<<16))
+			}
+		default:
+			for i := range acc {
+				acc[i] = max(acc[i], tab[h[i]])
+			}
+		}
+	}
+	if div > 1 {
+		fd := float32(div)
+		for i := range acc {
+			acc[i] /= fd
+		}
+	}
+	d := asSlice[uint16](dst)[:n]
+	if bf {
+		for i := range acc {
+			d[i] = f32toBF16(acc[i])
+		}
+	} else {
+		for i := range acc {
+			d[i] = f32to16(acc[i])
 		}
 	}
 }

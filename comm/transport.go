@@ -19,7 +19,7 @@ type ShmOptions struct {
 	// is declared dead (default 5s). A peer whose process is gone is dead at
 	// once.
 	PeerTimeout time.Duration
-	// Spin is how long a wait polls without sleeping (default 50µs).
+	// Spin is how long a wait polls before it sleeps on a futex (default 20µs).
 	Spin time.Duration
 }
 
@@ -55,7 +55,7 @@ func NewShmTransport(ctl *shm.Control, rank int, opts ShmOptions) (*ShmTransport
 		opts.PeerTimeout = 5 * time.Second
 	}
 	if opts.Spin <= 0 {
-		opts.Spin = 50 * time.Microsecond
+		opts.Spin = 2 * time.Microsecond
 	}
 	t := &ShmTransport{ctl: ctl, rank: rank, world: w, opts: opts, stop: make(chan struct{}),
 		beat: make([]uint64, w), moved: make([]time.Time, w)}
@@ -92,8 +92,8 @@ func (t *ShmTransport) Arena() []byte { return t.ctl.Data() }
 // Flag loads flag i.
 func (t *ShmTransport) Flag(i int) uint64 { return t.ctl.Flag(i).Load() }
 
-// Set stores v in flag i (flags this rank owns only).
-func (t *ShmTransport) Set(i int, v uint64) { t.ctl.Flag(i).Store(v) }
+// Set stores v in flag i (flags this rank owns only) and wakes its waiters.
+func (t *ShmTransport) Set(i int, v uint64) { t.ctl.SetFlag(i, v) }
 
 // Abort raises the job's abort flag (the first rank to raise it is
 // recorded); every rank's waits then fail with ErrAborted.
@@ -115,30 +115,33 @@ func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
 		return nil
 	}
 	start := time.Now()
-	sleep := 5 * time.Microsecond
 	for n := 0; ; n++ {
 		if f.Load() >= v {
 			return nil
 		}
-		if n&15 != 15 {
+		if n&15 == 15 {
+			if err := t.Aborted(); err != nil {
+				return err
+			}
+			if err := ctx.Err(); err != nil {
+				t.Abort()
+				return fmt.Errorf("waiting for flag %d to reach %#x (at %#x): %w", i, v, f.Load(), err)
+			}
+			if err := t.CheckPeers(); err != nil {
+				t.Abort()
+				return err
+			}
+		}
+		if time.Since(start) < t.opts.Spin {
 			runtime.Gosched()
 			continue
 		}
-		if err := t.Aborted(); err != nil {
-			return err
+		// Sleep on the flag's futex; wake at least every millisecond to
+		// watch the abort flag, the deadline and the peers.
+		if t.ctl.SleepFlag(i, v, time.Millisecond) {
+			return nil
 		}
-		if err := ctx.Err(); err != nil {
-			t.Abort()
-			return fmt.Errorf("waiting for flag %d to reach %#x (at %#x): %w", i, v, f.Load(), err)
-		}
-		if err := t.CheckPeers(); err != nil {
-			t.Abort()
-			return err
-		}
-		if time.Since(start) > t.opts.Spin {
-			time.Sleep(sleep)
-			sleep = min(2*sleep, 200*time.Microsecond)
-		}
+		n |= 15
 	}
 }
 
