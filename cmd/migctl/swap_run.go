@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 
@@ -129,12 +130,13 @@ type swapBar struct {
 	desc  string
 	quiet bool
 	bar   *progressbar.ProgressBar
+	start time.Time
 	done  map[int]int64
 	total map[int]int64
 }
 
 func newSwapBar(w io.Writer, desc string, quiet bool) *swapBar {
-	return &swapBar{w: w, desc: desc, quiet: quiet, done: map[int]int64{}, total: map[int]int64{}}
+	return &swapBar{w: w, desc: desc, quiet: quiet, start: time.Now(), done: map[int]int64{}, total: map[int]int64{}}
 }
 
 func (b *swapBar) update(pid int, done, total int64) {
@@ -147,13 +149,21 @@ func (b *swapBar) update(pid int, done, total int64) {
 		d += b.done[p]
 		t += b.total[p]
 	}
+	// The bar's own rate assumes it saw every byte; the shim reports in
+	// bursts, so the description carries bytes and rate since the request.
+	desc := fmt.Sprintf("%s %s / %s", b.desc, ctxmgr.FormatBytes(d), ctxmgr.FormatBytes(t))
+	if el := time.Since(b.start).Seconds(); el > 0 {
+		desc += fmt.Sprintf(" (%.2f GiB/s)", float64(d)/el/(1<<30))
+	}
 	if b.bar == nil {
-		b.bar = progressbar.NewOptions64(t, progressbar.OptionSetWriter(b.w), progressbar.OptionShowBytes(true),
-			progressbar.OptionUseIECUnits(true), progressbar.OptionSetDescription(b.desc),
-			progressbar.OptionSetWidth(30), progressbar.OptionShowTotalBytes(true),
-			progressbar.OptionSetPredictTime(true), progressbar.OptionOnCompletion(func() { fmt.Fprintln(b.w) }))
-	} else if t != b.bar.GetMax64() {
-		b.bar.ChangeMax64(t)
+		b.bar = progressbar.NewOptions64(t, progressbar.OptionSetWriter(b.w), progressbar.OptionSetDescription(desc),
+			progressbar.OptionSetWidth(30), progressbar.OptionSetPredictTime(true),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(b.w) }))
+	} else {
+		if t != b.bar.GetMax64() {
+			b.bar.ChangeMax64(t)
+		}
+		b.bar.Describe(desc)
 	}
 	_ = b.bar.Set64(d)
 }

@@ -61,6 +61,7 @@ func TestSwapCommands(t *testing.T) {
 	require.Equal(t, "swap-out", res.Results[0].Direction)
 	require.Contains(t, errOut, "swapping out", "progress bar on stderr")
 	require.Contains(t, errOut, "100%", "the bar reaches the end")
+	require.Contains(t, errOut, "8.0 GiB / 8.0 GiB", "the bar counts the job's bytes")
 	require.True(t, a.Out())
 	require.True(t, b.Out())
 
