@@ -1,0 +1,112 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// migctlBinary returns $MIGCTL_BIN, or builds migctl into a temp dir.
+func migctlBinary(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("MIGCTL_BIN"); b != "" {
+		return b
+	}
+	bin := filepath.Join(t.TempDir(), "migctl")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "building migctl: %s", out)
+	return bin
+}
+
+type cli struct {
+	t     *testing.T
+	bin   string
+	state string
+}
+
+// run runs the binary with extra environment; it returns stdout and the error.
+func (c cli) run(env []string, args ...string) (string, error) {
+	cmd := exec.Command(c.bin, append([]string{"partition"}, args...)...)
+	cmd.Args = append(cmd.Args, "--sim", "h200x2", "--sim-state", c.state)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.Output()
+	return string(out), err
+}
+
+func (c cli) must(args ...string) string {
+	c.t.Helper()
+	out, err := c.run(nil, args...)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		c.t.Fatalf("migctl %v: %v: %s", args, err, ee.Stderr)
+	}
+	require.NoError(c.t, err)
+	return out
+}
+
+// TestCrashMidApplyConverges kills a real migctl process (SIGKILL, from an
+// env hook) right after step k of an apply, for every k, then checks that
+// recover (odd k) or a plain re-apply (even k) converges the node to the
+// new layout, and that the GPU the crash interrupted was rolled forward.
+func TestCrashMidApplyConverges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the migctl binary")
+	}
+	bin := migctlBinary(t)
+	const oldLayout, newLayout = "4g.71gb=1,3g.71gb=1", "2g.35gb=2,1g.18gb=3"
+
+	template := filepath.Join(t.TempDir(), "template.json")
+	c := cli{t: t, bin: bin, state: template}
+	c.must("apply", "--gpus", "all", "--layout", oldLayout)
+	var plan struct {
+		GPUs []struct{ Steps []json.RawMessage }
+	}
+	require.NoError(t, json.Unmarshal([]byte(c.must("plan", "--gpus", "all", "--layout", newLayout, "-o", "json")), &plan))
+	total := 0
+	for _, g := range plan.GPUs {
+		total += len(g.Steps)
+	}
+	require.Greater(t, total, 10)
+	tmpl, err := os.ReadFile(template)
+	require.NoError(t, err)
+
+	for k := 1; k <= total; k++ {
+		state := filepath.Join(t.TempDir(), "node.json")
+		require.NoError(t, os.WriteFile(state, tmpl, 0o644))
+		c := cli{t: t, bin: bin, state: state}
+		_, err := c.run([]string{envCrashAfterStep + "=" + strconv.Itoa(k)}, "apply", "--gpus", "all", "--layout", newLayout)
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "step %d: migctl must have been killed", k)
+		ws := ee.Sys().(syscall.WaitStatus)
+		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "step %d: %v", k, err)
+		_, err = os.Stat(state + ".journal")
+		require.NoError(t, err, "step %d: the journal must survive the crash", k)
+
+		if k%2 == 1 {
+			var rec struct {
+				Outcome     string
+				Transaction struct{ GPU int }
+			}
+			require.NoError(t, json.Unmarshal([]byte(c.must("recover", "-o", "json")), &rec))
+			require.Equal(t, "rolled-forward", rec.Outcome, "step %d", k)
+			// the interrupted GPU now has the new layout; the GPUs after it still the old one
+			g := strconv.Itoa(rec.Transaction.GPU)
+			c.must("assert", "--gpus", g, "--layout", newLayout)
+			for i := rec.Transaction.GPU + 1; i < len(plan.GPUs); i++ {
+				c.must("assert", "--gpus", strconv.Itoa(i), "--layout", oldLayout)
+			}
+		}
+		c.must("apply", "--gpus", "all", "--layout", newLayout)
+		c.must("assert", "--gpus", "all", "--layout", newLayout)
+		_, err = os.Stat(state + ".journal")
+		require.True(t, os.IsNotExist(err), "step %d: journal left behind", k)
+	}
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// runPartition runs "migctl partition args..." in-process.
+func runPartition(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	root := newRootCmd(streams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	root.SetArgs(append([]string{"partition"}, args...))
+	err := root.Execute()
+	return out.String(), errOut.String(), err
+}
+
+func simArgs(state string) []string { return []string{"--sim", "h200x8", "--sim-state", state} }
+
+func TestPartitionRoundTrip(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	layout := "3g.71gb=1,2g.35gb=1,1g.18gb=1"
+
+	out, _, err := runPartition(t, append([]string{"show", "-o", "json"}, sim...)...)
+	require.NoError(t, err)
+	var fresh struct {
+		GPUs []struct {
+			MIGEnabled bool
+			Instances  []any
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &fresh))
+	require.Len(t, fresh.GPUs, 8)
+	for _, g := range fresh.GPUs {
+		require.False(t, g.MIGEnabled, "a fresh node starts with MIG off")
+		require.Empty(t, g.Instances)
+	}
+
+	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "all", "--layout", layout}, sim...)...)
+	require.ErrorContains(t, err, "MIG mode is disabled")
+
+	out, progress, err := runPartition(t, append([]string{"apply", "--gpus", "all", "--layout", layout}, sim...)...)
+	require.NoError(t, err)
+	require.Equal(t, 8, strings.Count(out, "applied"))
+	require.Contains(t, progress, "GPU 7: [7/7]")
+
+	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "all", "--layout", layout}, sim...)...)
+	require.NoError(t, err)
+
+	out, _, err = runPartition(t, append([]string{"show"}, sim...)...)
+	require.NoError(t, err)
+	require.Equal(t, 24, strings.Count(out, "MIG-"), out)
+
+	exported, _, err := runPartition(t, append([]string{"export"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, exported, "devices: all")
+	file := filepath.Join(t.TempDir(), "layout.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(exported), 0o644))
+
+	// the export applied to a fresh node reproduces the layout exactly
+	state2 := filepath.Join(t.TempDir(), "node2.json")
+	_, _, err = runPartition(t, append([]string{"apply", "-f", file}, simArgs(state2)...)...)
+	require.NoError(t, err)
+	again, _, err := runPartition(t, append([]string{"export"}, simArgs(state2)...)...)
+	require.NoError(t, err)
+	require.Equal(t, exported, again)
+	_, _, err = runPartition(t, append([]string{"assert", "-f", file, "-c", "current"}, sim...)...)
+	require.NoError(t, err)
+
+	// applying again changes nothing
+	out, _, err = runPartition(t, append([]string{"apply", "--gpus", "all", "--layout", layout}, sim...)...)
+	require.NoError(t, err)
+	require.Equal(t, 8, strings.Count(out, "unchanged"))
+
+	// mode disable tears down and turns MIG off
+	_, _, err = runPartition(t, append([]string{"mode", "disable", "--gpus", "3"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "3", "--layout", layout}, sim...)...)
+	require.ErrorContains(t, err, "GPU 3: MIG mode is disabled")
+	out, _, err = runPartition(t, append([]string{"mode", "enable", "--gpus", "3"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, "changed")
+}
+
+func TestPartitionBadInputChangesNothing(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	_, _, err := runPartition(t, append([]string{"apply", "--gpus", "0", "--layout", "2g.35gb=1"}, sim...)...)
+	require.NoError(t, err)
+	before, err := os.ReadFile(state)
+	require.NoError(t, err)
+
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+		return p
+	}
+	bad := write("bad.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": [\n")
+	unknown := write("unknown.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n        \"5g.99gb\": 1\n")
+	lacks := write("lacks.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 2\n")
+	rng := write("range.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: [0, 8]\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 2\n")
+	over := write("over.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.71gb\": 3\n")
+	pins := write("pins.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.71gb\": 1\n        \"2g.35gb\": 1\n      mig-placements:\n        \"3g.71gb\": [0]\n        \"2g.35gb\": [2]\n")
+	infeasible := write("infeasible.yaml", "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.35gb\": 4\n        \"1g.18gb\": 1\n")
+	tests := []struct {
+		name string
+		args []string
+		want []string // substrings of the one-line error
+	}{
+		{"malformed YAML", []string{"-f", bad}, []string{"bad.yaml", "line"}},
+		{"unknown profile", []string{"-f", unknown}, []string{"unknown.yaml:8", "5g.99gb"}},
+		{"profile the GPU lacks", []string{"-f", lacks}, []string{"lacks.yaml:7", "1g.10gb", "has no profile"}},
+		{"device out of range", []string{"-f", rng}, []string{"range.yaml:4", "device 8 out of range"}},
+		{"count over maximum", []string{"-f", over}, []string{"over.yaml:7", "at most 2"}},
+		{"conflicting placements", []string{"-f", pins}, []string{"pins.yaml", "overlaps"}},
+		{"infeasible", []string{"-f", infeasible}, []string{"cannot place 1g.18gb", "free memory units"}},
+		{"unknown --layout profile", []string{"--layout", "9g.1gb=1"}, []string{"9g.1gb"}},
+		{"--gpus out of range", []string{"--layout", "1g.18gb=1", "--gpus", "0,12"}, []string{"device 12 out of range"}},
+		{"no config name", []string{"-f", pins, "-c", "nope"}, []string{"no configuration \"nope\""}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := runPartition(t, append(append([]string{"apply"}, tc.args...), sim...)...)
+			require.Error(t, err)
+			msg := err.Error()
+			require.NotContains(t, msg, "\n", "one-line reason")
+			for _, w := range tc.want {
+				require.Contains(t, msg, w)
+			}
+			after, err := os.ReadFile(state)
+			require.NoError(t, err)
+			require.Equal(t, string(before), string(after), "bad input must change nothing")
+		})
+	}
+}
+
+func TestPartitionPlanAndDryRun(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	_, _, err := runPartition(t, append([]string{"apply", "--gpus", "0", "--layout", "7g.141gb=1"}, sim...)...)
+	require.NoError(t, err)
+	out, _, err := runPartition(t, append([]string{"plan", "--gpus", "0", "--layout", "3g.71gb=2", "-o", "json"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, `"op": "destroy-gi"`)
+	out, _, err = runPartition(t, append([]string{"apply", "--dry-run", "--gpus", "0", "--layout", "3g.71gb=2"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, "destroy GPU instance 7g.141gb@0:8")
+	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "0", "--layout", "7g.141gb=1"}, sim...)...)
+	require.NoError(t, err, "--dry-run changes nothing")
+}
