@@ -1020,6 +1020,19 @@ static void atfork_child(void)
 	ms_control_atfork_child();
 }
 
+__attribute__((destructor)) static void migswap_dtor(void)
+{
+	if (!ms_log_on || atomic_load(&ms_mode) == MIGSWAP_MODE_UNDECIDED)
+		return;
+	struct migswap_stats s;
+	migswap_get_stats(&s);
+	ms_log("exit: mode=%u gated_calls=%llu allocations=%llu bytes=%llu swaps_out=%llu swaps_in=%llu refusals=%llu "
+	       "needs=%llu",
+	       s.mode, (unsigned long long)s.gated_calls, (unsigned long long)s.allocations,
+	       (unsigned long long)s.bytes, (unsigned long long)s.swaps_out, (unsigned long long)s.swaps_in,
+	       (unsigned long long)s.refusals, (unsigned long long)s.needs);
+}
+
 __attribute__((constructor)) static void migswap_ctor(void)
 {
 	init_hook_table();
