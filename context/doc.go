@@ -22,6 +22,10 @@
 //   - ListenUnix: owner-only Unix sockets (directory 0700 when created, socket
 //     0600) whose peers are checked with SO_PEERCRED (same uid as the daemon,
 //     or root).
+//   - Leases: MIG devices leased to jobs over the mig package (Discover,
+//     journalled Apply): acquire a free instance of a profile, release by job
+//     or when the leasing process has exited (Reap), and repartition a GPU
+//     unless that would destroy a leased instance (ErrLeased).
 //   - MemoryInfo: where free device memory comes from. NewNVMLMemory reads
 //     NVML (the nvml.Interface is injected; only cmd/ builds a real one); with
 //     no MemoryInfo the Manager uses a declared capacity minus the bytes its
@@ -33,6 +37,9 @@
 // when it differs (a shim in a container), and a swap by pid matches either.
 //
 // Sentinel errors (ErrNoSuchProcess, ErrNoSuchJob, ErrAlreadyOut, ErrAlreadyIn,
-// ErrBusy, ErrDisconnected, ErrDenied) are returned wrapped; match them with
-// errors.Is.
+// ErrBusy, ErrDisconnected, ErrDenied; ErrNoFreeInstance, ErrLeased,
+// ErrNoLease) are returned wrapped; match them with errors.Is.
+//
+// Tests: context/fakeshim is a shim in Go that speaks PROTOCOL.md, for tests
+// of the daemon and the CLI without libmigswap.so.
 package ctxmgr
