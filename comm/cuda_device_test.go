@@ -3,6 +3,7 @@ package comm_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -423,4 +424,25 @@ func TestCUDADeviceFakeCallsFromManyGoroutines(t *testing.T) {
 	for g := 0; g < 8; g++ {
 		require.NoError(t, <-errs)
 	}
+}
+
+func TestCUDADeviceFakeRecordRecyclesEvents(t *testing.T) {
+	// Events that became unreachable go back to a pool: recording in a loop
+	// does not create a driver event per call.
+	f, d := newFakeCUDA(t, nil)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	const n = 200
+	for i := 0; i < n; i++ {
+		ev, err := st.Record()
+		require.NoError(t, err)
+		require.NoError(t, ev.Wait(syncCtx(t)))
+		if i%10 == 9 {
+			runtime.GC()
+			time.Sleep(time.Millisecond) // cleanups run on their own goroutine
+		}
+	}
+	created := f.Calls("EventCreate")
+	require.Less(t, created, n/2, "%d events created for %d recordings", created, n)
+	require.Positive(t, created)
 }
