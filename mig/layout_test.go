@@ -1,0 +1,180 @@
+package mig_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
+)
+
+func node8(t *testing.T) *mig.Node {
+	t.Helper()
+	n, err := mig.Discover(migsim.New(migsim.H200, 8))
+	require.NoError(t, err)
+	return n
+}
+
+func TestConfigFileResolves(t *testing.T) {
+	data, err := os.ReadFile("testdata/h200-layouts.yaml")
+	require.NoError(t, err)
+	cfg, err := mig.ParseConfig(data, "h200-layouts.yaml")
+	require.NoError(t, err)
+	require.Equal(t, []string{"all-disabled", "all-1g.18gb", "balanced", "mixed", "pinned", "other-gpu-only"}, cfg.Names())
+	node := node8(t)
+
+	tests := []struct {
+		config string
+		gpus   []int
+		check  func(t *testing.T, reqs map[int]mig.Request)
+	}{
+		{"all-disabled", []int{0, 1, 2, 3, 4, 5, 6, 7}, func(t *testing.T, r map[int]mig.Request) { require.False(t, r[3].MIGEnabled) }},
+		{"balanced", []int{0, 1, 2, 3, 4, 5, 6, 7}, func(t *testing.T, r map[int]mig.Request) {
+			require.Equal(t, "1g.18gb=1,2g.35gb=1,3g.71gb=1", r[5].String())
+		}},
+		{"mixed", []int{0, 1, 2, 3, 4, 5, 6, 7}, func(t *testing.T, r map[int]mig.Request) {
+			require.Equal(t, "3g.71gb=2", r[2].String())
+			require.Equal(t, "4g.71gb=1,3g.71gb=1", r[4].String(), "bus 9A is GPU 4")
+			require.Equal(t, "4g.71gb=1,3g.71gb=1", r[5].String(), "bus AB is GPU 5")
+			require.Equal(t, "1c.7g.141gb=7", r[6].String())
+			require.False(t, r[7].MIGEnabled)
+		}},
+		{"pinned", []int{0, 1, 2, 3, 4, 5, 6, 7}, func(t *testing.T, r map[int]mig.Request) {
+			require.Equal(t, "3g.71gb@4,2g.35gb@2,2g.35gb@0", r[0].String())
+		}},
+		{"other-gpu-only", nil, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.config, func(t *testing.T) {
+			reqs, err := cfg.Requests(tc.config, node)
+			require.NoError(t, err)
+			var got []int
+			for i := 0; i < 8; i++ {
+				if _, ok := reqs[i]; ok {
+					got = append(got, i)
+				}
+			}
+			require.Equal(t, tc.gpus, got)
+			if tc.check != nil {
+				tc.check(t, reqs)
+			}
+			// every configuration selecting H200s plans
+			_, err = mig.PlanNode(node, reqs, mig.PlanOptions{})
+			require.NoError(t, err)
+		})
+	}
+	// mixed on GPU 6: seven 1-slice compute instances in one 7g GPU instance
+	reqs, _ := cfg.Requests("mixed", node)
+	plan, err := mig.PlanNode(node, reqs, mig.PlanOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "7g.141gb@0:8[1c+1c+1c+1c+1c+1c+1c]", plan.GPUs[6].Target.String())
+}
+
+func TestConfigSelectByUUID(t *testing.T) {
+	node := node8(t)
+	body := "version: v1\nmig-configs:\n  c:\n    - devices: [\"" + node.GPUs[3].UUID + "\"]\n      mig-enabled: true\n      mig-devices:\n        \"7g.141gb\": 1\n"
+	cfg, err := mig.ParseConfig([]byte(body), "u.yaml")
+	require.NoError(t, err)
+	reqs, err := cfg.Requests("c", node)
+	require.NoError(t, err)
+	require.Len(t, reqs, 1)
+	require.Equal(t, "7g.141gb=1", reqs[3].String())
+}
+
+func TestConfigErrorsNameTheLine(t *testing.T) {
+	tests := []struct {
+		name, body string
+		want       []string
+	}{
+		{"version", "version: v2\nmig-configs: {}\n", []string{"f.yaml:1", "v1"}},
+		{"top key", "version: v1\nmig-config: {}\n", []string{"f.yaml:2", "mig-config"}},
+		{"entry key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      migdevices: {}\n", []string{"f.yaml:6", "migdevices"}},
+		{"no devices", "version: v1\nmig-configs:\n  a:\n    - mig-enabled: true\n", []string{"f.yaml:4", "no devices"}},
+		{"bad count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": two\n", []string{"f.yaml:7", "1g.18gb", "count"}},
+		{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1x.18gb\": 1\n", []string{"f.yaml:7", "1x.18gb"}},
+		{"placement without device", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"2g.35gb\": [0]\n", []string{"f.yaml:9", "not in mig-devices"}},
+		{"start out of range", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"1g.18gb\": [9]\n", []string{"f.yaml:9", "0..7"}},
+		{"devices disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices:\n        \"1g.18gb\": 1\n", []string{"f.yaml:7", "mig-enabled: false"}},
+		{"filter", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: H200\n      mig-enabled: false\n", []string{"f.yaml:5", "device-filter"}},
+		{"malformed", "version: v1\nmig-configs:\n  a: [\n", []string{"f.yaml", "line"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := mig.ParseConfig([]byte(tc.body), "f.yaml")
+			require.Error(t, err)
+			require.True(t, errors.Is(err, mig.ErrBadConfig) || errors.Is(err, mig.ErrUnknownProfile), "%v", err)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestConfigSelectionErrors(t *testing.T) {
+	node := node8(t)
+	tests := []struct {
+		name, body string
+		want       []string
+	}{
+		{"index out of range", "version: v1\nmig-configs:\n  a:\n    - devices: [1, 8]\n      mig-enabled: false\n", []string{"f.yaml:4", "device 8 out of range"}},
+		{"unknown uuid", "version: v1\nmig-configs:\n  a:\n    - devices: [\"GPU-nope\"]\n      mig-enabled: false\n", []string{"f.yaml:4", "GPU-nope"}},
+		{"selected twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n    - devices: [2]\n      mig-enabled: false\n", []string{"f.yaml:6", "GPU 2", "line 4"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := mig.ParseConfig([]byte(tc.body), "f.yaml")
+			require.NoError(t, err)
+			_, err = cfg.Requests("a", node)
+			require.ErrorIs(t, err, mig.ErrBadConfig)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestParseLayoutFlag(t *testing.T) {
+	tests := []struct {
+		in, out string
+		ok      bool
+	}{
+		{"1g.18gb=2,3g.71gb=1", "1g.18gb=2,3g.71gb=1", true},
+		{"3g.71gb@4, 1g.18gb=3", "3g.71gb@4,1g.18gb=3", true},
+		{"2g.35gb@0,2g.35gb@2,2g.35gb=1", "2g.35gb=1,2g.35gb@0,2g.35gb@2", true},
+		{"1c.2g.35gb=4", "1c.2g.35gb=4", true},
+		{"none", "mig enabled, no instances", true},
+		{"", "", false},
+		{"1g.18gb=x", "", false},
+		{"1g.18gb@8", "", false},
+		{"bogus=1", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			r, err := mig.ParseLayout(tc.in)
+			if !tc.ok {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.True(t, r.MIGEnabled)
+			require.Equal(t, tc.out, r.String())
+		})
+	}
+}
+
+func TestSelectGPUs(t *testing.T) {
+	node := node8(t)
+	got, err := mig.SelectGPUs("3,1,"+node.GPUs[5].UUID+",0000:18:00.0", node)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 1, 3, 5}, got)
+	got, err = mig.SelectGPUs("all", node)
+	require.NoError(t, err)
+	require.Len(t, got, 8)
+	_, err = mig.SelectGPUs("8", node)
+	require.ErrorIs(t, err, mig.ErrBadConfig)
+	_, err = mig.SelectGPUs("GPU-missing", node)
+	require.ErrorIs(t, err, mig.ErrBadConfig)
+}
