@@ -248,7 +248,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 	complete := func() error {
 		f := q[0]
 		q = q[1:]
-		if err := f.ev.Wait(ctx); err != nil {
+		if err := waitEvent(ctx, f.ev, e.tr); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
 		e.publish(f.st.Set, epoch)

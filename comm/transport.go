@@ -55,7 +55,7 @@ func NewShmTransport(ctl *shm.Control, rank int, opts ShmOptions) (*ShmTransport
 		opts.PeerTimeout = 5 * time.Second
 	}
 	if opts.Spin <= 0 {
-		opts.Spin = 2 * time.Microsecond
+		opts.Spin = 20 * time.Microsecond
 	}
 	t := &ShmTransport{ctl: ctl, rank: rank, world: w, opts: opts, stop: make(chan struct{}),
 		beat: make([]uint64, w), moved: make([]time.Time, w)}
