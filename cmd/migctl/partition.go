@@ -66,6 +66,7 @@ state lives in a file (--sim-state), so consecutive commands see the same node.`
 		newPartitionExportCmd(s),
 		newPartitionModeCmd(s),
 		newPartitionRecoverCmd(s),
+		newPartitionSimCmd(s),
 	)
 	return cmd
 }

@@ -104,6 +104,7 @@ func (o *partitionApplyOptions) Run(ctx context.Context) error {
 			return err
 		}
 		res, err := m.Apply(ctx, reqs, mig.ApplyOptions{DryRun: o.dryRun, PlanOptions: mig.PlanOptions{Force: o.force}})
+		simResetHint(o.ErrOut, on, err)
 		if err != nil {
 			if res != nil && len(res.GPUs) > 0 {
 				_ = printer.Print(o.Out, o.format, applyView{res})

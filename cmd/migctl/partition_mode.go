@@ -113,6 +113,12 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			for _, r := range res {
+				if r.Outcome == "pending" {
+					simResetHint(o.ErrOut, on, mig.ErrModePending)
+					break
+				}
+			}
 			return printer.Print(o.Out, o.format, modeView{res})
 		}
 		reqs := map[int]mig.Request{}
@@ -128,9 +134,12 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 		for _, i := range gpus {
 			g := after.GPUs[i]
 			r := mig.ModeResult{GPU: i, Current: g.MIGEnabled, Pending: g.MIGPending, Outcome: "disabled"}
-			if g.ModePending() {
+			switch {
+			case g.ModePending():
 				r.Outcome = "pending"
 				r.Action = "reset the GPU (sudo nvidia-smi -r -i " + strconv.Itoa(i) + ") or reboot"
+			case g.MIGEnabled:
+				r.Outcome = "unchanged"
 			}
 			v.GPUs = append(v.GPUs, r)
 		}

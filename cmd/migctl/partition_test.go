@@ -156,3 +156,50 @@ func TestPartitionPlanAndDryRun(t *testing.T) {
 	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "0", "--layout", "7g.141gb=1"}, sim...)...)
 	require.NoError(t, err, "--dry-run changes nothing")
 }
+
+func TestPartitionBusyInstanceViaSimProcess(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := []string{"--sim", "h200", "--sim-state", state}
+	_, _, err := runPartition(t, append([]string{"apply", "--layout", "3g.71gb@4"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"sim", "attach", "--gpus", "0", "--gi", "2", "--ci", "0", "--pid", "4242"}, sim...)...)
+	require.NoError(t, err)
+
+	out, _, err := runPartition(t, append([]string{"show"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, "4242")
+	_, _, err = runPartition(t, append([]string{"apply", "--layout", "7g.141gb=1"}, sim...)...)
+	require.ErrorContains(t, err, "has processes")
+	// --force plans the destroy, but NVML still answers IN_USE and the GPU is rolled back
+	_, _, err = runPartition(t, append([]string{"apply", "--force", "--layout", "7g.141gb=1"}, sim...)...)
+	require.ErrorContains(t, err, "rolled back")
+	_, _, err = runPartition(t, append([]string{"assert", "--layout", "3g.71gb@4"}, sim...)...)
+	require.NoError(t, err)
+	// planned around the busy instance
+	_, _, err = runPartition(t, append([]string{"apply", "--layout", "3g.71gb=1,2g.35gb=2"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"assert", "--layout", "3g.71gb@4,2g.35gb@0,2g.35gb@2"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"sim", "detach", "--gpus", "0", "--pid", "4242"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"apply", "--layout", "7g.141gb=1"}, sim...)...)
+	require.NoError(t, err)
+}
+
+func TestPartitionPendingModeOnAmpere(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := []string{"--sim", "a100-40gbx2", "--sim-state", state}
+	out, hint, err := runPartition(t, append([]string{"mode", "enable", "--gpus", "1"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, "pending")
+	require.Contains(t, out, "nvidia-smi -r -i 1")
+	require.Contains(t, hint, "sim reset")
+	_, _, err = runPartition(t, append([]string{"apply", "--gpus", "1", "--layout", "1g.5gb=7"}, sim...)...)
+	require.ErrorContains(t, err, "pending")
+	_, _, err = runPartition(t, append([]string{"sim", "reset", "--gpus", "1"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"apply", "--gpus", "1", "--layout", "1g.5gb=7"}, sim...)...)
+	require.NoError(t, err)
+	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "1", "--layout", "1g.5gb=7"}, sim...)...)
+	require.NoError(t, err)
+}

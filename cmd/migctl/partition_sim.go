@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/spf13/cobra"
+
+	"github.com/migctl/migctl/mig"
+)
+
+// partitionSimOptions drive the simulated node's stand-ins for things an
+// admin or a workload does outside migctl: resetting a GPU, running a process
+// on a MIG device.
+type partitionSimOptions struct {
+	streams
+	node  nodeFlags
+	gpus  string
+	gi    int
+	ci    int
+	pid   uint32
+	bytes string
+}
+
+func newPartitionSimCmd(s streams) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Act on a simulated node: reset a GPU, attach or detach a fake process",
+		Long: `Stand-ins, on a simulated node (--sim), for what happens outside migctl on a real one:
+'reset' is the admin's GPU reset (a pending MIG mode change takes effect), 'attach' and
+'detach' start and stop a fake process on a MIG device (or on the whole GPU with --gi -1),
+which makes its instance busy: apply will not destroy it, and NVML answers IN_USE.`,
+		Example: `  migctl partition mode enable --sim a100x8 --gpus 0     # pending on Ampere
+  migctl partition sim reset --sim a100x8 --gpus 0
+  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10G
+  migctl partition sim detach --sim h200x8 --gpus 0 --pid 4242`,
+		Hidden: false,
+	}
+	for _, verb := range []string{"reset", "attach", "detach"} {
+		cmd.AddCommand(newPartitionSimVerbCmd(s, verb))
+	}
+	return cmd
+}
+
+func newPartitionSimVerbCmd(s streams, verb string) *cobra.Command {
+	o := &partitionSimOptions{streams: s}
+	short := map[string]string{
+		"reset":  "Reset GPUs (a pending MIG mode change takes effect)",
+		"attach": "Attach a fake process to a MIG device (--gi/--ci) or the whole GPU (--gi -1)",
+		"detach": "Detach a fake process",
+	}[verb]
+	cmd := &cobra.Command{
+		Use:   verb,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), verb)
+		},
+	}
+	o.node.add(cmd)
+	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs: 'all' (default) or indices, UUIDs or PCI bus ids")
+	if verb != "reset" {
+		cmd.Flags().Uint32Var(&o.pid, "pid", 0, "process id")
+	}
+	if verb == "attach" {
+		cmd.Flags().IntVar(&o.gi, "gi", -1, "GPU instance id (-1: the whole GPU)")
+		cmd.Flags().IntVar(&o.ci, "ci", 0, "compute instance id")
+		cmd.Flags().StringVar(&o.bytes, "bytes", "1G", "GPU memory the process uses (K, M, G suffixes)")
+	}
+	return cmd
+}
+
+// Validate checks that a simulated node is named.
+func (o *partitionSimOptions) Validate() error {
+	if o.node.sim == "" {
+		return errors.New("partition sim acts on simulated nodes only: give --sim (or set " + envSim + ")")
+	}
+	return nil
+}
+
+// Run acts.
+func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
+	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
+		node, err := mig.Discover(on.lib)
+		if err != nil {
+			return err
+		}
+		gpus, err := mig.SelectGPUs(o.gpus, node)
+		if err != nil {
+			return err
+		}
+		for _, g := range gpus {
+			switch verb {
+			case "reset":
+				if r := on.sim.Reset(g); r != nvml.SUCCESS {
+					return fmt.Errorf("resetting GPU %d: %s", g, nvml.ErrorString(r))
+				}
+				fmt.Fprintf(o.Out, "GPU %d reset\n", g)
+			case "attach":
+				n, err := parseBytes(o.bytes)
+				if err != nil {
+					return err
+				}
+				if err := on.sim.AttachProcess(g, o.gi, o.ci, o.pid, uint64(n)); err != nil {
+					return err
+				}
+				fmt.Fprintf(o.Out, "GPU %d: pid %d attached\n", g, o.pid)
+			case "detach":
+				if err := on.sim.DetachProcess(g, o.pid); err != nil {
+					return err
+				}
+				fmt.Fprintf(o.Out, "GPU %d: pid %d detached\n", g, o.pid)
+			}
+		}
+		return nil
+	})
+}
+
+// simResetHint tells the user of a simulated node how to stand in for a reset.
+func simResetHint(w io.Writer, on *openedNode, err error) {
+	if on.sim != nil && errors.Is(err, mig.ErrModePending) {
+		fmt.Fprintf(w, "note: on this simulated node, 'migctl partition sim reset --sim %s' stands for the GPU reset\n", on.sim.Model().Key)
+	}
+}
