@@ -120,10 +120,17 @@ def cmd_hold(a):
     v.mul_(2654435761).add_(12345)
 
     def sums():
+        # in 32 MiB pieces, so that the check allocates next to nothing beside v
+        s1 = torch.zeros((), dtype=torch.int64, device="cuda")
+        s2 = torch.zeros((), dtype=torch.int64, device="cuda")
+        for c in v.split(1 << 22):
+            s1 += c.sum()
+            s2 += (c * c).sum()
         torch.cuda.synchronize()
-        return int(v.sum().item()), int((v * v).sum().item()), int(v[n // 3].item())
+        return int(s1.item()), int(s2.item()), int(v[n // 3].item())
 
-    print("READY", os.getpid(), *sums(), flush=True)
+    first = sums()
+    print("READY", os.getpid(), torch.cuda.memory_reserved(), *first, flush=True)
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "check":
@@ -384,8 +391,8 @@ class Driver:
         return info
 
     def swap_while_training(self, p, c, log):
-        """Swap the trainer out and in until it ends: after each swap-in wait for two more
-        logged steps, so it trains between swaps; NVML is read while out on a few cycles."""
+        """Swap the trainer out and in until it ends: after each swap-in wait for one more
+        logged step, so it trains between swaps; NVML is read while out on a few cycles."""
         outs, ins, wall_out, wall_in, drops, errors = [], [], [], [], [], []
         t_first = time.perf_counter()
         while count_steps(log) < 2 and p.poll() is None and time.perf_counter() - t_first < self.a.phase_timeout:
@@ -414,7 +421,7 @@ class Driver:
             cycle += 1
             n0 = count_steps(log)
             t_wait = time.perf_counter()
-            while count_steps(log) < n0 + 2 and p.poll() is None and time.perf_counter() - t_wait < 10:
+            while count_steps(log) < n0 + 1 and p.poll() is None and time.perf_counter() - t_wait < 10:
                 time.sleep(0.001)
         return {"cycles": cycle, "swap_errors": errors[:5], "n_errors": len(errors),
                 "bytes": [int(r["bytes"]) for r in outs[:1]],
@@ -430,7 +437,8 @@ class Driver:
         ready = p.stdout.readline().split()
         if not ready or ready[0] != "READY":
             raise RuntimeError(f"{name}: victim did not start: {ready}")
-        return p, ready[2:]
+        self.victim_reserved = int(ready[2])
+        return p, ready[3:]
 
     def check(self, p):
         p.stdin.write("check\n")
@@ -504,29 +512,28 @@ class Driver:
         out["overhead_ns"] = min(out["shim"], out["shim2"]) - min(out["bare"], out["bare2"])
         return out
 
-    def p_train_eager(self):
+    def p_train(self):
+        """Bare and shim-without-swaps eager runs one after the other (overhead), then the eager
+        and the CUDA-graph runs under swaps side by side, with the bare graph run beside them."""
         a = self.a
         A = self.train("eager_bare", False, False, a.steps)
         B = self.train("eager_shim_noswap", True, False, a.steps)
-        runs = [A]
-        if not a.quick:
-            A2 = self.train("eager_bare2", False, False, a.steps)
-            B2 = self.train("eager_shim_noswap2", True, False, a.steps)
-            runs.append(A2)
-        else:
-            B2 = B
-        # the eager swap run, with the bare CUDA-graph reference run beside it (its timing is unused)
         D = self.start_train("graphs_bare", False, True, a.steps)
-        C = self.train("eager_shim_swaps", True, False, a.steps, swaps=True, checksum=True)
-        self.graphs_bare = self.finish_train(*D)
+        C0 = self.start_train("eager_shim_swaps", True, False, a.steps, checksum=True)
+        E0 = self.start_train("graphs_shim_swaps", True, True, a.steps, checksum=True)
+        out = {}
+        th = threading.Thread(target=lambda: out.__setitem__("E", self.finish_train(*E0, swaps=True)))
+        th.start()
+        C = self.finish_train(*C0, swaps=True)
+        th.join()
+        D = self.finish_train(*D)
+        E = out.get("E")
+        if E is None:
+            raise RuntimeError("the CUDA-graph swap run failed (see driver.log)")
         ms = lambda x: x["done"]["ms_per_step"] if x["done"] else float("nan")  # noqa: E731
-        bare = min(ms(r) for r in runs)
-        shim = min(ms(B), ms(B2))
-        return {
-            "ms_bare": [ms(r) for r in runs], "ms_shim": sorted({ms(B), ms(B2)}),
-            "overhead_pct": 100 * (shim / bare - 1),
-            "bare_deterministic": all(r["losses"] == A["losses"] for r in runs),
-            "noswap_equal": B["losses"] == A["losses"] and B2["losses"] == A["losses"],
+        eager = {
+            "ms_bare": ms(A), "ms_shim": ms(B), "overhead_pct": 100 * (ms(B) / ms(A) - 1),
+            "noswap_equal": B["losses"] == A["losses"],
             "swaps_equal": C["losses"] == A["losses"] and len(C["losses"]) == a.steps,
             "steps": len(C["losses"]), "cycles": C.get("cycles"), "swap_errors": C.get("swap_errors"),
             "n_errors": C.get("n_errors"), "bytes": C.get("bytes"), "nvml_drops": C.get("nvml_drops"),
@@ -534,22 +541,27 @@ class Driver:
             "first_losses": A["losses"][:3], "last_loss_bare": A["losses"][-1:], "last_loss_swaps": C["losses"][-1:],
             "rc": [A["rc"], B["rc"], C["rc"]], "device": C.get("device"),
         }
-
-    def p_train_graphs(self):
-        a = self.a
-        D = getattr(self, "graphs_bare", None) or self.train("graphs_bare", False, True, a.steps)
-        E = self.train("graphs_shim_swaps", True, True, a.steps, swaps=True, checksum=True)
-        return {
+        graphs = {
             "swaps_equal": E["losses"] == D["losses"] and len(E["losses"]) == a.steps,
             "steps": len(E["losses"]), "cycles": E.get("cycles"), "swap_errors": E.get("swap_errors"),
             "n_errors": E.get("n_errors"), "bytes": E.get("bytes"), "nvml_drops": E.get("nvml_drops"),
             "last_loss_bare": D["losses"][-1:], "last_loss_swaps": E["losses"][-1:], "rc": [D["rc"], E["rc"]],
             "out_wall_p50": E.get("out_wall_p50"), "in_wall_p50": E.get("in_wall_p50"),
         }
+        self.res["phases"]["train_graphs"] = graphs
+        return eager
 
     def p_swap_throughput(self):
         a = self.a
         gib = a.gib
+        if not a.no_checkpoint:
+            # start the checkpoint-API victim now (no shim), so its start overlaps this phase
+            try:
+                self.ckpt_victim = self.hold("ckpt_victim", gib, False)
+                self.ckpt_reserved = self.victim_reserved
+            except Exception as e:  # noqa: BLE001
+                self.log(f"checkpoint victim did not start early: {e}")
+                self.ckpt_victim = None
         used0 = self.nvml.used()
         p, sums0 = self.hold("victim", gib, True)
         c = self.server.wait_pid(p.pid, timeout=60)
@@ -597,8 +609,13 @@ class Driver:
         return res
 
     def p_checkpoint(self):
-        gib = self.a.gib
-        p, sums0 = self.hold("ckpt_victim", gib, False)
+        early = getattr(self, "ckpt_victim", None)
+        if early and early[0].poll() is None:
+            p, sums0 = early
+            gib = self.ckpt_reserved / GiB
+        else:
+            p, sums0 = self.hold("ckpt_victim", self.a.gib, False)
+            gib = self.victim_reserved / GiB
         cuda = ctypes.CDLL("libcuda.so.1")
         cuda.cuInit(0)
         pid = ctypes.c_int(p.pid)
@@ -642,17 +659,19 @@ class Driver:
         L.append(f"| measure | libmigswap.so | driver checkpoint API | target |")
         L.append(f"|---|---|---|---|")
         tp, ck = ph.get("swap_throughput", {}), ph.get("checkpoint", {})
-        L.append(f"| swap-out of {tp.get('gib', self.a.gib):.1f} GiB (p50 over {self.a.cycles}) | "
+        L.append(f"| swap-out of {tp.get('gib', self.a.gib):.2f} GiB (p50 over {self.a.cycles}) | "
                  f"{tp.get('out_gibps_p50', float('nan')):.1f} GiB/s (worst {tp.get('out_gibps_min', float('nan')):.1f}) | "
                  f"{ck.get('out_gibps', float('nan')):.2f} GiB/s ({ck.get('checkpoint_s', float('nan')):.2f} s) | >= 25, goal 40 GiB/s |")
-        L.append(f"| swap-in of {tp.get('gib', self.a.gib):.1f} GiB | "
+        L.append(f"| swap-in of {tp.get('gib', self.a.gib):.2f} GiB | "
                  f"{tp.get('in_gibps_p50', float('nan')):.1f} GiB/s (worst {tp.get('in_gibps_min', float('nan')):.1f}) | "
                  f"{ck.get('in_gibps', float('nan')):.2f} GiB/s ({ck.get('restore_s', float('nan')):.2f} s) | >= 25, goal 40 GiB/s |")
         L.append(f"| request -> memory free, p50 / p99 of {self.a.cycles} | {tp.get('latency_p50', float('nan')):.3f} s / "
                  f"{tp.get('latency_p99', float('nan')):.3f} s | lock+checkpoint {ck.get('lock_s', 0) + ck.get('checkpoint_s', 0):.2f} s | <= 1 s, goal 0.5 s |")
         L.append(f"| data intact after swaps | {tp.get('data_intact')} | {ck.get('data_intact')} | True |")
-        L.append(f"| NVML used: resident / out (GiB) | {tp.get('nvml_used_resident', -1) / GiB:.2f} / {tp.get('nvml_used_out', -1) / GiB:.2f} | "
-                 f"{ck.get('nvml_used_resident', -1) / GiB:.2f} / {ck.get('nvml_used_out', -1) / GiB:.2f} | memory gone while out |")
+        fr = lambda r: (r.get('nvml_used_resident', 0) - r.get('nvml_used_out', 0)) / GiB  # noqa: E731
+        L.append(f"| device memory freed while out (NVML, whole GPU: resident -> out) | {fr(tp):.2f} GiB "
+                 f"({tp.get('nvml_used_resident', -1) / GiB:.2f} -> {tp.get('nvml_used_out', -1) / GiB:.2f}) | {fr(ck):.2f} GiB "
+                 f"({ck.get('nvml_used_resident', -1) / GiB:.2f} -> {ck.get('nvml_used_out', -1) / GiB:.2f}) | memory gone while out |")
         b = ph.get("bench", {})
         L.append(f"| cost per intercepted launch (C, no-op kernel) | {b.get('overhead_ns', float('nan')):.0f} ns "
                  f"({min(b.get('bare', 0), b.get('bare2', 0)):.0f} -> {min(b.get('shim', 0), b.get('shim2', 0)):.0f} ns/launch) | — | <= 1 us, goal 0.5 us |")
@@ -665,7 +684,7 @@ class Driver:
         L.append(f"|---|---|---|---|---|")
         L.append(f"| eager, MIGSWAP_CHECKSUM=1 | {e.get('steps')} | {e.get('cycles')} | {e.get('swaps_equal')} | {e.get('n_errors')} |")
         L.append(f"| CUDA graphs, MIGSWAP_CHECKSUM=1 | {gr.get('steps')} | {gr.get('cycles')} | {gr.get('swaps_equal')} | {gr.get('n_errors')} |")
-        L.append(f"eager: shim without swaps equal: {e.get('noswap_equal')}; two bare runs equal: {e.get('bare_deterministic')}; "
+        L.append(f"eager: shim without swaps equal: {e.get('noswap_equal')}; "
                  f"footprint swapped {e.get('bytes')} B; NVML (before, while out): {e.get('nvml_drops')}")
         L.append(f"graphs: footprint swapped {gr.get('bytes')} B; NVML (before, while out): {gr.get('nvml_drops')}")
         for n, r in ph.items():
@@ -677,8 +696,7 @@ class Driver:
         a = self.a
         self.phase("info", self.p_info)
         self.phase("bench", self.p_bench)
-        self.phase("train_eager", self.p_train_eager)
-        self.phase("train_graphs", self.p_train_graphs)
+        self.phase("train_eager", self.p_train)
         self.phase("swap_throughput", self.p_swap_throughput)
         if not a.no_checkpoint:
             self.phase("checkpoint", self.p_checkpoint)
@@ -745,12 +763,12 @@ def main():
     d.add_argument("--out", required=True)
     d.add_argument("--work", default="")
     d.add_argument("--quick", action="store_true")
-    d.add_argument("--steps", type=int, default=240)
+    d.add_argument("--steps", type=int, default=130)
     d.add_argument("--batch", type=int, default=64)
     d.add_argument("--res", type=int, default=112)
     d.add_argument("--gib", type=float, default=16)
     d.add_argument("--cycles", type=int, default=20)
-    d.add_argument("--launches", type=int, default=200000)
+    d.add_argument("--launches", type=int, default=50000)
     d.add_argument("--phase-timeout", type=float, default=300)
     d.add_argument("--no-checkpoint", action="store_true")
     s = sub.add_parser("selftest")
@@ -759,7 +777,7 @@ def main():
     s.add_argument("--cycles", type=int, default=20)
     a = ap.parse_args()
     if a.cmd == "drive" and a.quick:
-        a.steps, a.gib, a.cycles, a.launches = min(a.steps, 40), min(a.gib, 2), min(a.cycles, 3), min(a.launches, 50000)
+        a.steps, a.gib, a.cycles, a.launches = min(a.steps, 40), min(a.gib, 2), min(a.cycles, 3), min(a.launches, 20000)
         a.phase_timeout = min(a.phase_timeout, 90)
     {"train": cmd_train, "hold": cmd_hold, "drive": cmd_drive, "selftest": cmd_selftest}[a.cmd](a)
 
