@@ -301,8 +301,13 @@ func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Durati
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %v", ErrDenied, err)
 	}
-	d := PlanNeed(s, req)
+	want := req
+	want.Bytes += m.opts.Headroom
+	d := PlanNeed(s, want)
 	if !d.Granted {
+		if m.opts.Headroom > 0 {
+			d.Reason += fmt.Sprintf(" (the need includes %s of headroom)", FormatBytes(m.opts.Headroom))
+		}
 		return d, fmt.Errorf("%w: %s", ErrDenied, d.Reason)
 	}
 	if len(d.Victims) > 0 {
@@ -322,10 +327,10 @@ func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Durati
 		if s, err = m.snapshot(ctx, req.Device); err != nil {
 			return d, fmt.Errorf("%w: %v", ErrDenied, err)
 		}
-		if free := s.Free[req.Device]; free < req.Bytes {
+		if free := s.Free[req.Device]; free < want.Bytes {
 			m.Kick() // what did go out may come back
 			return d, fmt.Errorf("%w: need %s on device %q, only %s free after swapping out %v (failed: %v)",
-				ErrDenied, FormatBytes(req.Bytes), req.Device, FormatBytes(free), d.Victims, failed)
+				ErrDenied, FormatBytes(want.Bytes), req.Device, FormatBytes(free), d.Victims, failed)
 		}
 	}
 	m.mu.Lock()

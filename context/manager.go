@@ -22,6 +22,11 @@ type Options struct {
 	Memory MemoryInfo
 	// GPUMemory is the declared capacity of every device when Memory is nil.
 	GPUMemory int64
+	// Headroom is added to every need and reservation when the policy checks
+	// whether it fits (what it grants is still the asked bytes): with NVML, an
+	// allocation can fail while the device reports exactly enough free
+	// (granularity, context overhead). 0 for none.
+	Headroom int64
 	// SwapTimeout bounds each swap the policy starts (default 90 s, under the shim's 120-s wait for an answer to need); a
 	// victim that does not finish in time makes its need denied.
 	SwapTimeout time.Duration

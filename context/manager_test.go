@@ -415,3 +415,32 @@ func TestBlockedSwapInRetriedWhenMemoryFrees(t *testing.T) {
 	d.waitState(t, 801, ctxmgr.Running)
 	require.Equal(t, []string{"swap_out", "swap_in", "swap_in"}, low.Swaps())
 }
+
+func TestNeedHeadroom(t *testing.T) {
+	tests := []struct {
+		desc        string
+		headroom    int64
+		wantVictims bool
+	}{
+		{"fits exactly without headroom", 0, false},
+		{"headroom makes room first", 2 * gib, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			d := startDaemon(t, ctxmgr.Options{GPUMemory: 20 * gib, Headroom: tc.headroom})
+			low := d.shim(t, fakeshim.Hello{PID: 1101, Priority: 0, Device: "0", Bytes: 10 * gib}, fakeshim.Behavior{})
+			high := d.shim(t, fakeshim.Hello{PID: 1102, Priority: 5, Device: "0"}, fakeshim.Behavior{})
+			granted, reason, err := high.Need(ctx5s(t), 10*gib)
+			require.NoError(t, err)
+			require.True(t, granted, reason)
+			require.Equal(t, tc.wantVictims, low.Out())
+		})
+	}
+	d := startDaemon(t, ctxmgr.Options{GPUMemory: 20 * gib, Headroom: gib})
+	high := d.shim(t, fakeshim.Hello{PID: 1103, Priority: 5, Device: "0"}, fakeshim.Behavior{})
+	granted, reason, err := high.Need(ctx5s(t), 20*gib)
+	require.NoError(t, err)
+	require.False(t, granted)
+	require.Contains(t, reason, "need 21.0 GiB")
+	require.Contains(t, reason, "includes 1.0 GiB of headroom")
+}

@@ -38,7 +38,9 @@ type nvmlMemory struct {
 var _ MemoryInfo = (*nvmlMemory)(nil)
 
 // NewNVMLMemory returns a MemoryInfo over an initialised NVML. A device named
-// "GPU-…" or "MIG-…" is looked up by UUID; a number by NVML index (which
+// "GPU-…" or "MIG-…" is looked up by UUID (a "GPU-…" that NVML does not know
+// is tried as "MIG-…": CUDA reports a MIG device's UUID with the GPU- prefix
+// through cuDeviceGetUuid); a number by NVML index (which
 // equals the CUDA ordinal when CUDA_DEVICE_ORDER=PCI_BUS_ID and no
 // CUDA_VISIBLE_DEVICES reorders them; shims that send UUIDs avoid the question).
 func NewNVMLMemory(lib nvml.Interface) MemoryInfo { return &nvmlMemory{lib: lib} }
@@ -48,6 +50,9 @@ func (n *nvmlMemory) Free(_ context.Context, device string) (int64, error) {
 	var ret nvml.Return
 	if strings.HasPrefix(device, "GPU-") || strings.HasPrefix(device, "MIG-") {
 		dev, ret = n.lib.DeviceGetHandleByUUID(device)
+		if ret == nvml.ERROR_NOT_FOUND && strings.HasPrefix(device, "GPU-") {
+			dev, ret = n.lib.DeviceGetHandleByUUID("MIG-" + strings.TrimPrefix(device, "GPU-"))
+		}
 	} else {
 		idx, err := strconv.Atoi(device)
 		if err != nil {

@@ -30,13 +30,16 @@ type daemonOptions struct {
 	controlSocket  string
 	swapSocket     string
 	gpuMemory      string
+	headroom       string
 	swapTimeout    time.Duration
 	rebalanceEvery time.Duration
 	logLevel       string
 
-	capacity int64
-	level    slog.Level
-	errOut   io.Writer
+	capacity    int64
+	headroomSet bool
+	headroomB   int64
+	level       slog.Level
+	errOut      io.Writer
 }
 
 func newDaemonCmd(s streams) *cobra.Command {
@@ -85,6 +88,7 @@ processes on the device report.`,
   migctl swap status --socket $XDG_RUNTIME_DIR/migctl/control.sock`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.headroomSet = cmd.Flags().Changed("headroom")
 			if err := o.Complete(); err != nil {
 				return err
 			}
@@ -98,6 +102,7 @@ processes on the device report.`,
 	f.StringVar(&o.controlSocket, "socket", envOr(envControlSocket, defaultControlSocket), "control socket for 'migctl swap' (gRPC; env "+envControlSocket+")")
 	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, defaultSwapSocket), "socket the shims connect to (env "+envSwapSocket+")")
 	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed)")
+	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need, so a granted allocation really fits (default 0 with --gpu-memory)")
 	f.DurationVar(&o.swapTimeout, "swap-timeout", 90*time.Second, "longest a swap started by the policy may take before its need is denied")
 	f.DurationVar(&o.rebalanceEvery, "rebalance-every", 5*time.Second, "how often to retry swapping jobs back in (0: only on events)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
@@ -118,6 +123,16 @@ func (o *daemonOptions) Complete() error {
 			return fmt.Errorf("--gpu-memory: %w", err)
 		}
 		o.capacity = n
+	}
+	switch {
+	case o.headroomSet:
+		n, err := parseByteSize(o.headroom)
+		if err != nil {
+			return fmt.Errorf("--headroom: %w", err)
+		}
+		o.headroomB = n
+	case o.gpuMemory == "":
+		o.headroomB, _ = parseByteSize(o.headroom)
 	}
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -149,7 +164,7 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	defer stop()
 	log := slog.New(slog.NewTextHandler(o.errOut, &slog.HandlerOptions{Level: o.level}))
 
-	opts := ctxmgr.Options{GPUMemory: o.capacity, SwapTimeout: o.swapTimeout, RebalanceEvery: o.rebalanceEvery, Logger: log}
+	opts := ctxmgr.Options{GPUMemory: o.capacity, Headroom: o.headroomB, SwapTimeout: o.swapTimeout, RebalanceEvery: o.rebalanceEvery, Logger: log}
 	if o.rebalanceEvery == 0 {
 		opts.RebalanceEvery = -1
 	}
@@ -178,7 +193,7 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	ctxmgr.NewControlServer(m).Register(srv)
 	grpcErr := make(chan error, 1)
 	go func() { grpcErr <- srv.Serve(ctlLn) }()
-	log.Info("migctl daemon ready", "swap-socket", o.swapSocket, "control-socket", o.controlSocket, "memory", memSource)
+	log.Info("migctl daemon ready", "swap-socket", o.swapSocket, "control-socket", o.controlSocket, "memory", memSource, "headroom", ctxmgr.FormatBytes(o.headroomB))
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- m.Serve(ctx, swapLn) }()
