@@ -141,7 +141,7 @@ func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
 		if t.ctl.SleepFlag(i, v, time.Millisecond) {
 			return nil
 		}
-		n |= 15
+		n = 14 // the next iteration checks abort, deadline and peers
 	}
 }
 

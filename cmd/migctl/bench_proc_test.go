@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	benchBinOnce sync.Once
+	benchBin     string
+	benchBinErr  error
+)
+
+// benchMigctl returns $MIGCTL_BIN or builds migctl once for this package's
+// tests; the bench re-executes it for every rank.
+func benchMigctl(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("MIGCTL_BIN"); b != "" {
+		return b
+	}
+	benchBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "migctl-bench-test-")
+		if err != nil {
+			benchBinErr = err
+			return
+		}
+		benchBin = filepath.Join(dir, "migctl")
+		out, err := exec.Command("go", "build", "-o", benchBin, ".").CombinedOutput()
+		if err != nil {
+			benchBinErr = fmt.Errorf("building migctl: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, benchBinErr)
+	return benchBin
+}
+
+// runBench runs `migctl bench ARGS -o json` and returns the report, stderr
+// and the error.
+func runBench(t *testing.T, timeout time.Duration, args ...string) (*benchReport, string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, benchMigctl(t), append(append([]string{"bench"}, args...), "-o", "json")...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if err != nil {
+		return nil, errOut.String(), err
+	}
+	var rep benchReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), "stdout: %s", out.String())
+	return &rep, errOut.String(), nil
+}
+
+// TestBenchProcesses runs every collective, dtype and op across real OS
+// processes on the host backend, with random rank counts and odd sizes, and
+// requires every element of every result to be right.
+func TestBenchProcesses(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	dtypes := []string{"float", "half", "bfloat16", "double", "int32", "int64", "uint8"}
+	ops := []string{"sum", "avg", "min", "max"}
+	type tc struct {
+		coll, dtype, op string
+	}
+	var cases []tc
+	for _, d := range dtypes {
+		for _, op := range ops {
+			cases = append(cases, tc{"allreduce", d, op})
+		}
+		cases = append(cases, tc{"reducescatter", d, ops[rng.IntN(len(ops))]},
+			tc{"allgather", d, "sum"}, tc{"broadcast", d, "sum"})
+	}
+	cases = append(cases, tc{"barrier", "float", "sum"})
+	if testing.Short() {
+		cases = cases[:6]
+	}
+	shmDir := t.TempDir()
+	for _, c := range cases {
+		np := 1 + rng.IntN(4)
+		b := 1 + rng.IntN(3000)
+		name := fmt.Sprintf("%s/%s/%s/np%d/b%d", c.coll, c.dtype, c.op, np, b)
+		t.Run(name, func(t *testing.T) {
+			args := []string{c.coll, "--np", strconv.Itoa(np), "--backend", "host", "--dtype", c.dtype, "--op", c.op,
+				"-b", strconv.Itoa(b), "-e", strconv.Itoa(b * 400), "-f", "20", "-n", "2", "-w", "1", "-c", "1",
+				"--chunk", "64K", "--slots", "3", "--timeout", "60s", "--shm-dir", shmDir, "-q"}
+			if rng.IntN(2) == 0 {
+				args = append(args, "--inplace")
+			}
+			if c.coll == "broadcast" {
+				args = append(args, "--root", strconv.Itoa(np-1))
+			}
+			if c.coll == "allreduce" && np > 1 && rng.IntN(2) == 0 {
+				args = append(args, "--algo", "ring")
+			}
+			rep, stderr, err := runBench(t, 3*time.Minute, args...)
+			require.NoError(t, err, "migctl bench %v\nstderr:\n%s", args, stderr)
+			require.Equal(t, np, rep.NP)
+			require.NotEmpty(t, rep.Results)
+			for _, row := range rep.Results {
+				require.Zero(t, row.Wrong, "row %+v", row)
+				require.Positive(t, row.TimeUS)
+			}
+		})
+	}
+	ents, err := os.ReadDir(shmDir)
+	require.NoError(t, err)
+	require.Empty(t, ents, "shared-memory segments left behind")
+}
+
+// TestBenchRankKilled: a rank SIGKILLed mid-collective makes the whole bench
+// fail well within the collective deadline, with no segment left behind.
+func TestBenchRankKilled(t *testing.T) {
+	bin := benchMigctl(t)
+	shmDir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const deadline = 20 * time.Second
+	cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "3", "--backend", "host",
+		"-b", "4M", "-e", "4M", "-n", "1000000", "-w", "0", "--timeout", deadline.String(), "--shm-dir", shmDir)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = &bytes.Buffer{}
+	require.NoError(t, cmd.Start())
+	started := regexp.MustCompile(`started rank 1 \(pid (\d+)\)`)
+	var victim int
+	var log bytes.Buffer
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+		if m := started.FindStringSubmatch(sc.Text()); m != nil {
+			victim, _ = strconv.Atoi(m[1])
+			break
+		}
+	}
+	require.NotZero(t, victim, "no rank 1 pid in stderr:\n%s", log.String())
+	go func() {
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+		}
+	}()
+	// Let the ranks get into their collectives, then kill one.
+	time.Sleep(3 * time.Second)
+	killed := time.Now()
+	require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
+	err = cmd.Wait()
+	took := time.Since(killed)
+	require.Error(t, err, "bench succeeded although rank 1 was killed")
+	require.Less(t, took, deadline+10*time.Second, "the other ranks did not fail within the deadline")
+	ents, err := os.ReadDir(shmDir)
+	require.NoError(t, err)
+	require.Empty(t, ents, "shared-memory segments left behind")
+	t.Logf("failed %v after the kill", took.Round(time.Millisecond))
+}
