@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -482,14 +483,15 @@ func (d *CUDADevice) Close() error {
 
 // poll calls query (with the context current) until it reports completion,
 // an error, or ctx ends: busy for the first ~50µs (short collectives finish
-// there), then sleeping with backoff up to 200µs.
+// there), then napping with backoff up to 100µs. Naps are nanosleep calls:
+// time.Sleep in an otherwise idle Go process can round up to a millisecond.
 func (d *CUDADevice) poll(ctx context.Context, what string, query func() error) error {
 	if err := d.bind(); err != nil {
 		return err
 	}
 	defer d.unbind()
 	var start time.Time
-	sleep := 10 * time.Microsecond
+	nap := 5 * time.Microsecond
 	for i := 0; ; i++ {
 		err := query()
 		if err == nil {
@@ -508,7 +510,8 @@ func (d *CUDADevice) poll(ctx context.Context, what string, query func() error) 
 			runtime.Gosched()
 			continue
 		}
-		time.Sleep(sleep)
-		sleep = min(2*sleep, 200*time.Microsecond)
+		ts := syscall.NsecToTimespec(nap.Nanoseconds())
+		_ = syscall.Nanosleep(&ts, nil)
+		nap = min(2*nap, 100*time.Microsecond)
 	}
 }
