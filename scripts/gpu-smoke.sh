@@ -7,6 +7,8 @@
 #   scripts/gpu-smoke.sh [OUTDIR]            # default bin/gpu-smoke
 #   GEN_PTX=1 scripts/gpu-smoke.sh OUTDIR    # first regenerate the PTX with nvcc
 #                                            # and test that instead of the embedded one
+#   BENCH=1 scripts/gpu-smoke.sh OUTDIR      # also bin/migctl bench allreduce --backend gpu
+#                                            # --transport shm for 2 and 7 ranks
 #
 # MIGCTL_PTX=path makes the tests load that PTX instead of the embedded one.
 # Never changes MIG mode or any GPU setting.
@@ -31,14 +33,25 @@ fi
 
 rc=0
 run() { # name binary args...
-  local name=$1
+  local name=$1 start=$SECONDS st=0
   shift
-  local start=$SECONDS
-  "$@" >"$out/$name.log" 2>&1 || rc=1
-  echo "== $name: exit ${PIPESTATUS[0]:-?} in $((SECONDS - start))s" >>"$out/summary.txt"
+  "$@" >"$out/$name.log" 2>&1 || st=$?
+  [[ $st == 0 ]] || rc=1
+  echo "== $name: exit $st in $((SECONDS - start))s" >>"$out/summary.txt"
 }
 [[ -x bin/cuda.test ]] && run cuda-test bin/cuda.test -test.v -test.count=1 -test.timeout=180s -test.run=GPU
 [[ -x bin/comm.test ]] && run comm-test bin/comm.test -test.v -test.count=1 -test.timeout=420s -test.run=CUDADeviceGPU
+if [[ ${BENCH:-0} == 1 && -x bin/migctl ]]; then
+  bench() { # name args...
+    local name=$1
+    shift
+    run "$name" timeout 150 bin/migctl bench allreduce --backend gpu --transport shm "$@"
+    { echo "== $name: migctl bench allreduce --backend gpu --transport shm $*"; grep -v '^bench:' "$out/$name.log" | tail -12; } >>"$out/summary.txt"
+  }
+  bench bench-np2 --np 2 -b 1M -e 256M -f 4 -c 1 -n 10 -w 3
+  bench bench-np7 --np 7 -b 8K -e 256M -f 32 -c 1 -n 10 -w 3
+  bench bench-np7-ring --np 7 --algo ring -b 256M -e 256M -c 1 -n 5 -w 2
+fi
 for f in "$out"/cuda-test.log "$out"/comm-test.log; do
   [[ -f $f ]] || continue
   {
