@@ -269,3 +269,46 @@ func TestCUDADeviceGPUBandwidth(t *testing.T) {
 	require.NoError(t, a.Synchronize(ctx))
 	require.Zero(t, allocs, "queueing a reduce allocates")
 }
+
+// TestCUDADeviceGPUGridSweep measures the mapped-host reduce kernel (k=7,
+// 256 MiB read) at several grid caps, to choose CUDAConfig.MaxBlocks.
+func TestCUDADeviceGPUGridSweep(t *testing.T) {
+	base := gpuDevice(t)
+	sms := base.Topology().SMs
+	api, err := cuda.Open()
+	require.NoError(t, err)
+	ptx := kernels.PTX
+	if p := os.Getenv("MIGCTL_PTX"); p != "" {
+		ptx, err = os.ReadFile(p)
+		require.NoError(t, err)
+	}
+	const n = 256 << 20
+	arena := mmapArena(t, n)
+	for i := 0; i < len(arena); i += 4096 {
+		arena[i] = 1
+	}
+	for _, perSM := range []int{1, 2, 4, 8, 16, 32} {
+		d, err := comm.NewCUDADevice(api, comm.CUDAConfig{PTX: ptx, MaxBlocks: perSM * sms})
+		require.NoError(t, err)
+		require.NoError(t, d.Register(arena))
+		buf, err := d.Alloc(n / 7)
+		require.NoError(t, err)
+		st, err := d.NewStream()
+		require.NoError(t, err)
+		per := (n / 7) &^ 4095
+		srcs := make([][]byte, 7)
+		for j := range srcs {
+			srcs[j] = arena[j*per : (j+1)*per]
+		}
+		best := 0.0
+		for rep := 0; rep < 3; rep++ {
+			start := time.Now()
+			require.NoError(t, st.ReduceFromHost(buf, 0, srcs, comm.Float32, comm.Sum))
+			require.NoError(t, st.Synchronize(syncCtx(t)))
+			best = max(best, float64(7*per)/time.Since(start).Seconds()/1e9)
+		}
+		t.Logf("reduce f32 k=7 from mapped host, %2d blocks/SM x 256 threads: %5.1f GB/s", perSM, best)
+		require.Greater(t, best, 1.0)
+		require.NoError(t, d.Close())
+	}
+}
