@@ -23,7 +23,7 @@ const (
 type Step struct {
 	Op        StepOp    `json:"op" yaml:"op"`
 	Profile   string    `json:"profile,omitempty" yaml:"profile,omitempty"`
-	Placement Placement `json:"placement" yaml:"placement"`
+	Placement Placement `json:"placement,omitzero" yaml:"placement,omitempty"`
 	GIID      int       `json:"gpuInstanceId,omitempty" yaml:"gpuInstanceId,omitempty"` // informational
 	CIID      int       `json:"computeInstanceId,omitempty" yaml:"computeInstanceId,omitempty"`
 	CISlices  int       `json:"ciSlices,omitempty" yaml:"ciSlices,omitempty"`
