@@ -158,6 +158,7 @@ func (m *Manager) forget(p *proc) {
 			delete(m.reserved, k)
 		}
 	}
+	m.epoch++
 	m.mu.Unlock()
 	m.log.Info("shim disconnected", "pid", p.PID, "job", p.Job)
 	m.Kick()
@@ -178,6 +179,9 @@ func (m *Manager) onUsage(pid int, bytes int64) {
 			delete(m.reserved, k)
 			released = true
 		}
+	}
+	if lower || released {
+		m.epoch++
 	}
 	m.mu.Unlock()
 	if lower || released {
@@ -229,6 +233,7 @@ func (m *Manager) onResult(pid int, msg swapproto.Message) error {
 	switch {
 	case o.dir == SwapOut && msg.OK:
 		p.State = Out
+		m.epoch++
 	case o.dir == SwapOut:
 		p.State = Running // refused or failed: the shim keeps the memory where it was
 		p.Hold = false

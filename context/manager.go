@@ -60,6 +60,9 @@ type Manager struct {
 	procs    map[int]*proc
 	reserved map[uint64]*reservation
 	nextRes  uint64
+	// epoch counts events that freed memory (a usage that went down, an exit,
+	// a finished swap-out, a released or expired reservation, a periodic tick).
+	epoch uint64
 }
 
 type proc struct {
@@ -216,11 +219,13 @@ func (m *Manager) snapshot(ctx context.Context, extra string) (Snapshot, error) 
 	for k, r := range m.reserved {
 		if now.After(r.expires) {
 			delete(m.reserved, k)
+			m.epoch++
 			continue
 		}
 		res[r.device] += r.bytes
 		devs[r.device] = true
 	}
+	s.Epoch = m.epoch
 	m.mu.Unlock()
 	sort.Slice(s.Procs, func(i, j int) bool { return s.Procs[i].PID < s.Procs[j].PID })
 	for d := range devs {
@@ -256,6 +261,14 @@ func (m *Manager) lockPolicy(ctx context.Context) error {
 
 func (m *Manager) unlockPolicy() { <-m.policy }
 
+// freed records an event that freed memory and kicks the rebalancer.
+func (m *Manager) freed() {
+	m.mu.Lock()
+	m.epoch++
+	m.mu.Unlock()
+	m.Kick()
+}
+
 // Kick asks the rebalancer to try swapping processes back in; it never blocks.
 func (m *Manager) Kick() {
 	select {
@@ -277,6 +290,7 @@ func (m *Manager) rebalanceLoop(ctx context.Context) {
 			return
 		case <-m.kick:
 		case <-tick:
+			m.freed() // memory may have been freed outside the registry's sight
 		}
 		if err := m.Rebalance(ctx); err != nil && ctx.Err() == nil {
 			m.log.Warn("rebalance", "err", err)
@@ -304,7 +318,7 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 	defer cancel()
 	var errs []error
 	results := m.swapAll(ctx, SwapIn, pids, false, nil)
-	m.noteBlocked(results, s.Free)
+	m.noteBlocked(results, s.Epoch)
 	for _, r := range results {
 		if !r.OK {
 			errs = append(errs, fmt.Errorf("pid %d: %s", r.PID, r.Error))
@@ -342,33 +356,30 @@ func (m *Manager) Swap(ctx context.Context, dir Direction, t Target, progress fu
 	if err != nil {
 		return nil, err
 	}
-	var before Snapshot
-	if dir == SwapIn {
-		if before, err = m.snapshot(ctx, ""); err != nil {
-			return nil, err
-		}
-	}
+	m.mu.Lock()
+	epoch := m.epoch
+	m.mu.Unlock()
 	res := m.swapAll(ctx, dir, pids, true, progress)
 	if dir == SwapIn {
-		m.noteBlocked(res, before.Free)
+		m.noteBlocked(res, epoch)
 	}
 	if ctx.Err() != nil {
 		return res, fmt.Errorf("waiting for %s of %s: %w", dir, t, ctx.Err())
 	}
 	if dir == SwapOut {
-		m.Kick() // memory freed: a blocked process may fit now
+		m.freed() // a blocked process may fit now
 	}
 	return res, nil
 }
 
-// noteBlocked records, for each failed swap-in, the free memory it was tried
-// with, so that the policy retries it only when more is free.
-func (m *Manager) noteBlocked(results []Result, free map[string]int64) {
+// noteBlocked records, for each failed swap-in, the memory epoch it was tried
+// at, so that the policy retries it only after memory has been freed since.
+func (m *Manager) noteBlocked(results []Result, epoch uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, r := range results {
 		if p, ok := m.procs[r.PID]; ok && !r.OK && p.State == Blocked {
-			p.RetryAbove = free[p.Device]
+			p.BlockedEpoch = epoch
 		}
 	}
 }

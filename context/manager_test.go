@@ -301,7 +301,7 @@ func TestSwapRefusedAndBlocked(t *testing.T) {
 	require.NoError(t, d.m.Rebalance(ctx))
 	p, _ := d.proc(t, 301)
 	require.Equal(t, ctxmgr.Blocked, p.State)
-	require.Equal(t, 80*gib, p.RetryAbove)
+	require.NotZero(t, p.BlockedEpoch)
 	res, err = d.m.Swap(ctx, ctxmgr.SwapIn, ctxmgr.Target{PID: 301}, nil)
 	require.NoError(t, err)
 	require.True(t, res[0].OK)

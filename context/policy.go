@@ -6,10 +6,12 @@ import (
 )
 
 // Snapshot is what the policy decides over: the free memory of each device
-// (already less any reservations) and the shimmed processes.
+// (already less any reservations) and the shimmed processes. Epoch counts the
+// events that freed memory so far (see Process.BlockedEpoch).
 type Snapshot struct {
 	Free  map[string]int64
 	Procs []Process
+	Epoch uint64
 }
 
 // Request asks for Bytes on Device for a process (PID, 0 for a non-shimmed
@@ -84,8 +86,8 @@ func PlanNeed(s Snapshot, r Request) Decision {
 }
 
 // PlanSwapIn picks the swapped-out processes to bring back: those out or
-// blocked and not held by an operator (a blocked one only when its device has
-// more free than when its last swap-in failed, RetryAbove), highest priority first, then oldest
+// blocked and not held by an operator (a blocked one only when memory was
+// freed since its last swap-in failed: BlockedEpoch < Epoch), highest priority first, then oldest
 // (earliest started), then lowest pid; each is taken if its bytes fit in what
 // is still free on its device (a bigger one does not stop a smaller one behind
 // it). It returns their pids in that order.
@@ -112,7 +114,7 @@ func PlanSwapIn(s Snapshot) []int {
 	}
 	var in []int
 	for _, p := range cands {
-		if p.State == Blocked && s.Free[p.Device] <= p.RetryAbove {
+		if p.State == Blocked && p.BlockedEpoch >= s.Epoch {
 			continue
 		}
 		if p.Bytes <= free[p.Device] {

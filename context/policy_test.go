@@ -95,6 +95,7 @@ func TestPlanSwapIn(t *testing.T) {
 	tests := []struct {
 		desc  string
 		free  map[string]int64
+		epoch uint64
 		procs []Process
 		want  []int
 	}{
@@ -107,6 +108,7 @@ func TestPlanSwapIn(t *testing.T) {
 		{
 			desc:  "a bigger one that does not fit does not stop a smaller one",
 			free:  map[string]int64{"GPU-0": 5 * gib},
+			epoch: 1,
 			procs: []Process{mkProc(1, 9, 6*gib, Out, 0), mkProc(2, 1, 5*gib, Blocked, 0)},
 			want:  []int{2},
 		},
@@ -123,11 +125,12 @@ func TestPlanSwapIn(t *testing.T) {
 			want:  []int{2},
 		},
 		{
-			desc: "a blocked process is retried only when more is free than at its failure",
-			free: map[string]int64{"GPU-0": 10 * gib},
+			desc:  "a blocked process is retried only when memory was freed since its failure",
+			free:  map[string]int64{"GPU-0": 10 * gib},
+			epoch: 7,
 			procs: []Process{
-				{PID: 1, Priority: 9, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, RetryAbove: 10 * gib},
-				{PID: 2, Priority: 1, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, RetryAbove: 9 * gib},
+				{PID: 1, Priority: 9, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, BlockedEpoch: 7},
+				{PID: 2, Priority: 1, Device: "GPU-0", Bytes: 2 * gib, State: Blocked, BlockedEpoch: 6},
 			},
 			want: []int{2},
 		},
@@ -140,7 +143,7 @@ func TestPlanSwapIn(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
-			require.Equal(t, tc.want, PlanSwapIn(Snapshot{Free: tc.free, Procs: tc.procs}))
+			require.Equal(t, tc.want, PlanSwapIn(Snapshot{Free: tc.free, Procs: tc.procs, Epoch: tc.epoch}))
 		})
 	}
 }

@@ -75,9 +75,10 @@ type Process struct {
 	// Done and Total are the last progress of the swap in flight.
 	Done  int64 `json:"done,omitempty" yaml:"done,omitempty"`
 	Total int64 `json:"total,omitempty" yaml:"total,omitempty"`
-	// RetryAbove is, for a Blocked process, the free memory of its device
-	// when its swap-in failed: the policy retries only once more is free.
-	RetryAbove int64 `json:"retryAboveFree,omitempty" yaml:"retryAboveFree,omitempty"`
+	// BlockedEpoch is, for a Blocked process, the Manager's memory epoch when
+	// its last swap-in was tried: the policy retries it only after memory has
+	// been freed since (Snapshot.Epoch is larger).
+	BlockedEpoch uint64 `json:"-" yaml:"-"`
 	// Waiting: the process has a need outstanding (blocked in an allocation).
 	Waiting bool `json:"waiting,omitempty" yaml:"waiting,omitempty"`
 }
