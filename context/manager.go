@@ -182,7 +182,16 @@ func (m *Manager) Serve(ctx context.Context, ln net.Listener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("accepting shim connection: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accepting shim connection: %w", err)
+			}
+			// EMFILE and friends: keep serving the connections we have.
+			m.log.Warn("accepting shim connection", "err", err)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			continue
 		}
 		conns.Store(c, nil)
 		wg.Add(1)

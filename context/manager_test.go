@@ -444,3 +444,18 @@ func TestNeedHeadroom(t *testing.T) {
 	require.Contains(t, reason, "need 21.0 GiB")
 	require.Contains(t, reason, "includes 1.0 GiB of headroom")
 }
+
+func TestReservationExpiresWithoutUsage(t *testing.T) {
+	d := startDaemon(t, ctxmgr.Options{GPUMemory: 16 * gib, ReservationTTL: 100 * time.Millisecond})
+	low := d.shim(t, fakeshim.Hello{PID: 1201, Priority: 0, Device: "0", Bytes: 12 * gib}, fakeshim.Behavior{})
+	high := d.shim(t, fakeshim.Hello{PID: 1202, Priority: 5, Device: "0"}, fakeshim.Behavior{})
+	granted, reason, err := high.Need(ctx5s(t), 8*gib)
+	require.NoError(t, err)
+	require.True(t, granted, reason)
+	require.True(t, low.Out())
+	// The requester never allocates (no usage report): once the grant expires
+	// the memory is free again and the victim comes back.
+	d.waitState(t, 1201, ctxmgr.Running)
+	require.False(t, low.Out())
+	require.Equal(t, []string{"swap_out", "swap_in"}, low.Swaps())
+}
