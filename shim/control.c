@@ -331,6 +331,8 @@ static void *control_main(void *arg)
 	(void)arg;
 	char line[MAXLINE];
 	double last_usage = 0;
+	const char *pp = getenv("MIGSWAP_PREPIN");
+	int prepin = pp && strcmp(pp, "1") == 0;
 	for (;;) {
 		int r = read_line(line, sizeof line, 100);
 		if (r < 0)
@@ -341,6 +343,8 @@ static void *control_main(void *arg)
 			atomic_store(&usage_dirty, 0);
 			send_usage();
 			last_usage = ms_now();
+			if (prepin)
+				ms_swap_prepin();
 		}
 	}
 	/* the daemon went away: no more swaps; never leave the program blocked */

@@ -90,6 +90,10 @@ typedef void (*ms_progress_fn)(void *arg, uint64_t done, uint64_t total);
 MS_HIDDEN int ms_swap_out(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progress, void *arg);
 MS_HIDDEN int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progress, void *arg);
 MS_HIDDEN void ms_swap_atfork_child(void);
+/* ms_swap_prepin grows the pinned arena to cover the live allocations, ahead of
+ * the first swap-out (MIGSWAP_PREPIN=1); control thread only. */
+MS_HIDDEN void ms_swap_prepin(void);
+MS_HIDDEN uint64_t ms_swap_arena_bytes(void);
 
 /* Control connection (control.c). */
 MS_HIDDEN int ms_control_connect(void); /* 1 when registered with a daemon */

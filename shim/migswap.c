@@ -317,6 +317,7 @@ EXPORT int migswap_get_stats(struct migswap_stats *out)
 	C(refusals);
 	C(needs);
 #undef C
+	s.arena_bytes = ms_swap_arena_bytes();
 	*out = s;
 	return 0;
 }

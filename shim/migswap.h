@@ -42,6 +42,8 @@ struct migswap_stats {
 	uint64_t bytes_in;    /* bytes copied back by swap-ins */
 	uint64_t refusals;    /* swap requests refused or failed */
 	uint64_t needs;       /* `need` messages sent after OUT_OF_MEMORY */
+	uint64_t arena_bytes; /* size of the pinned host arena (0 until the first swap-out,
+	                       * or until MIGSWAP_PREPIN=1 grows it in the background) */
 };
 
 /* migswap_get_stats fills *out; safe from any thread; returns 0. */

@@ -480,3 +480,29 @@ void ms_swap_atfork_child(void)
 	streams[0] = streams[1] = NULL;
 	streams_ctx = NULL;
 }
+
+uint64_t ms_swap_arena_bytes(void)
+{
+	return arena_size;
+}
+
+void ms_swap_prepin(void)
+{
+	if (atomic_load(&ms_state) != MIGSWAP_STATE_RESIDENT || atomic_load(&ms_mode) != MIGSWAP_MODE_VMM)
+		return;
+	uint64_t live = atomic_load(&ms_live_bytes);
+	if (live == 0 || (arena && arena_size >= live))
+		return;
+	CUcontext ctx = NULL;
+	pthread_mutex_lock(&ms_table_mu);
+	for (size_t i = 0; ms_table && i < ms_table_nbuckets && !ctx; i++)
+		if (ms_table[i])
+			ctx = ms_table[i]->ctx;
+	pthread_mutex_unlock(&ms_table_mu);
+	if (!ctx)
+		return;
+	drv.cuCtxSetCurrent(ctx);
+	CUresult r = ensure_arena(live);
+	if (r)
+		ms_log("pre-pinning %llu bytes failed: %s", (unsigned long long)live, ms_errstr(r));
+}

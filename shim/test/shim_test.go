@@ -375,3 +375,54 @@ func TestCorruptSwapInStaysBlocked(t *testing.T) {
 	require.Equal(t, false, again["ok"], "a corrupt process never resumes")
 	require.Contains(t, again.str("error"), "stays blocked")
 }
+
+// MIGSWAP_PREPIN=1 pins the host arena in the background as the program
+// allocates, so the first swap-out does not pay for it; swaps work as usual.
+func TestPrepinGrowsArenaAhead(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct {
+		desc   string
+		prepin bool
+	}{
+		{"with MIGSWAP_PREPIN=1 the arena exists before any swap", true},
+		{"without it the arena waits for the first swap-out", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.prepin {
+				e.extra = []string{"MIGSWAP_PREPIN=1"}
+			}
+			d := startDaemon(t, e.dir)
+			e.socket = d.path
+			p := e.start(t, "gpa", "loop", "3", "3145728")
+			c := d.waitConn(t)
+			ready := p.waitLine(t, "READY_STATS", 20*time.Second)
+			bytes := num(t, ready, "bytes")
+			require.Equal(t, uint64(3*(4<<20)), bytes)
+			var arena uint64
+			deadline := time.Now().Add(2 * time.Second)
+			for time.Now().Before(deadline) {
+				_, _ = p.stdin.Write([]byte("stats\n"))
+				arena = num(t, p.waitLine(t, "STATS_NOW", 5*time.Second), "arena")
+				if arena >= bytes || !tc.prepin {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if tc.prepin {
+				require.GreaterOrEqual(t, arena, bytes, "the arena was not grown ahead of the first swap")
+			} else {
+				time.Sleep(300 * time.Millisecond)
+				_, _ = p.stdin.Write([]byte("stats\n"))
+				require.Equal(t, uint64(0), num(t, p.waitLine(t, "STATS_NOW", 5*time.Second), "arena"))
+			}
+			for i := 0; i < 3; i++ {
+				require.Equal(t, true, c.swap(t, "swap_out")["ok"])
+				require.Equal(t, true, c.swap(t, "swap_in")["ok"])
+			}
+			lines := p.finish(t, 20*time.Second)
+			require.Equal(t, "1", line(t, lines, "RESULT")["ok"])
+			require.GreaterOrEqual(t, num(t, line(t, lines, "STATS"), "arena"), bytes)
+		})
+	}
+}
