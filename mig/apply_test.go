@@ -2,6 +2,8 @@ package mig_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -32,9 +34,23 @@ func layouts(t *testing.T, lib nvml.Interface) []mig.Layout {
 	return out
 }
 
+// fastTempDir is a temporary directory on tmpfs when there is one: the
+// journal fsyncs every step, and these tests run thousands of steps.
+func fastTempDir(t *testing.T) string {
+	t.Helper()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		d, err := os.MkdirTemp("/dev/shm", "migtest-")
+		if err == nil {
+			t.Cleanup(func() { os.RemoveAll(d) })
+			return d
+		}
+	}
+	return t.TempDir()
+}
+
 func newManager(t *testing.T, sim *migsim.Node, opts ...mig.Option) *mig.Manager {
 	t.Helper()
-	opts = append([]mig.Option{mig.WithJournal(filepath.Join(t.TempDir(), "journal"))}, opts...)
+	opts = append([]mig.Option{mig.WithJournal(filepath.Join(fastTempDir(t), "journal"))}, opts...)
 	return mig.NewManager(sim, opts...)
 }
 
@@ -162,62 +178,69 @@ func TestDisableAndPendingMode(t *testing.T) {
 	require.Empty(t, node.GPUs[0].Instances)
 }
 
-// TestFaultInjectionEveryCall makes each mutating NVML call of an apply fail
-// in turn and checks every GPU ends in its old layout or the new one.
+// TestFaultInjectionEveryCall wraps the simulator so that each mutating NVML
+// call of an apply fails in turn — before it takes effect, or after (the call
+// did its work but reports an error) — and checks every GPU ends in its old
+// layout or the new one, never in between. When NVML keeps failing from that
+// call on, the rollback cannot finish; once NVML is healthy again, recover
+// and apply must converge to the new layout.
 func TestFaultInjectionEveryCall(t *testing.T) {
 	ctx := context.Background()
 	oldReq := req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1c.2g.35gb", 2))
 	newReq := req(dev("1g.18gb", 3), dev("1c.3g.71gb", 2))
-	setup := func(t *testing.T) (*migsim.Node, *mig.Manager) {
+	setup := func(t *testing.T) (*migsim.Node, string) {
 		sim := migsim.New(migsim.H200, 2)
-		m := newManager(t, sim)
-		_, err := m.Apply(ctx, all(2, oldReq), mig.ApplyOptions{})
+		journal := filepath.Join(fastTempDir(t), "journal")
+		_, err := mig.NewManager(sim, mig.WithJournal(journal)).Apply(ctx, all(2, oldReq), mig.ApplyOptions{})
 		require.NoError(t, err)
-		return sim, m
+		return sim, journal
 	}
 	// count the mutating calls of a clean apply
-	sim, m := setup(t)
+	sim, journal := setup(t)
 	oldL := layouts(t, sim)
 	calls := 0
-	sim.SetFault(func(migsim.Call) nvml.Return { calls++; return nvml.SUCCESS })
-	_, err := m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+	counting := migsim.Faulty(sim, func(migsim.Call) (nvml.Return, migsim.When) { calls++; return nvml.SUCCESS, migsim.Before })
+	_, err := mig.NewManager(counting, mig.WithJournal(journal)).Apply(ctx, all(2, newReq), mig.ApplyOptions{})
 	require.NoError(t, err)
 	newL := layouts(t, sim)
 	require.NotEqual(t, oldL, newL)
-	require.Greater(t, calls, 6)
+	require.Greater(t, calls, 10)
 
 	for k := 1; k <= calls; k++ {
-		for _, mode := range []string{"once", "from-then-on"} {
-			sim, m := setup(t)
-			n := 0
-			sim.SetFault(func(c migsim.Call) nvml.Return {
-				n++
-				if n == k || (mode == "from-then-on" && n > k) {
-					return nvml.ERROR_UNKNOWN
+		for _, when := range []migsim.When{migsim.Before, migsim.After} {
+			for _, persistent := range []bool{false, true} {
+				name := fmt.Sprintf("call %d when=%d persistent=%v", k, when, persistent)
+				sim, journal := setup(t)
+				faulty := migsim.Faulty(sim, func(c migsim.Call) (nvml.Return, migsim.When) {
+					if c.Seq == k || (persistent && c.Seq > k) {
+						return nvml.ERROR_UNKNOWN, when
+					}
+					return nvml.SUCCESS, when
+				})
+				_, err := mig.NewManager(faulty, mig.WithJournal(journal)).Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+				require.Error(t, err, name)
+				if !persistent {
+					require.ErrorIs(t, err, mig.ErrRolledBack, name)
+					got := layouts(t, sim)
+					for g := range got {
+						require.True(t, got[g].Equal(oldL[g]) || got[g].Equal(newL[g]),
+							"%s: GPU %d is in between: %s (old %s, new %s)", name, g, got[g], oldL[g], newL[g])
+					}
+					continue
 				}
-				return nvml.SUCCESS
-			})
-			_, err := m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
-			require.Error(t, err, "call %d (%s)", k, mode)
-			if mode == "once" {
-				// one failure: the rollback succeeds, every GPU is old or new
+				healthy := mig.NewManager(sim, mig.WithJournal(journal))
+				_, err = healthy.Recover(ctx)
+				require.NoError(t, err, name)
 				got := layouts(t, sim)
 				for g := range got {
 					require.True(t, got[g].Equal(oldL[g]) || got[g].Equal(newL[g]),
-						"call %d: GPU %d is in between: %s (old %s, new %s)", k, g, got[g], oldL[g], newL[g])
+						"%s: after recover GPU %d is in between: %s", name, g, got[g])
 				}
-				require.ErrorIs(t, err, mig.ErrRolledBack)
-			} else {
-				// the failed rollback left the journal; with NVML healthy again,
-				// recover converges to the new layout
-				sim.SetFault(nil)
-				_, err := m.Recover(ctx)
-				require.NoError(t, err)
-				_, err = m.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
-				require.NoError(t, err)
+				_, err = healthy.Apply(ctx, all(2, newReq), mig.ApplyOptions{})
+				require.NoError(t, err, name)
 				final := layouts(t, sim)
 				for g := range final {
-					require.True(t, final[g].Equal(newL[g]), "call %d: GPU %d: %s", k, g, final[g])
+					require.True(t, final[g].Equal(newL[g]), "%s: GPU %d: %s", name, g, final[g])
 				}
 			}
 		}
@@ -232,7 +255,7 @@ func TestRecoverAfterInterruptedApply(t *testing.T) {
 	target := req(dev("2g.35gb", 2), dev("1g.18gb", 3))
 	for k := 1; k <= 8; k++ {
 		sim := migsim.New(migsim.H200, 1)
-		journal := filepath.Join(t.TempDir(), "journal")
+		journal := filepath.Join(fastTempDir(t), "journal")
 		base := mig.NewManager(sim, mig.WithJournal(journal))
 		_, err := base.Apply(ctx, all(1, req(dev("4g.71gb", 1), dev("3g.71gb", 1))), mig.ApplyOptions{})
 		require.NoError(t, err)

@@ -146,7 +146,9 @@ type ApplyResult struct {
 // its previous layout and Apply stops with an error wrapping ErrRolledBack;
 // GPUs already done keep their new layout. A MIG mode change that stays
 // pending stops that GPU with outcome "pending" and an error wrapping
-// ErrModePending after the other GPUs are done. ctx is checked between steps.
+// ErrModePending after the other GPUs are done. ctx is checked between steps;
+// a cancelled ctx stops the apply like a failed step (the GPU being changed is
+// rolled back, ignoring the cancellation).
 func (m *Manager) Apply(ctx context.Context, reqs map[int]Request, opts ApplyOptions) (*ApplyResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -254,7 +256,8 @@ func (m *Manager) runTx(ctx context.Context, g *GPU, gp GPUPlan, force bool, n *
 		if err != nil {
 			res.Error = err.Error()
 			m.progressf("GPU %d: step %d failed: %v; rolling back to %s", gp.GPU, k+1, err, gp.Current)
-			if rbErr := m.converge(ctx, gp.GPU, tx.PrevMIGEnabled, tx.Previous, true); rbErr != nil {
+			// the rollback runs even when ctx was cancelled: a GPU is never left half-changed
+			if rbErr := m.converge(context.WithoutCancel(ctx), gp.GPU, tx.PrevMIGEnabled, tx.Previous, true); rbErr != nil {
 				// the journal stays: recover will try again
 				return res, fmt.Errorf("GPU %d: step %d (%s) failed: %w; rollback failed too (run migctl partition recover): %v", gp.GPU, k+1, s, err, rbErr)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -226,8 +227,11 @@ func (f *targetFlags) requests(node *mig.Node) (map[int]mig.Request, error) {
 	return cfg.Requests(name, node)
 }
 
-// withNode opens the node, runs f and closes it.
+// withNode opens the node, runs f and closes it. SIGINT/SIGTERM cancel ctx:
+// an apply then stops after the current step and rolls the GPU back.
 func withNode(ctx context.Context, nf *nodeFlags, f func(ctx context.Context, on *openedNode) error) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	on, err := nf.open()
 	if err != nil {
 		return err

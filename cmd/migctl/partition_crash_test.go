@@ -79,7 +79,7 @@ func TestCrashMidApplyConverges(t *testing.T) {
 	require.NoError(t, err)
 
 	for k := 1; k <= total; k++ {
-		state := filepath.Join(t.TempDir(), "node.json")
+		state := filepath.Join(partitionTempDir(t), "node.json")
 		require.NoError(t, os.WriteFile(state, tmpl, 0o644))
 		c := cli{t: t, bin: bin, state: state}
 		_, err := c.run([]string{envCrashAfterStep + "=" + strconv.Itoa(k)}, "apply", "--gpus", "all", "--layout", newLayout)
@@ -109,4 +109,17 @@ func TestCrashMidApplyConverges(t *testing.T) {
 		_, err = os.Stat(state + ".journal")
 		require.True(t, os.IsNotExist(err), "step %d: journal left behind", k)
 	}
+}
+
+// partitionTempDir is a temporary directory on tmpfs when there is one: the
+// simulator state and the journal are fsynced at every step.
+func partitionTempDir(t *testing.T) string {
+	t.Helper()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "migctl-test-"); err == nil {
+			t.Cleanup(func() { os.RemoveAll(d) })
+			return d
+		}
+	}
+	return t.TempDir()
 }

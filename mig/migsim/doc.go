@@ -29,8 +29,9 @@
 //
 // Methods of nvml.Interface, nvml.Device and friends that the simulator does
 // not model come from go-nvml's mock types and panic when called; only their
-// method sets are used, never their data or behaviour. [Node.SetFault] injects
-// an NVML error into mutating calls for fault-injection tests.
+// method sets are used, never their data or behaviour. [Faulty] wraps any
+// nvml.Interface (this one or real NVML) to inject an error into mutating
+// calls, before or after they take effect, for fault-injection tests.
 //
 // A Node is safe for concurrent use.
 package migsim

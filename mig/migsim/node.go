@@ -12,17 +12,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 )
 
-// Call describes a mutating NVML call about to be made on the simulator; a
-// Fault sees it before it has any effect.
-type Call struct {
-	Op  string // "SetMigMode", "CreateGpuInstanceWithPlacement", "GpuInstance.Destroy", ...
-	GPU int
-}
-
-// Fault decides the fate of a mutating call: SUCCESS lets it run, anything
-// else is returned to the caller and the call has no effect.
-type Fault func(Call) nvml.Return
-
 // Node is a simulated node: an nvml.Interface over a set of simulated GPUs.
 type Node struct {
 	mock.Interface // method set only: unmodelled calls panic
@@ -32,7 +21,6 @@ type Node struct {
 	st    state
 	path  string   // "" for an in-memory node
 	lock  *os.File // flock holder for a file-backed node
-	fault Fault
 }
 
 var _ nvml.Interface = (*Node)(nil)
@@ -93,13 +81,6 @@ func (n *Node) Close() error {
 
 // Model is the simulated product.
 func (n *Node) Model() Model { return n.model }
-
-// SetFault installs f (nil removes it) to be consulted before every mutating call.
-func (n *Node) SetFault(f Fault) {
-	n.mu.Lock()
-	n.fault = f
-	n.mu.Unlock()
-}
 
 // ErrNoInstance: AttachProcess named a MIG device that does not exist.
 var ErrNoInstance = errors.New("no such MIG device")
@@ -198,13 +179,8 @@ func (n *Node) persist() error {
 	return save(n.path, &n.st)
 }
 
-// mutate runs the fault hook for op, then f, then persists. Callers hold mu.
-func (n *Node) mutate(op string, gpu int, f func() nvml.Return) nvml.Return {
-	if n.fault != nil {
-		if r := n.fault(Call{Op: op, GPU: gpu}); r != nvml.SUCCESS {
-			return r
-		}
-	}
+// mutate runs f and persists the state if it succeeded. Callers hold mu.
+func (n *Node) mutate(_ string, _ int, f func() nvml.Return) nvml.Return {
 	r := f()
 	if r == nvml.SUCCESS {
 		if err := n.persist(); err != nil {
