@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/migctl/migctl/mig"
@@ -243,4 +244,14 @@ func sortLeases(ls []Lease) {
 		}
 		return ls[i].CIID < ls[j].CIID
 	})
+}
+
+// PIDAlive reports whether a process with pid exists (for Reap): signal 0
+// checks existence; EPERM means it exists but belongs to someone else.
+func PIDAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -2,6 +2,8 @@ package ctxmgr_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +123,12 @@ func TestRepartitionRespectsLeases(t *testing.T) {
 	le2, err := l.Acquire(ctx, "small", 0, "1g.18gb", 0)
 	require.NoError(t, err)
 	require.Equal(t, 4, le2.Placement.Start)
+}
+
+func TestPIDAlive(t *testing.T) {
+	require.True(t, ctxmgr.PIDAlive(os.Getpid()))
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	require.False(t, ctxmgr.PIDAlive(cmd.Process.Pid), "an exited and reaped child")
+	require.False(t, ctxmgr.PIDAlive(0))
 }
