@@ -26,6 +26,9 @@ func Discover(lib nvml.Interface) (*Node, error) {
 			return nil, err
 		}
 		g, err := discoverGPU(i, dev)
+		if errors.Is(err, nvml.ERROR_NO_PERMISSION) {
+			return nil, fmt.Errorf("discovering GPU %d (listing MIG instances needs root): %w", i, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("discovering GPU %d: %w", i, err)
 		}

@@ -1,6 +1,7 @@
 package mig_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,4 +81,23 @@ func TestMemoryGBRule(t *testing.T) {
 	for mb, gb := range map[uint64]int{16384: 18, 33280: 35, 71424: 71, 143360: 141} {
 		require.Equal(t, gb, mig.MemoryGB(150754820096, mb), "%d MB", mb)
 	}
+}
+
+func TestMIGDevicesFlattened(t *testing.T) {
+	sim := migsim.New(migsim.H200, 2)
+	m := mig.NewManager(sim)
+	_, err := m.Apply(context.Background(), map[int]mig.Request{1: req(dev("1c.3g.71gb", 3), dev("2g.35gb", 1))}, mig.ApplyOptions{})
+	require.NoError(t, err)
+	node, err := mig.Discover(sim)
+	require.NoError(t, err)
+	devs := node.MIGDevices()
+	require.Len(t, devs, 4)
+	profiles := map[string]int{}
+	for _, d := range devs {
+		require.Equal(t, 1, d.GPU)
+		require.Equal(t, node.GPUs[1].UUID, d.GPUUUID)
+		require.Regexp(t, `^MIG-`, d.UUID)
+		profiles[d.Profile]++
+	}
+	require.Equal(t, map[string]int{"1c.3g.71gb": 3, "2g.35gb": 1}, profiles)
 }

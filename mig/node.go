@@ -181,3 +181,33 @@ func (g *GPU) Layout() Layout {
 
 // mode helpers
 func modeBool(m int) bool { return m == nvml.DEVICE_MIG_ENABLE }
+
+// MIGDevice is one MIG device (a compute instance) flattened with its GPU
+// and GPU instance, as a scheduler leasing instances wants it.
+type MIGDevice struct {
+	GPU       int       `json:"gpu" yaml:"gpu"`
+	GPUUUID   string    `json:"gpuUuid" yaml:"gpuUuid"`
+	GIID      int       `json:"gpuInstanceId" yaml:"gpuInstanceId"`
+	CIID      int       `json:"computeInstanceId" yaml:"computeInstanceId"`
+	Profile   string    `json:"profile" yaml:"profile"` // MIG device name: "3g.71gb", "1c.2g.35gb"
+	Placement Placement `json:"placement" yaml:"placement"`
+	UUID      string    `json:"uuid" yaml:"uuid"` // what CUDA_VISIBLE_DEVICES takes
+	MemoryMB  uint64    `json:"memoryMB" yaml:"memoryMB"`
+	Processes []Process `json:"processes,omitempty" yaml:"processes,omitempty"`
+}
+
+// MIGDevices lists every MIG device of the node, by GPU, then placement,
+// then compute instance id.
+func (n *Node) MIGDevices() []MIGDevice {
+	var out []MIGDevice
+	for _, g := range n.GPUs {
+		for _, in := range g.Instances {
+			p, _ := g.Profile(in.Profile)
+			for _, c := range in.Compute {
+				out = append(out, MIGDevice{GPU: g.Index, GPUUUID: g.UUID, GIID: in.GIID, CIID: c.CIID,
+					Profile: c.Profile, Placement: in.Placement, UUID: c.UUID, MemoryMB: p.MemoryMB, Processes: c.Processes})
+			}
+		}
+	}
+	return out
+}
