@@ -3,8 +3,9 @@
 #
 # Runs, in one go and on one GPU: the per-launch cost of the shim (C microbenchmark, no-op
 # kernel, with and without LD_PRELOAD), ResNet-18 training without the shim, with the shim and
-# no swaps (overhead), and with the shim swapped out and in after every two steps (eager, then
-# one CUDA graph per step; losses must equal the run without the shim), the swap-out/in
+# no swaps, and with the shim swapped out and in after every step (eager, and one CUDA graph
+# per step with twice the steps; losses must equal the runs without the shim), the training
+# overhead of the loaded shim (alternated bare/shim runs, medians), the swap-out/in
 # throughput and request->free latency of a 16 GiB victim, and the driver's checkpoint API
 # (cuCheckpointProcessLock/Checkpoint/Restore/Unlock) on the same size as the peer. It prints a
 # summary table and leaves summary.txt, summary.json and logs.tgz in $OUT.
@@ -14,8 +15,9 @@
 #
 # Usage (repository root, on the GPU machine; build first with `make shim BIN=bin/swap-h200`
 # or `make -C shim BIN=$PWD/bin/swap-h200` on any x86-64 machine):
-#   scripts/swap-h200.sh            # the full measurement (~3 minutes)
+#   scripts/swap-h200.sh            # the full measurement (~4 minutes)
 #   scripts/swap-h200.sh --quick    # a short check: 40 steps, 2 GiB victim, 3 cycles
+#   scripts/swap-h200.sh --overhead-pairs 0 --prepin   # options: see swap_train.py drive --help
 # Environment: OUT (output folder, default a temporary one), MIGSWAP_BIN (default bin/swap-h200,
 # else bin), PYTHON (default python3).
 set -euo pipefail

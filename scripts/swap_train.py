@@ -428,10 +428,13 @@ class Driver:
                 "out_wall_p50": pct(wall_out, 50), "in_wall_p50": pct(wall_in, 50),
                 "nvml_drops": drops}
 
-    def hold(self, name, gib, shim):
+    def hold(self, name, gib, shim, prepin=False):
         errf = open(os.path.join(self.work, f"{name}.stderr"), "w")
+        env = self.env(shim, False, name)
+        if prepin:
+            env["MIGSWAP_PREPIN"] = "1"
         p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "hold", "--gib", str(gib)],
-                             env=self.env(shim, False, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=errf, text=True)
         self.procs.append(p)
         ready = p.stdout.readline().split()
@@ -506,10 +509,12 @@ class Driver:
                 raise RuntimeError(f"bench {label}: {so} {se}")
             kv = dict(x.split("=", 1) for x in res[0].split()[1:])
             out[label] = float(kv["ns_per_launch"])
+            out[label + "_burst"] = float(kv.get("ns_per_launch_burst", "nan"))
             if stats:
                 out[label + "_stats"] = stats[0]
             self.log(f"bench {label}: {kv['ns_per_launch']} ns/launch")
         out["overhead_ns"] = min(out["shim"], out["shim2"]) - min(out["bare"], out["bare2"])
+        out["overhead_burst_ns"] = min(out["shim_burst"], out["shim2_burst"]) - min(out["bare_burst"], out["bare2_burst"])
         return out
 
     def p_train(self):
@@ -518,9 +523,9 @@ class Driver:
         a = self.a
         A = self.train("eager_bare", False, False, a.steps)
         B = self.train("eager_shim_noswap", True, False, a.steps)
-        D = self.start_train("graphs_bare", False, True, a.steps)
+        D = self.start_train("graphs_bare", False, True, a.graph_steps)
         C0 = self.start_train("eager_shim_swaps", True, False, a.steps, checksum=True)
-        E0 = self.start_train("graphs_shim_swaps", True, True, a.steps, checksum=True)
+        E0 = self.start_train("graphs_shim_swaps", True, True, a.graph_steps, checksum=True)
         out = {}
         th = threading.Thread(target=lambda: out.__setitem__("E", self.finish_train(*E0, swaps=True)))
         th.start()
@@ -542,7 +547,7 @@ class Driver:
             "rc": [A["rc"], B["rc"], C["rc"]], "device": C.get("device"),
         }
         graphs = {
-            "swaps_equal": E["losses"] == D["losses"] and len(E["losses"]) == a.steps,
+            "swaps_equal": E["losses"] == D["losses"] and len(E["losses"]) == a.graph_steps,
             "steps": len(E["losses"]), "cycles": E.get("cycles"), "swap_errors": E.get("swap_errors"),
             "n_errors": E.get("n_errors"), "bytes": E.get("bytes"), "nvml_drops": E.get("nvml_drops"),
             "last_loss_bare": D["losses"][-1:], "last_loss_swaps": E["losses"][-1:], "rc": [D["rc"], E["rc"]],
@@ -550,6 +555,18 @@ class Driver:
         }
         self.res["phases"]["train_graphs"] = graphs
         return eager
+
+    def p_overhead(self):
+        """Training step time with the shim loaded and no swaps, against bare runs, alternated
+        in pairs so that drift of the machine cancels; medians compared."""
+        a = self.a
+        ms = lambda x: x["done"]["ms_per_step"] if x["done"] else float("nan")  # noqa: E731
+        bare, shim = [], []
+        for i in range(a.overhead_pairs):
+            bare.append(ms(self.train(f"overhead_bare{i}", False, False, a.overhead_steps)))
+            shim.append(ms(self.train(f"overhead_shim{i}", True, False, a.overhead_steps)))
+        return {"ms_bare": bare, "ms_shim": shim, "steps": a.overhead_steps,
+                "overhead_pct": 100 * (statistics.median(shim) / statistics.median(bare) - 1)}
 
     def p_swap_throughput(self):
         a = self.a
@@ -563,7 +580,7 @@ class Driver:
                 self.log(f"checkpoint victim did not start early: {e}")
                 self.ckpt_victim = None
         used0 = self.nvml.used()
-        p, sums0 = self.hold("victim", gib, True)
+        p, sums0 = self.hold("victim", gib, True, prepin=a.prepin)
         c = self.server.wait_pid(p.pid, timeout=60)
         used_in = self.nvml.used()
         # warm-up cycle: allocates the pinned arena once
@@ -673,11 +690,14 @@ class Driver:
                  f"({tp.get('nvml_used_resident', -1) / GiB:.2f} -> {tp.get('nvml_used_out', -1) / GiB:.2f}) | {fr(ck):.2f} GiB "
                  f"({ck.get('nvml_used_resident', -1) / GiB:.2f} -> {ck.get('nvml_used_out', -1) / GiB:.2f}) | memory gone while out |")
         b = ph.get("bench", {})
-        L.append(f"| cost per intercepted launch (C, no-op kernel) | {b.get('overhead_ns', float('nan')):.0f} ns "
+        L.append(f"| cost per intercepted launch (C, no-op kernel, back to back) | {b.get('overhead_ns', float('nan')):.0f} ns "
                  f"({min(b.get('bare', 0), b.get('bare2', 0)):.0f} -> {min(b.get('shim', 0), b.get('shim2', 0)):.0f} ns/launch) | — | <= 1 us, goal 0.5 us |")
+        L.append(f"| cost per intercepted launch (bursts of 32, queue not full) | {b.get('overhead_burst_ns', float('nan')):.0f} ns "
+                 f"({min(b.get('bare_burst', 0), b.get('bare2_burst', 0)):.0f} -> {min(b.get('shim_burst', 0), b.get('shim2_burst', 0)):.0f} ns/launch) | — | <= 1 us, goal 0.5 us |")
         e = ph.get("train_eager", {})
-        L.append(f"| ResNet-18 training overhead, shim loaded, no swaps | {e.get('overhead_pct', float('nan')):+.2f}% "
-                 f"(ms/step bare {e.get('ms_bare')}, shim {e.get('ms_shim')}) | — | <= 3%, goal 1% |")
+        o = ph.get("overhead") or e
+        L.append(f"| ResNet-18 training overhead, shim loaded, no swaps (medians) | {o.get('overhead_pct', float('nan')):+.2f}% "
+                 f"(ms/step bare {o.get('ms_bare')}, shim {o.get('ms_shim')}) | — | <= 3%, goal 1% |")
         L.append("")
         gr = ph.get("train_graphs", {})
         L.append(f"| training check | steps | swap cycles | losses equal to the run without the shim | swap errors |")
@@ -697,6 +717,8 @@ class Driver:
         self.phase("info", self.p_info)
         self.phase("bench", self.p_bench)
         self.phase("train_eager", self.p_train)
+        if a.overhead_pairs > 0:
+            self.phase("overhead", self.p_overhead)
         self.phase("swap_throughput", self.p_swap_throughput)
         if not a.no_checkpoint:
             self.phase("checkpoint", self.p_checkpoint)
@@ -771,6 +793,10 @@ def main():
     d.add_argument("--launches", type=int, default=50000)
     d.add_argument("--phase-timeout", type=float, default=300)
     d.add_argument("--no-checkpoint", action="store_true")
+    d.add_argument("--graph-steps", type=int, default=0, help="steps of the CUDA-graph runs (default 2x --steps)")
+    d.add_argument("--overhead-pairs", type=int, default=3, help="alternated bare/shim timing runs (0: none)")
+    d.add_argument("--overhead-steps", type=int, default=400)
+    d.add_argument("--prepin", action="store_true", help="run the 16 GiB victim with MIGSWAP_PREPIN=1")
     s = sub.add_parser("selftest")
     s.add_argument("--bin", default="bin")
     s.add_argument("--work", default="")
@@ -779,6 +805,9 @@ def main():
     if a.cmd == "drive" and a.quick:
         a.steps, a.gib, a.cycles, a.launches = min(a.steps, 40), min(a.gib, 2), min(a.cycles, 3), min(a.launches, 20000)
         a.phase_timeout = min(a.phase_timeout, 90)
+        a.overhead_pairs, a.overhead_steps = min(a.overhead_pairs, 1), min(a.overhead_steps, 60)
+    if a.cmd == "drive" and not a.graph_steps:
+        a.graph_steps = 2 * a.steps
     {"train": cmd_train, "hold": cmd_hold, "drive": cmd_drive, "selftest": cmd_selftest}[a.cmd](a)
 
 
