@@ -459,3 +459,27 @@ func TestReservationExpiresWithoutUsage(t *testing.T) {
 	require.False(t, low.Out())
 	require.Equal(t, []string{"swap_out", "swap_in"}, low.Swaps())
 }
+
+// BenchmarkSwapRoundTrip measures what the daemon and the protocol add to a
+// swap: a manual swap-out and swap-in of a fake shim that moves nothing.
+func BenchmarkSwapRoundTrip(b *testing.B) {
+	socket := filepath.Join(b.TempDir(), "s.sock")
+	ln, err := ctxmgr.ListenUnix(socket, nil)
+	require.NoError(b, err)
+	m := ctxmgr.NewManager(ctxmgr.Options{GPUMemory: 80 * gib, RebalanceEvery: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Serve(ctx, ln)
+	s, err := fakeshim.Dial(ctx, socket, fakeshim.Hello{PID: 1, Bytes: gib}, fakeshim.Behavior{Chunks: 1})
+	require.NoError(b, err)
+	defer s.Close()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, dir := range []ctxmgr.Direction{ctxmgr.SwapOut, ctxmgr.SwapIn} {
+			res, err := m.Swap(ctx, dir, ctxmgr.Target{PID: 1}, nil)
+			if err != nil || !res[0].OK {
+				b.Fatalf("%v %v", err, res)
+			}
+		}
+	}
+}
