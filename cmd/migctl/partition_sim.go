@@ -37,7 +37,6 @@ which makes its instance busy: apply will not destroy it, and NVML answers IN_US
   migctl partition sim reset --sim a100x8 --gpus 0
   migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10G
   migctl partition sim detach --sim h200x8 --gpus 0 --pid 4242`,
-		Hidden: false,
 	}
 	for _, verb := range []string{"reset", "attach", "detach"} {
 		cmd.AddCommand(newPartitionSimVerbCmd(s, verb))
