@@ -73,7 +73,10 @@ Run a job under the shim (build it with 'make shim'; it lands in bin/):
 
 Free memory comes from NVML (the GPU driver). On a machine without a GPU, or to declare a
 smaller budget, give --gpu-memory: then free = that capacity minus what the shimmed
-processes on the device report.`,
+processes on the device report.
+
+A job that does not run under the shim can still make room: 'migctl swap reserve
+--device D --bytes SIZE --priority P' swaps out lower-priority shimmed jobs until SIZE fits.`,
 		Example: `  # On a GPU node, as root (sockets in /run/migctl):
   sudo migctl daemon
 
@@ -102,7 +105,7 @@ processes on the device report.`,
 	f.StringVar(&o.controlSocket, "socket", envOr(envControlSocket, defaultControlSocket), "control socket for 'migctl swap' (gRPC; env "+envControlSocket+")")
 	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, defaultSwapSocket), "socket the shims connect to (env "+envSwapSocket+")")
 	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed)")
-	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need, so a granted allocation really fits (default 0 with --gpu-memory)")
+	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need so that a granted allocation really fits (with --gpu-memory: 0 unless given)")
 	f.DurationVar(&o.swapTimeout, "swap-timeout", 90*time.Second, "longest a swap started by the policy may take before its need is denied")
 	f.DurationVar(&o.rebalanceEvery, "rebalance-every", 5*time.Second, "how often to retry swapping jobs back in (0: only on events)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
