@@ -110,6 +110,18 @@ func TestSwapFailuresAndTimeout(t *testing.T) {
 	require.ErrorContains(t, err, "swap-out of pid 2001 (job ipc) failed: IPC-exported allocation at 0x7f00")
 	require.Contains(t, out, "false")
 
+	dialShim(t, d, fakeshim.Hello{PID: 2003, Job: "dies", Bytes: gib}, fakeshim.Behavior{Chunks: 4, DisconnectMidSwap: true})
+	_, _, err = migctl(t, "swap", "out", "--pid", "2003", "--socket", d.ctlSocket, "-q")
+	require.ErrorContains(t, err, "swap-out of pid 2003 (job dies) failed: process exited (shim disconnected)")
+	require.Eventually(t, func() bool {
+		for _, p := range swapStatus(t, d).Processes {
+			if p.PID == 2003 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "the daemon forgets a process whose shim disconnected")
+
 	dialShim(t, d, fakeshim.Hello{PID: 2002, Job: "slow", Bytes: gib}, fakeshim.Behavior{Chunks: 100, ChunkDelay: 20 * time.Millisecond})
 	_, _, err = migctl(t, "swap", "out", "--job", "slow", "--socket", d.ctlSocket, "--timeout", "200ms", "-q")
 	require.ErrorContains(t, err, "gave up after --timeout 200ms")
