@@ -255,3 +255,84 @@ func TestParseSpec(t *testing.T) {
 		})
 	}
 }
+
+func TestComputeInstanceRulesAndHandles(t *testing.T) {
+	n := migsim.New(migsim.H100, 1)
+	d := gpu0(t, n)
+	enableMIG(t, d)
+	g7 := info(t, d, 4) // 7g.80gb
+	gi, ret := d.CreateGpuInstance(&g7)
+	require.Equal(t, nvml.SUCCESS, ret)
+	g1 := info(t, d, 0)
+	left, ret := d.GetGpuInstanceRemainingCapacity(&g1)
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Zero(t, left, "a 7g instance fills the GPU")
+
+	tests := []struct {
+		ciEnum   int
+		count    uint32
+		starts   []uint32
+		wantSupp nvml.Return
+	}{
+		{nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 7, []uint32{0, 1, 2, 3, 4, 5, 6}, nvml.SUCCESS},
+		{nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 3, []uint32{0, 2, 4}, nvml.SUCCESS},
+		{nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 2, []uint32{0, 4}, nvml.SUCCESS},
+		{nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 1, []uint32{0}, nvml.SUCCESS},
+		{nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 1, []uint32{0}, nvml.SUCCESS},
+		{nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, 0, nil, nvml.ERROR_NOT_SUPPORTED},
+	}
+	for _, tc := range tests {
+		ci, ret := gi.GetComputeInstanceProfileInfo(tc.ciEnum, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		require.Equal(t, tc.wantSupp, ret, "CI enum %d", tc.ciEnum)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		require.Equal(t, tc.count, ci.InstanceCount)
+		pls, ret := gi.GetComputeInstancePossiblePlacements(&ci)
+		require.Equal(t, nvml.SUCCESS, ret)
+		var starts []uint32
+		for _, p := range pls {
+			starts = append(starts, p.Start)
+		}
+		require.Equal(t, tc.starts, starts)
+	}
+	c3, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	c1, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	_, ret = gi.CreateComputeInstanceWithPlacement(&c3, &nvml.ComputeInstancePlacement{Start: 1, Size: 3})
+	require.Equal(t, nvml.ERROR_INVALID_ARGUMENT, ret, "3-slice CIs start at 0 or 4")
+	ciA, ret := gi.CreateComputeInstanceWithPlacement(&c3, &nvml.ComputeInstancePlacement{Start: 4, Size: 3})
+	require.Equal(t, nvml.SUCCESS, ret)
+	_, ret = gi.CreateComputeInstanceWithPlacement(&c1, &nvml.ComputeInstancePlacement{Start: 5, Size: 1})
+	require.Equal(t, nvml.ERROR_INSUFFICIENT_RESOURCES, ret, "slice 5 belongs to the 3-slice CI")
+	rem, ret := gi.GetComputeInstanceRemainingCapacity(&c1)
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Equal(t, 4, rem)
+
+	// MIG device handles: by index, by UUID, processes through the handle
+	md, ret := d.GetMigDeviceHandleByIndex(0)
+	require.Equal(t, nvml.SUCCESS, ret)
+	_, ret = d.GetMigDeviceHandleByIndex(1)
+	require.Equal(t, nvml.ERROR_NOT_FOUND, ret)
+	uuid, _ := md.GetUUID()
+	byUUID, ret := n.DeviceGetHandleByUUID(uuid)
+	require.Equal(t, nvml.SUCCESS, ret)
+	isMig, _ := byUUID.IsMigDeviceHandle()
+	require.True(t, isMig)
+	cinfo, _ := ciA.GetInfo()
+	giInfo, _ := gi.GetInfo()
+	require.NoError(t, n.AttachProcess(0, int(giInfo.Id), int(cinfo.Id), 7, 1<<30))
+	procs, ret := md.GetComputeRunningProcesses()
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Len(t, procs, 1)
+	require.Equal(t, uint32(7), procs[0].Pid)
+	require.Equal(t, nvml.ERROR_IN_USE, ciA.Destroy())
+	require.NoError(t, n.DetachProcess(0, 7))
+	require.Equal(t, nvml.SUCCESS, ciA.Destroy())
+	require.Equal(t, nvml.SUCCESS, gi.Destroy())
+	_, ret = gi.GetInfo()
+	require.Equal(t, nvml.ERROR_NOT_FOUND, ret, "stale GPU instance handle")
+	_, ret = md.GetUUID()
+	require.Equal(t, nvml.ERROR_NOT_FOUND, ret, "stale MIG device handle")
+	left, _ = d.GetGpuInstanceRemainingCapacity(&g1)
+	require.Equal(t, 7, left)
+}
