@@ -23,6 +23,7 @@
 #include "internal.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -744,10 +745,38 @@ static void *substitute(const char *symbol, void *real, int ver)
 	return out;
 }
 
+/* dlsym_next resolves RTLD_NEXT for the caller at caller_addr: the first
+ * object after the caller's in the load order that defines name. (Handing
+ * RTLD_NEXT to the real dlsym would search after the shim instead, and a
+ * library that wraps a function with dlsym(RTLD_NEXT) would find itself.) */
+static void *dlsym_next(const char *name, const void *caller_addr)
+{
+	Dl_info di;
+	struct link_map *lm = NULL;
+	if (!dladdr1(caller_addr, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return real_dlsym(RTLD_NEXT, name);
+	for (struct link_map *m = lm->l_next; m; m = m->l_next) {
+		if (!m->l_name || !m->l_name[0])
+			continue;
+		void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+		if (!h)
+			continue;
+		void *sym = real_dlsym(h, name);
+		dlclose(h);
+		struct link_map *owner = NULL;
+		Dl_info si;
+		if (sym && dladdr1(sym, &si, (void **)&owner, RTLD_DL_LINKMAP) && owner == m)
+			return sym;
+	}
+	return NULL;
+}
+
 EXPORT void *dlsym(void *handle, const char *name)
 {
+	if (handle == RTLD_NEXT)
+		return dlsym_next(name, __builtin_return_address(0));
 	void *real = real_dlsym(handle, name);
-	if (!real || name[0] != 'c' || name[1] != 'u' || handle == RTLD_NEXT)
+	if (!real || name[0] != 'c' || name[1] != 'u')
 		return real;
 	if (!ms_ensure_drv())
 		return real;

@@ -61,7 +61,7 @@ func needBin(t testing.TB) {
 	if buildErr != nil {
 		t.Skipf("cannot build the shim: %v", buildErr)
 	}
-	for _, f := range []string{"libmigswap.so", "fakecuda/libcuda.so.1", "migswap_testprog", "migswap_testprog_linked"} {
+	for _, f := range []string{"libmigswap.so", "fakecuda/libcuda.so.1", "migswap_testprog", "migswap_testprog_linked", "nexttest/migswap_nexttest"} {
 		_, err := os.Stat(filepath.Join(binDir, f))
 		require.NoError(t, err, "MIGSWAP_BIN=%s lacks %s", binDir, f)
 	}

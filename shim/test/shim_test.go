@@ -2,6 +2,7 @@ package shimtest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -423,6 +424,32 @@ func TestPrepinGrowsArenaAhead(t *testing.T) {
 			lines := p.finish(t, 20*time.Second)
 			require.Equal(t, "1", line(t, lines, "RESULT")["ok"])
 			require.GreaterOrEqual(t, num(t, line(t, lines, "STATS"), "arena"), bytes)
+		})
+	}
+}
+
+// The shim defines dlsym; dlsym(RTLD_NEXT, ...) must still mean "the next
+// definition after the caller": a library that wraps a function that way
+// (libmigswap_nexta wrapping libmigswap_nextb) must not find itself.
+func TestDlsymRTLDNextUnchanged(t *testing.T) {
+	needBin(t)
+	dir := filepath.Join(binDir, "nexttest")
+	for _, tc := range []struct {
+		desc string
+		shim bool
+	}{
+		{"without the shim", false},
+		{"with the shim preloaded", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cmd := exec.Command(filepath.Join(dir, "migswap_nexttest"))
+			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir)
+			if tc.shim {
+				cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(binDir, "libmigswap.so"))
+			}
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.Equal(t, "next_probe=42\n", string(out))
 		})
 	}
 }
