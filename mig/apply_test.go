@@ -2,7 +2,9 @@ package mig_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -284,4 +286,108 @@ func TestRecoverAfterInterruptedApply(t *testing.T) {
 		require.NoError(t, err)
 		require.Nil(t, tx)
 	}
+}
+
+// TestApplyAroundBusyAgainstBruteForce: random existing layouts with random
+// busy instances, random new requests. Apply must succeed exactly when an
+// independent brute force finds a layout that keeps every busy instance where
+// it is, and then the busy MIG devices must survive untouched.
+func TestApplyAroundBusyAgainstBruteForce(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	g := h200(t)
+	profs := g.Profiles
+	randomReq := func() mig.Request {
+		r := mig.Request{MIGEnabled: true}
+		for i, k := 0, 1+rng.IntN(4); i < k; i++ {
+			r.Devices = append(r.Devices, dev(profs[rng.IntN(len(profs))].Name, 1))
+		}
+		return r
+	}
+	ok, fail := 0, 0
+	for n := 0; n < 300; n++ {
+		sim := migsim.New(migsim.H200, 1)
+		m := mig.NewManager(sim)
+		if _, err := m.Apply(ctx, all(1, randomReq()), mig.ApplyOptions{}); err != nil {
+			continue // infeasible start: not this test's business
+		}
+		node, _ := m.Discover(ctx)
+		var busy []mig.Instance
+		for _, in := range node.GPUs[0].Instances {
+			if rng.IntN(2) == 0 {
+				require.NoError(t, sim.AttachProcess(0, in.GIID, in.Compute[0].CIID, uint32(1000+in.GIID), 1<<20))
+				busy = append(busy, in)
+			}
+		}
+		r := randomReq()
+		// brute force: each want takes an allowed placement; a busy instance's
+		// units may only be taken by a want of its profile at exactly its place
+		var wants []mig.GIProfile
+		for _, d := range r.Devices {
+			p, _ := g.Profile(d.Profile)
+			wants = append(wants, p)
+		}
+		var try func(i int, used uint16, claimed map[int]bool) bool
+		try = func(i int, used uint16, claimed map[int]bool) bool {
+			if i == len(wants) {
+				return len(claimed) == len(busy)
+			}
+			for _, pl := range wants[i].Placements {
+				if used&pl.Mask() != 0 {
+					continue
+				}
+				clash, claim := false, -1
+				for b, in := range busy {
+					if in.Placement.Overlaps(pl) {
+						if in.Placement == pl && in.Profile == wants[i].Name && !claimed[b] {
+							claim = b
+						} else {
+							clash = true
+						}
+					}
+				}
+				if clash {
+					continue
+				}
+				next := map[int]bool{}
+				for k, v := range claimed {
+					next[k] = v
+				}
+				if claim >= 0 {
+					next[claim] = true
+				}
+				if try(i+1, used|pl.Mask(), next) {
+					return true
+				}
+			}
+			return false
+		}
+		counts := map[string]int{}
+		slices, over := 0, false
+		for _, w := range wants {
+			counts[w.Name]++
+			slices += w.Slices
+			over = over || counts[w.Name] > w.MaxCount
+		}
+		feasible := !over && slices <= 7 && try(0, 0, map[int]bool{})
+		_, err := m.Apply(ctx, all(1, r), mig.ApplyOptions{})
+		require.Equal(t, feasible, err == nil, "case %d: busy %v, request %v: %v", n, busy, r, err)
+		if err != nil {
+			fail++
+			require.True(t, errors.Is(err, mig.ErrBusy) || errors.Is(err, mig.ErrInfeasible) || errors.Is(err, mig.ErrBadConfig), "%v", err)
+			continue
+		}
+		ok++
+		after, _ := m.Discover(ctx)
+		for _, b := range busy {
+			found := false
+			for _, in := range after.GPUs[0].Instances {
+				found = found || (in.Compute[0].UUID == b.Compute[0].UUID && in.Placement == b.Placement)
+			}
+			require.True(t, found, "case %d: busy %s was not kept", n, b)
+		}
+		require.NoError(t, mig.Assert(&after.GPUs[0], r))
+	}
+	require.Greater(t, ok, 30)
+	require.Greater(t, fail, 30)
 }

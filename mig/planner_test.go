@@ -2,6 +2,7 @@ package mig_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -249,6 +250,79 @@ func BenchmarkPlanFullNode(b *testing.B) {
 			if _, err := mig.PlanGPU(&node.GPUs[k], layouts[k], mig.PlanOptions{}); err != nil {
 				b.Fatal(fmt.Errorf("GPU %d: %w", k, err))
 			}
+		}
+	}
+}
+
+// TestPlanPinnedAgainstBruteForce: random requests with some instances pinned
+// to starts; the planner's verdict must match an independent brute force,
+// and a feasible plan must honour every pin.
+func TestPlanPinnedAgainstBruteForce(t *testing.T) {
+	g := h200(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	profs := g.Profiles
+	for n := 0; n < 3000; n++ {
+		type item struct {
+			p     mig.GIProfile
+			start int
+		}
+		var items []item
+		r := mig.Request{MIGEnabled: true}
+		k := 1 + rng.IntN(5)
+		for i := 0; i < k; i++ {
+			p := profs[rng.IntN(len(profs))]
+			it := item{p: p, start: -1}
+			if rng.IntN(3) == 0 {
+				it.start = p.Placements[rng.IntN(len(p.Placements))].Start
+			}
+			items = append(items, it)
+			d := mig.DeviceRequest{Profile: p.Name, Count: 1}
+			if it.start >= 0 {
+				d.Starts = []int{it.start}
+			}
+			r.Devices = append(r.Devices, d)
+		}
+		// brute force with pins
+		counts := map[string]int{}
+		slices := 0
+		over := false
+		pinMask := uint16(0)
+		for _, it := range items {
+			counts[it.p.Name]++
+			slices += it.p.Slices
+			over = over || counts[it.p.Name] > it.p.MaxCount
+		}
+		var try func(i int, used uint16) bool
+		try = func(i int, used uint16) bool {
+			if i == len(items) {
+				return true
+			}
+			for _, pl := range items[i].p.Placements {
+				if items[i].start >= 0 && pl.Start != items[i].start {
+					continue
+				}
+				if used&pl.Mask() == 0 && try(i+1, used|pl.Mask()) {
+					return true
+				}
+			}
+			return false
+		}
+		feasible := !over && slices <= 7 && try(0, pinMask)
+		plan, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+		require.Equal(t, feasible, err == nil, "%v: %v", r, err)
+		if err != nil {
+			continue
+		}
+		checkValid(t, g, plan.Target)
+		for _, it := range items {
+			if it.start < 0 {
+				continue
+			}
+			found := false
+			for _, s := range plan.Target {
+				found = found || (s.Profile == it.p.Name && s.Placement.Start == it.start)
+			}
+			require.True(t, found, "%v: pin %s@%d not honoured in %s", r, it.p.Name, it.start, plan.Target)
 		}
 	}
 }
