@@ -771,6 +771,15 @@ static void *dlsym_next(const char *name, const void *caller_addr)
 	return NULL;
 }
 
+/* hook_by_export returns the hook exported under name, -1 for none. */
+static int hook_by_export(const char *name)
+{
+	for (int i = 0; i < H_COUNT; i++)
+		if (hooks[i].export_name && strcmp(hooks[i].export_name, name) == 0)
+			return i;
+	return -1;
+}
+
 EXPORT void *dlsym(void *handle, const char *name)
 {
 	if (handle == RTLD_NEXT)
@@ -778,16 +787,16 @@ EXPORT void *dlsym(void *handle, const char *name)
 	void *real = real_dlsym(handle, name);
 	if (!real || name[0] != 'c' || name[1] != 'u')
 		return real;
-	if (!ms_ensure_drv())
+	/* only driver names we interpose load the driver (cuserid is not CUDA) */
+	int gpa2 = strcmp(name, "cuGetProcAddress_v2") == 0, gpa1 = strcmp(name, "cuGetProcAddress") == 0;
+	int h = gpa1 || gpa2 ? -1 : hook_by_export(name);
+	if ((!gpa1 && !gpa2 && h < 0) || !ms_ensure_drv())
 		return real;
-	if (strcmp(name, "cuGetProcAddress_v2") == 0 && real == (void *)drv.cuGetProcAddress_v2)
-		return (void *)cuGetProcAddress_v2;
-	if (strcmp(name, "cuGetProcAddress") == 0 && real == (void *)drv.cuGetProcAddress)
-		return (void *)cuGetProcAddress;
-	for (int i = 0; i < H_COUNT; i++)
-		if (strcmp(hooks[i].export_name, name) == 0)
-			return real == atomic_load(&hooks[i].real[0]) ? hooks[i].fn[0] : real;
-	return real;
+	if (gpa2)
+		return real == (void *)drv.cuGetProcAddress_v2 ? (void *)cuGetProcAddress_v2 : real;
+	if (gpa1)
+		return real == (void *)drv.cuGetProcAddress ? (void *)cuGetProcAddress : real;
+	return real == atomic_load(&hooks[h].real[0]) ? hooks[h].fn[0] : real;
 }
 
 /* ------------------------------------------------------------ custom bodies */

@@ -430,7 +430,10 @@ func TestPrepinGrowsArenaAhead(t *testing.T) {
 
 // The shim defines dlsym; dlsym(RTLD_NEXT, ...) must still mean "the next
 // definition after the caller": a library that wraps a function that way
-// (libmigswap_nexta wrapping libmigswap_nextb) must not find itself.
+// (libmigswap_nexta wrapping libmigswap_nextb) must not find itself. And
+// looking up a non-CUDA name that starts with "cu" (cuserid) must not load the
+// driver into a program that never uses CUDA (the fake is on the path, so a
+// load would succeed and show).
 func TestDlsymRTLDNextUnchanged(t *testing.T) {
 	needBin(t)
 	dir := filepath.Join(binDir, "nexttest")
@@ -443,13 +446,13 @@ func TestDlsymRTLDNextUnchanged(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			cmd := exec.Command(filepath.Join(dir, "migswap_nexttest"))
-			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir)
+			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir+":"+filepath.Join(binDir, "fakecuda"))
 			if tc.shim {
 				cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(binDir, "libmigswap.so"))
 			}
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "%s", out)
-			require.Equal(t, "next_probe=42\n", string(out))
+			require.Equal(t, "next_probe=42\ncuserid=1 libcuda_loaded=0\n", string(out))
 		})
 	}
 }
