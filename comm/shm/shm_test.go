@@ -1,0 +1,129 @@
+package shm
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSegmentLifecycle(t *testing.T) {
+	root := t.TempDir()
+	name := SegmentName("job/1", "ctl")
+	require.NotContains(t, name[len(Prefix):], "/")
+	a, err := Create(root, name, 8192)
+	require.NoError(t, err)
+	_, err = Create(root, name, 8192)
+	require.Error(t, err, "names are exclusive")
+	b, err := Open(root, name, 8192)
+	require.NoError(t, err)
+	_, err = Open(root, name, 4096)
+	require.ErrorIs(t, err, ErrBadName, "size mismatch")
+	a.Bytes()[100] = 42
+	require.Equal(t, byte(42), b.Bytes()[100], "both mappings see the same memory")
+	require.NoError(t, a.Unlink())
+	require.NoError(t, a.Unlink(), "unlink is idempotent")
+	_, err = os.Stat(filepath.Join(root, name))
+	require.True(t, os.IsNotExist(err))
+	b.Bytes()[101] = 7
+	require.Equal(t, byte(7), a.Bytes()[101], "mappings outlive the name")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	_, err = Create(root, "../escape", 10)
+	require.ErrorIs(t, err, ErrBadName)
+}
+
+func TestSweepRemovesOrphans(t *testing.T) {
+	root := t.TempDir()
+	// A segment whose creator is a process that has exited.
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	dead := cmd.Process.Pid
+	orphan := filepath.Join(root, Prefix+itoa(dead)+"-job-ctl")
+	require.NoError(t, os.WriteFile(orphan, []byte("x"), 0o600))
+	live := SegmentName("job", "ctl")
+	s, err := Create(root, live, 4096)
+	require.NoError(t, err)
+	defer s.Close()
+	other := filepath.Join(root, "not-ours")
+	require.NoError(t, os.WriteFile(other, nil, 0o600))
+	gone, err := Sweep(root)
+	require.NoError(t, err)
+	require.Equal(t, []string{filepath.Base(orphan)}, gone)
+	_, err = os.Stat(filepath.Join(root, live))
+	require.NoError(t, err, "a live creator's segment stays")
+	_, err = os.Stat(other)
+	require.NoError(t, err, "foreign files stay")
+}
+
+func itoa(i int) string {
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; i > 0; i /= 10 {
+		b = append([]byte{byte('0' + i%10)}, b...)
+	}
+	return string(b)
+}
+
+func TestControlLayoutAndFlags(t *testing.T) {
+	l := Layout{World: 3, Flags: 12, DataBytes: 1 << 16}
+	seg, err := Anonymous(l.Size())
+	require.NoError(t, err)
+	defer seg.Close()
+	c, err := Init(seg.Bytes(), l)
+	require.NoError(t, err)
+	_, err = Attach(seg.Bytes(), Layout{World: 4, Flags: 12, DataBytes: 1 << 16})
+	require.ErrorIs(t, err, ErrLayout)
+	d, err := Attach(seg.Bytes(), l)
+	require.NoError(t, err)
+	require.Len(t, d.Data(), 1<<16)
+	require.Zero(t, uintptrOf(d.Data())%4096, "arena is page aligned")
+	// Flags, heartbeats, pids and data never overlap.
+	c.Flag(11).Store(5)
+	c.Heartbeat(2).Store(6)
+	c.PID(2).Store(7)
+	c.Abort().Store(8)
+	d.Data()[0] = 9
+	require.Equal(t, uint64(5), d.Flag(11).Load())
+	require.Equal(t, uint64(6), d.Heartbeat(2).Load())
+	require.Equal(t, uint64(7), d.PID(2).Load())
+	require.Equal(t, uint64(8), d.Abort().Load())
+	for i := range 11 {
+		require.Zero(t, d.Flag(i).Load())
+	}
+}
+
+func TestSleepFlagWakes(t *testing.T) {
+	l := Layout{World: 2, Flags: 2}
+	seg, err := Anonymous(l.Size())
+	require.NoError(t, err)
+	defer seg.Close()
+	c, err := Init(seg.Bytes(), l)
+	require.NoError(t, err)
+	require.False(t, c.SleepFlag(0, 1, time.Millisecond), "times out below the value")
+	var wg sync.WaitGroup
+	woke := make(chan time.Duration, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		start := time.Now()
+		for !c.SleepFlag(0, 3, 10*time.Second) {
+		}
+		woke <- time.Since(start)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	c.SetFlag(0, 1) // below the value: the sleeper goes back to sleep
+	c.SetFlag(0, 3)
+	wg.Wait()
+	require.Less(t, <-woke, 5*time.Second, "a store wakes the sleeper long before its timeout")
+	require.True(t, c.SleepFlag(0, 3, time.Millisecond))
+}
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
