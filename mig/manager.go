@@ -416,7 +416,7 @@ func execStep(dev nvml.Device, g *GPU, s Step, force bool) error {
 		if s.Op == OpDisableMIG {
 			mode = nvml.DEVICE_MIG_DISABLE
 		}
-		ret, act := dev.SetMigMode(mode)
+		act, ret := dev.SetMigMode(mode) // go-nvml returns (activation status, return code)
 		if err := nvmlErr("setting MIG mode", ret); err != nil {
 			return err
 		}

@@ -76,14 +76,15 @@ type faultyDevice struct {
 	fs *faultState
 }
 
+// SetMigMode returns (activation status, return code), in go-nvml's order.
 func (d *faultyDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	act := nvml.SUCCESS
 	r := d.fs.do("SetMigMode", func() nvml.Return {
 		var r nvml.Return
-		r, act = d.Device.SetMigMode(mode)
+		act, r = d.Device.SetMigMode(mode)
 		return r
 	})
-	return r, act
+	return act, r
 }
 
 func (d *faultyDevice) wrapGI(gi nvml.GpuInstance, r nvml.Return) (nvml.GpuInstance, nvml.Return) {

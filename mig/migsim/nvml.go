@@ -146,10 +146,11 @@ func (d *device) GetMigMode() (int, int, nvml.Return) {
 	return g.MIGCurrent, g.MIGPending, nvml.SUCCESS
 }
 
-// SetMigMode sets the pending mode. Hopper applies it at once when no process
-// runs on the GPU (activation status SUCCESS), else it stays pending
-// (ERROR_IN_USE). Ampere always waits for a reset (ERROR_RESET_REQUIRED).
-// Disabling MIG while GPU instances exist answers ERROR_IN_USE.
+// SetMigMode sets the pending mode and returns (activation status, return
+// code) in go-nvml's order. Hopper applies the mode at once when no process
+// runs on the GPU (activation SUCCESS), else it stays pending (ERROR_IN_USE).
+// Ampere always waits for a reset (ERROR_RESET_REQUIRED). Disabling MIG while
+// GPU instances exist fails with ERROR_IN_USE.
 func (d *device) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	d.n.mu.Lock()
 	defer d.n.mu.Unlock()
@@ -177,7 +178,7 @@ func (d *device) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	if r != nvml.SUCCESS {
 		return r, r
 	}
-	return nvml.SUCCESS, activation
+	return activation, nvml.SUCCESS
 }
 
 func (d *device) migOn() bool { return d.gpu().MIGCurrent == nvml.DEVICE_MIG_ENABLE }

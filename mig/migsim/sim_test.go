@@ -27,7 +27,7 @@ func info(t *testing.T, d nvml.Device, enum int) nvml.GpuInstanceProfileInfo {
 
 func enableMIG(t *testing.T, d nvml.Device) {
 	t.Helper()
-	ret, act := d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	act, ret := d.SetMigMode(nvml.DEVICE_MIG_ENABLE) // go-nvml order: activation, return
 	require.Equal(t, nvml.SUCCESS, ret)
 	require.Equal(t, nvml.SUCCESS, act)
 }
@@ -167,14 +167,14 @@ func TestOccupancyCountsAndInUse(t *testing.T) {
 	require.Equal(t, nvml.SUCCESS, ret)
 	u, _ := md.GetUUID()
 	require.True(t, strings.HasPrefix(u, "MIG-"), u)
-	ret, _ = d.SetMigMode(nvml.DEVICE_MIG_DISABLE)
+	_, ret = d.SetMigMode(nvml.DEVICE_MIG_DISABLE)
 	require.Equal(t, nvml.ERROR_IN_USE, ret)
 }
 
 func TestModePendingOnAmpereAndBusyHopper(t *testing.T) {
 	a := migsim.New(migsim.A100_80GB, 1)
 	d := gpu0(t, a)
-	ret, act := d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	act, ret := d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	require.Equal(t, nvml.SUCCESS, ret)
 	require.Equal(t, nvml.ERROR_RESET_REQUIRED, act)
 	cur, pend, _ := d.GetMigMode()
@@ -186,7 +186,7 @@ func TestModePendingOnAmpereAndBusyHopper(t *testing.T) {
 	h := migsim.New(migsim.H200, 1)
 	require.NoError(t, h.AttachProcess(0, -1, -1, 77, 1<<20))
 	d = gpu0(t, h)
-	ret, act = d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	act, ret = d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	require.Equal(t, nvml.SUCCESS, ret)
 	require.Equal(t, nvml.ERROR_IN_USE, act)
 	cur, pend, _ = d.GetMigMode()
