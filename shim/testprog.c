@@ -7,9 +7,10 @@
  * "RESULT key=value ..." lines the Go tests parse.
  *
  *   testprog RESOLVE basic            allocate, copy, launch, graph; report bookkeeping
- *   testprog RESOLVE loop NBUF BYTES [fork]
+ *   testprog RESOLVE loop NBUF BYTES [fork|threads]
  *                                     keep launching add_one until stdin says "stop"
- *                                     (or closes), then check every float
+ *                                     (or closes), then check every float; "threads":
+ *                                     one launching thread per buffer
  *   testprog RESOLVE refuse ipc|async|managed   hold memory the shim cannot move
  *   testprog RESOLVE oom BYTES        one allocation; report its result code
  *   testprog RESOLVE hold BYTES       hold one allocation until stdin says "stop"
@@ -322,6 +323,75 @@ static int child_main(void)
 	return wrong == 0 ? 0 : 3;
 }
 
+struct worker {
+	CUdeviceptr buf;
+	size_t n;
+	int b;
+	long iters, bad_probe;
+	CUresult err;
+};
+
+/* worker launches add_one on its own buffer until stop, probing element 0. */
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	CUresult r = cu.CtxSetCurrent(ctx);
+	while (!stop && r == CUDA_SUCCESS) {
+		r = add_one(w->buf, w->n);
+		if (r)
+			break;
+		w->iters++;
+		if (w->iters % 8 == 0) {
+			float v;
+			r = cu.MemcpyDtoH(&v, w->buf, 4);
+			w->bad_probe += v != pattern(w->b, 0) + (float)w->iters;
+		}
+		usleep(100);
+	}
+	w->err = r;
+	return NULL;
+}
+
+/* loop_threads: one thread per buffer, all launching while the daemon swaps. */
+static int loop_threads(int nbuf, size_t bytes)
+{
+	setup();
+	size_t n = bytes / 4;
+	float *h = malloc(n * 4);
+	struct worker *ws = calloc((size_t)nbuf, sizeof *ws);
+	pthread_t *th = calloc((size_t)nbuf, sizeof *th);
+	for (int b = 0; b < nbuf; b++) {
+		ws[b].n = n;
+		ws[b].b = b;
+		CHECK(cu.MemAlloc(&ws[b].buf, n * 4));
+		for (size_t i = 0; i < n; i++)
+			h[i] = pattern(b, i);
+		CHECK(cu.MemcpyHtoD(ws[b].buf, h, n * 4));
+	}
+	printf("READY pid=%d\n", (int)getpid());
+	report_stats("READY_STATS");
+	pthread_t rd;
+	pthread_create(&rd, NULL, stdin_reader, NULL);
+	for (int b = 0; b < nbuf; b++)
+		pthread_create(&th[b], NULL, worker_main, &ws[b]);
+	long iters = 0, bad_probe = 0;
+	size_t wrong = 0;
+	for (int b = 0; b < nbuf; b++) {
+		pthread_join(th[b], NULL);
+		CHECK(ws[b].err);
+		CHECK(cu.MemcpyDtoH(h, ws[b].buf, n * 4));
+		for (size_t i = 0; i < n; i++)
+			wrong += h[i] != pattern(b, i) + (float)ws[b].iters;
+		iters += ws[b].iters;
+		bad_probe += ws[b].bad_probe;
+	}
+	report_stats("STATS");
+	printf("RESULT ok=%d iters=%ld wrong=%zu bad_probe=%ld threads=%d\n", wrong == 0 && bad_probe == 0, iters, wrong,
+	       bad_probe, nbuf);
+	fflush(stdout);
+	return wrong == 0 && bad_probe == 0 ? 0 : 3;
+}
+
 static int loop(int nbuf, size_t bytes, int do_fork)
 {
 	setup();
@@ -503,6 +573,8 @@ int main(int argc, char **argv)
 	const char *m = argv[2];
 	if (strcmp(m, "basic") == 0)
 		return basic();
+	if (strcmp(m, "loop") == 0 && argc >= 6 && strcmp(argv[5], "threads") == 0)
+		return loop_threads(atoi(argv[3]), strtoull(argv[4], NULL, 0));
 	if (strcmp(m, "loop") == 0 && argc >= 5)
 		return loop(atoi(argv[3]), strtoull(argv[4], NULL, 0), argc > 5 && strcmp(argv[5], "fork") == 0);
 	if (strcmp(m, "refuse") == 0 && argc >= 4)

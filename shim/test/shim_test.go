@@ -456,3 +456,29 @@ func TestDlsymRTLDNextUnchanged(t *testing.T) {
 		})
 	}
 }
+
+// Several threads launch and copy at once while the daemon swaps: the gate
+// stops them all, and every thread's buffer comes back intact.
+func TestSwapWithConcurrentLaunchingThreads(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	p := e.start(t, "ptsz", "loop", "6", "1048576", "threads")
+	c := d.waitConn(t)
+	p.waitLine(t, "READY", 20*time.Second)
+	for i := 0; i < 15; i++ {
+		require.Equal(t, true, c.swap(t, "swap_out")["ok"], "cycle %d", i)
+		st := readFakeStats(t, e.stats)
+		require.Equal(t, uint64(0), st.InUse)
+		time.Sleep(10 * time.Millisecond)
+		require.Equal(t, st.Launches, readFakeStats(t, e.stats).Launches, "a thread launched while swapped out")
+		require.Equal(t, true, c.swap(t, "swap_in")["ok"], "cycle %d", i)
+		time.Sleep(5 * time.Millisecond)
+	}
+	lines := p.finish(t, 30*time.Second)
+	res := line(t, lines, "RESULT")
+	require.Equal(t, "1", res["ok"], "%v", res)
+	require.Equal(t, "6", res["threads"])
+	require.Equal(t, uint64(15), num(t, line(t, lines, "STATS"), "swaps_out"))
+}
