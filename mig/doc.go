@@ -10,9 +10,9 @@
 //     machines without a GPU). Init/Shutdown are the caller's business.
 //   - Planning ([PlanGPU], [PlaceInstances]) is pure: no I/O, deterministic
 //     for the same inputs, safe for concurrent use.
-//   - A [Manager] serialises its own calls; it is safe for concurrent use, but
-//     two processes driving one GPU must be serialised by the caller (the
-//     simulator does so with a file lock).
+//   - A [Manager] serialises its own calls and is safe for concurrent use; with
+//     a journal ([WithJournal]) it also holds the journal's flock while it
+//     changes GPUs, so separate migctl processes queue instead of interleaving.
 //   - Apply never destroys an instance that has processes unless forced, never
 //     resets a GPU, destroys compute instances before their GPU instance and
 //     creates GPU instances with explicit placements. Each GPU is changed in a
