@@ -2,7 +2,6 @@ package mig
 
 import (
 	"fmt"
-	"strings"
 )
 
 // InfeasibleError explains why wants could not be placed.
@@ -429,13 +428,4 @@ func sortedInts(a []int) []int {
 		}
 	}
 	return out
-}
-
-// describeWants prints wants for messages.
-func describeWants(ws []Want) string {
-	s := make([]string, len(ws))
-	for i, w := range ws {
-		s[i] = w.Profile.Name
-	}
-	return strings.Join(s, ", ")
 }

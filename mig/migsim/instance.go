@@ -63,7 +63,7 @@ func (h *gpuInstance) Destroy() nvml.Return {
 	if _, r := h.resolve(); r != nvml.SUCCESS {
 		return r
 	}
-	return h.n.mutate("GpuInstance.Destroy", h.idx, func() nvml.Return {
+	return h.n.mutate(func() nvml.Return {
 		gi, _ := h.resolve()
 		if len(gi.CIs) > 0 {
 			return nvml.ERROR_IN_USE
@@ -189,7 +189,7 @@ func (h *gpuInstance) GetComputeInstanceRemainingCapacity(info *nvml.ComputeInst
 	return n, nvml.SUCCESS
 }
 
-func (h *gpuInstance) createCI(op string, info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
+func (h *gpuInstance) createCI(info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 	h.n.mu.Lock()
 	defer h.n.mu.Unlock()
 	if _, r := h.resolve(); r != nvml.SUCCESS {
@@ -203,7 +203,7 @@ func (h *gpuInstance) createCI(op string, info *nvml.ComputeInstanceProfileInfo,
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	var out nvml.ComputeInstance
-	r = h.n.mutate(op, h.idx, func() nvml.Return {
+	r = h.n.mutate(func() nvml.Return {
 		gi, _ := h.resolve()
 		starts := c.Starts
 		if pl != nil {
@@ -234,14 +234,14 @@ func (h *gpuInstance) createCI(op string, info *nvml.ComputeInstanceProfileInfo,
 }
 
 func (h *gpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
-	return h.createCI("CreateComputeInstance", info, nil)
+	return h.createCI(info, nil)
 }
 
 func (h *gpuInstance) CreateComputeInstanceWithPlacement(info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 	if pl == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
-	return h.createCI("CreateComputeInstanceWithPlacement", info, pl)
+	return h.createCI(info, pl)
 }
 
 func (h *gpuInstance) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
@@ -327,7 +327,7 @@ func (h *computeInstance) Destroy() nvml.Return {
 	if _, _, r := h.resolve(); r != nvml.SUCCESS {
 		return r
 	}
-	return h.n.mutate("ComputeInstance.Destroy", h.idx, func() nvml.Return {
+	return h.n.mutate(func() nvml.Return {
 		gi, ci, _ := h.resolve()
 		if len(ci.Procs) > 0 {
 			return nvml.ERROR_IN_USE

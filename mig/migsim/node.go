@@ -180,7 +180,7 @@ func (n *Node) persist() error {
 }
 
 // mutate runs f and persists the state if it succeeded. Callers hold mu.
-func (n *Node) mutate(_ string, _ int, f func() nvml.Return) nvml.Return {
+func (n *Node) mutate(f func() nvml.Return) nvml.Return {
 	r := f()
 	if r == nvml.SUCCESS {
 		if err := n.persist(); err != nil {

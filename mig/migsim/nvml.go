@@ -159,7 +159,7 @@ func (d *device) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	}
 	g := d.gpu()
 	activation := nvml.SUCCESS
-	r := d.n.mutate("SetMigMode", d.idx, func() nvml.Return {
+	r := d.n.mutate(func() nvml.Return {
 		if mode == nvml.DEVICE_MIG_DISABLE && len(g.GIs) > 0 {
 			return nvml.ERROR_IN_USE
 		}
@@ -315,7 +315,7 @@ func (d *device) CreateGpuInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuI
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	var gi nvml.GpuInstance
-	r := d.n.mutate("CreateGpuInstance", d.idx, func() nvml.Return {
+	r := d.n.mutate(func() nvml.Return {
 		last := nvml.ERROR_INSUFFICIENT_RESOURCES
 		for _, s := range p.Starts {
 			var r nvml.Return
@@ -344,7 +344,7 @@ func (d *device) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInf
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	var gi nvml.GpuInstance
-	r := d.n.mutate("CreateGpuInstanceWithPlacement", d.idx, func() nvml.Return {
+	r := d.n.mutate(func() nvml.Return {
 		var r nvml.Return
 		gi, r = d.createGI(p, int(pl.Start))
 		return r
