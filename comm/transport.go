@@ -33,6 +33,7 @@ type ShmTransport struct {
 	opts  ShmOptions
 
 	stop     chan struct{}
+	stopped  chan struct{}
 	stopOnce sync.Once
 
 	mu        sync.Mutex
@@ -57,7 +58,7 @@ func NewShmTransport(ctl *shm.Control, rank int, opts ShmOptions) (*ShmTransport
 	if opts.Spin <= 0 {
 		opts.Spin = 20 * time.Microsecond
 	}
-	t := &ShmTransport{ctl: ctl, rank: rank, world: w, opts: opts, stop: make(chan struct{}),
+	t := &ShmTransport{ctl: ctl, rank: rank, world: w, opts: opts, stop: make(chan struct{}), stopped: make(chan struct{}),
 		beat: make([]uint64, w), moved: make([]time.Time, w)}
 	ctl.PID(rank).Store(uint64(os.Getpid()))
 	ctl.Heartbeat(rank).Add(1)
@@ -70,6 +71,7 @@ func NewShmTransport(ctl *shm.Control, rank int, opts ShmOptions) (*ShmTransport
 }
 
 func (t *ShmTransport) heartbeat() {
+	defer close(t.stopped)
 	tk := time.NewTicker(t.opts.Heartbeat)
 	defer tk.Stop()
 	for {
@@ -173,8 +175,10 @@ func (t *ShmTransport) CheckPeers() error {
 	return nil
 }
 
-// Close stops the heartbeat. It does not unmap the control block.
+// Close stops the heartbeat and returns once it no longer touches the
+// control block, which the caller may then unmap.
 func (t *ShmTransport) Close() error {
 	t.stopOnce.Do(func() { close(t.stop) })
+	<-t.stopped
 	return nil
 }
