@@ -839,6 +839,8 @@ static CUresult memallocpitch_body(memallocpitch_t real, CUdeviceptr *d, size_t 
 	return r;
 }
 
+static int async_untrack(CUdeviceptr p);
+
 static CUresult memfree_body(memfree_t real, CUdeviceptr d)
 {
 	if (d == 0)
@@ -852,6 +854,8 @@ static CUresult memfree_body(memfree_t real, CUdeviceptr d)
 		r = vmm_free(a);
 	} else {
 		r = real ? real(d) : CUDA_ERROR_INVALID_VALUE;
+		if (r == CUDA_SUCCESS && atomic_load(&ms_async_live) > 0)
+			async_untrack(d); /* a stream-ordered allocation freed with cuMemFree */
 	}
 	gate_exit();
 	return r;

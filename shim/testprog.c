@@ -459,7 +459,7 @@ static int refuse(const char *kind)
 	if (strcmp(kind, "ipc") == 0) {
 		CUipcMemHandle hd;
 		CHECK(cu.IpcGetMemHandle(&hd, p));
-	} else if (strcmp(kind, "async") == 0) {
+	} else if (strcmp(kind, "async") == 0 || strcmp(kind, "async_free") == 0) {
 		CHECK(cu.MemAllocAsync(&q, 1 << 20, NULL));
 	} else if (strcmp(kind, "managed") == 0) {
 		CHECK(cu.MemAllocManaged(&q, 1 << 20, 1));
@@ -473,8 +473,9 @@ static int refuse(const char *kind)
 		CHECK(add_one(p, 1 << 18));
 		usleep(1000);
 	}
-	if (strcmp(kind, "async") == 0) {
-		CHECK(cu.MemFreeAsync(q, NULL));
+	if (strcmp(kind, "async") == 0 || strcmp(kind, "async_free") == 0) {
+		/* either free makes the process swappable again */
+		CHECK(kind[5] ? cu.MemFree(q) : cu.MemFreeAsync(q, NULL));
 		printf("FREED_ASYNC reason=\"%s\"\n", why && why() ? why() : "");
 	}
 	report_stats("STATS");

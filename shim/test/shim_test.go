@@ -160,6 +160,7 @@ func TestSwapRefusedWithReason(t *testing.T) {
 	for _, tc := range []struct{ kind, reason string }{
 		{"ipc", "IPC-exported memory"},
 		{"async", "stream-ordered allocations"},
+		{"async_free", "stream-ordered allocations"},
 		{"managed", "managed memory"},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
@@ -181,7 +182,7 @@ func TestSwapRefusedWithReason(t *testing.T) {
 			require.Equal(t, true, in["ok"], "swap_in of a resident process is a no-op")
 			lines := p.finish(t, 20*time.Second)
 			require.Equal(t, "1", line(t, lines, "RESULT")["ok"])
-			if tc.kind == "async" {
+			if tc.kind == "async" || tc.kind == "async_free" {
 				require.Equal(t, "", line(t, lines, "FREED_ASYNC")["reason"], "freeing the async allocation makes it swappable")
 			}
 		})
