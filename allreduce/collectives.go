@@ -147,3 +147,25 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 	}
 	return c.exec.Run(ctx, s, Call{})
 }
+
+// AllReduceIPC is AllReduce over the RingIPC schedule: prevSend and prevRecv
+// are the previous rank's (rank-1 mod world) send and receive buffers, opened
+// through CUDA IPC (comm.IPCDevice.OpenPeerBuffer; with one rank, this rank's
+// own). The device's streams must implement comm.BufferReducer.
+func (c *Communicator) AllReduceIPC(ctx context.Context, send, recv, prevSend, prevRecv comm.Buffer, count int, dt comm.DType, op comm.Op) error {
+	n := count * dt.Size()
+	for _, b := range []struct {
+		b    comm.Buffer
+		what string
+	}{{send, "send"}, {recv, "receive"}, {prevSend, "previous rank's send"}, {prevRecv, "previous rank's receive"}} {
+		if err := need(b.b, n, b.what); err != nil {
+			return err
+		}
+	}
+	s, err := c.schedule(Params{Coll: AllReduce, Algorithm: RingIPC, Bytes: n, ElemSize: dt.Size(),
+		Avg: op == comm.Avg, InPlace: send == recv})
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op, PeerSend: prevSend, PeerRecv: prevRecv})
+}

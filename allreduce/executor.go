@@ -115,6 +115,9 @@ type Call struct {
 	SendBase, RecvBase int
 	DType              comm.DType
 	Op                 comm.Op
+	// PeerSend and PeerRecv are the previous rank's buffers, opened through
+	// IPC (RingIPC schedules only; with one rank, this rank's own).
+	PeerSend, PeerRecv comm.Buffer
 }
 
 // Run executes rank's part of sched. It blocks until this rank's part is
@@ -273,7 +276,8 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 				return err
 			}
 		}
-		async := st.Len > 0 && (st.Kind == CopyOut || st.Kind == CopyIn || st.Kind == ReduceIn)
+		async := st.Len > 0 && (st.Kind == CopyOut || st.Kind == CopyIn || st.Kind == ReduceIn ||
+			st.Kind == ReducePeer || st.Kind == CopyPeer)
 		if !async {
 			// Flags are ordered per lane: finish what is in flight first.
 			for len(q) > 0 {
@@ -345,6 +349,43 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 			op = comm.Sum
 		}
 		if err := s.ReduceFromHost(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
+			return nil, err
+		}
+		if st.Final && call.Op == comm.Avg {
+			if err := s.Scale(dst, dbase+st.Off, st.Len, call.DType, world); err != nil {
+				return nil, err
+			}
+		}
+	case ReducePeer, CopyPeer:
+		dst, dbase := e.buf(st.Buf, call)
+		peer := call.PeerSend
+		if st.Peer == Recv {
+			peer = call.PeerRecv
+		}
+		if peer == nil {
+			return nil, fmt.Errorf("%s step without the previous rank's buffer: %w", st.Kind, comm.ErrInvalid)
+		}
+		if st.Kind == CopyPeer {
+			if err := s.CopyBuffer(dst, dbase+st.Off, peer, st.Off, st.Len); err != nil {
+				return nil, err
+			}
+			break
+		}
+		red, ok := s.(comm.BufferReducer)
+		if !ok {
+			return nil, fmt.Errorf("stream %T cannot reduce device buffers: %w", s, ErrUnsupported)
+		}
+		src, sbase := e.buf(st.Src, call)
+		if dst != src || dbase+st.Off != sbase+st.SrcOff {
+			if err := s.CopyBuffer(dst, dbase+st.Off, src, sbase+st.SrcOff, st.Len); err != nil {
+				return nil, err
+			}
+		}
+		op := call.Op
+		if op == comm.Avg {
+			op = comm.Sum
+		}
+		if err := red.ReduceBuffers(dst, dbase+st.Off, []comm.BufferSpan{{Buf: peer, Off: st.Off}}, st.Len, call.DType, op); err != nil {
 			return nil, err
 		}
 		if st.Final && call.Op == comm.Avg {

@@ -161,3 +161,47 @@ func alignedMem(n int) []byte {
 	off := (4096 - int(uintptr(unsafe.Pointer(&b[0]))%4096)) % 4096
 	return b[off : off+n : off+n]
 }
+
+// The IPC ring with host buffers standing in for buffers opened through IPC
+// (the host stream reduces between buffers like the CUDA one).
+func TestInProcessIPCRing(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, world := range []int{1, 2, 3, 4} {
+		g := newGroup(t, world, RingIPC, Options{Chunk: 4 << 10, Slots: 2})
+		for _, dt := range allDTypes {
+			for _, op := range allOps {
+				for _, inPlace := range []bool{false, true} {
+					count := 1 + rng.IntN(9000)
+					t.Run(fmt.Sprintf("n%d/dt%d/op%d/n%d/inplace=%v", world, dt, op, count, inPlace), func(t *testing.T) {
+						es := dt.Size()
+						sends := make([]*comm.HostBuffer, world)
+						recvs := make([]*comm.HostBuffer, world)
+						for r := range world {
+							sends[r] = hostBuf(t, g.devs[r], Input(AllReduce, dt, op, world, r, count), 0)
+							recvs[r] = sends[r]
+							if !inPlace {
+								recvs[r] = hostBuf(t, g.devs[r], nil, count*es)
+							}
+						}
+						errs := g.run(func(r int, c *Communicator) error {
+							ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+							defer cancel()
+							prev := (r + world - 1) % world
+							if err := c.AllReduceIPC(ctx, sends[r], recvs[r], sends[prev], recvs[prev], count, dt, op); err != nil {
+								return err
+							}
+							want := Expected(AllReduce, dt, op, world, r, 0, count)
+							if w := Wrong(recvs[r].Bytes()[:len(want)], want, dt); w != 0 {
+								return fmt.Errorf("rank %d: %d of %d wrong", r, w, count)
+							}
+							return nil
+						})
+						for r, err := range errs {
+							require.NoError(t, err, "rank %d", r)
+						}
+					})
+				}
+			}
+		}
+	}
+}

@@ -43,6 +43,9 @@ type Algorithm int
 const (
 	HostStaged Algorithm = iota
 	Ring
+	// RingIPC is a ring over device buffers that peers opened through CUDA
+	// IPC: each step reads the previous rank's buffer directly.
+	RingIPC
 )
 
 func (a Algorithm) String() string {
@@ -51,6 +54,8 @@ func (a Algorithm) String() string {
 		return "hoststaged"
 	case Ring:
 		return "ring"
+	case RingIPC:
+		return "ring-ipc"
 	}
 	return fmt.Sprintf("algorithm(%d)", int(a))
 }
@@ -87,9 +92,14 @@ const (
 	// HostReduce sets the host span Host = op(Hosts...) on the CPU; with
 	// Final and Avg it divides by len(Hosts).
 	HostReduce
+	// ReducePeer sets Buf[Off:Off+Len] = op(Src[SrcOff:], the previous
+	// rank's Peer buffer at Off) on the device; Final and Avg divide.
+	ReducePeer
+	// CopyPeer copies the previous rank's Peer buffer at Off to Buf[Off:].
+	CopyPeer
 )
 
-var kindNames = []string{"nop", "copyout", "copyin", "reducein", "hostreduce"}
+var kindNames = []string{"nop", "copyout", "copyin", "reducein", "hostreduce", "reducepeer", "copypeer"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -124,9 +134,11 @@ type Step struct {
 	SrcOff int
 	Host   Span
 	Hosts  []Span
-	Final  bool
-	Wait   []Cond
-	Set    []Cond
+	// Peer is the previous rank's buffer a ReducePeer/CopyPeer reads.
+	Peer  BufID
+	Final bool
+	Wait  []Cond
+	Set   []Cond
 }
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
@@ -215,6 +227,8 @@ func Build(p Params) (Schedule, error) {
 		buildStagedBroadcast(&s)
 	case p.Algorithm == Ring && p.Coll == AllReduce:
 		buildRingAllReduce(&s)
+	case p.Algorithm == RingIPC && p.Coll == AllReduce:
+		buildIPCRingAllReduce(&s)
 	default:
 		return Schedule{}, fmt.Errorf("%s with the %s algorithm: %w", p.Coll, p.Algorithm, ErrUnsupported)
 	}
@@ -481,4 +495,51 @@ func condIf(ok bool, c Cond) []Cond {
 		return []Cond{c}
 	}
 	return nil
+}
+
+// buildIPCRingAllReduce: 2(n-1) steps on one lane. Reduce-scatter step t:
+// rank r sets Recv[b] = Send[b] op prev's (t == 0 ? Send : Recv)[b] for
+// b = r-t-1; all-gather step t: Recv[b] = prev's Recv[b] for b = r-t. Before
+// step g a rank waits until both neighbours finished step g-1: the previous
+// rank has produced what it reads, and the next rank no longer reads what
+// it overwrites.
+func buildIPCRingAllReduce(s *Schedule) {
+	p := s.Params
+	n, es, S := p.World, p.ElemSize, p.Bytes
+	if n == 1 {
+		// One rank is its own previous rank: copy its send buffer.
+		if !p.InPlace && S > 0 {
+			s.Steps[0] = []Step{{Lane: LaneIn, Kind: CopyPeer, Buf: Recv, Len: S, Peer: Send}}
+		}
+		return
+	}
+	blockOff := func(b int) int { return split(S, es, n, b) }
+	mod := func(x int) int { return ((x % n) + n) % n }
+	for r := range n {
+		next, prev := mod(r+1), mod(r-1)
+		var st []Step
+		for g := range 2 * (n - 1) {
+			var b int
+			step := Step{Lane: LaneIn, Buf: Recv, Set: []Cond{{FlagOf(r, roleA), uint64(g + 1)}}}
+			if g < n-1 {
+				b = mod(r - g - 1)
+				step.Kind, step.Src, step.Peer = ReducePeer, Send, Recv
+				if g == 0 {
+					step.Peer = Send
+				}
+				step.Final = p.Avg && g == n-2
+			} else {
+				b = mod(r - (g - (n - 1)))
+				step.Kind, step.Peer = CopyPeer, Recv
+			}
+			step.Off = blockOff(b)
+			step.Len = blockOff(b+1) - step.Off
+			step.SrcOff = step.Off
+			if g > 0 {
+				step.Wait = []Cond{{FlagOf(prev, roleA), uint64(g)}, {FlagOf(next, roleA), uint64(g)}}
+			}
+			st = append(st, step)
+		}
+		s.Steps[r] = st
+	}
 }

@@ -150,6 +150,25 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 				srcs = append(srcs, h)
 			}
 			return merge(d, srcs...)
+		case ReducePeer, CopyPeer:
+			prev := (r + n - 1) % n
+			d, err := user(r, st.Buf, st.Off, st.Len)
+			if err != nil {
+				return err
+			}
+			peer, err := user(prev, st.Peer, st.Off, st.Len)
+			if err != nil {
+				return err
+			}
+			if st.Kind == CopyPeer {
+				copy(d, peer)
+				return nil
+			}
+			src, err := user(r, st.Src, st.SrcOff, st.Len)
+			if err != nil {
+				return err
+			}
+			return merge(d, append([]uint64(nil), src...), append([]uint64(nil), peer...))
 		case HostReduce:
 			d, err := host(st.Host)
 			if err != nil {
@@ -223,7 +242,7 @@ func TestSchedulesAsData(t *testing.T) {
 		coll Coll
 		alg  Algorithm
 	}
-	builds := []build{{AllReduce, HostStaged}, {AllReduce, Ring}, {ReduceScatter, HostStaged},
+	builds := []build{{AllReduce, HostStaged}, {AllReduce, Ring}, {AllReduce, RingIPC}, {ReduceScatter, HostStaged},
 		{AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, b := range builds {

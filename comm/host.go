@@ -23,10 +23,11 @@ type hostDevice struct {
 }
 
 var (
-	_ Device = (*hostDevice)(nil)
-	_ Stream = (*hostStream)(nil)
-	_ Event  = (*hostEvent)(nil)
-	_ Buffer = (*HostBuffer)(nil)
+	_ Device        = (*hostDevice)(nil)
+	_ Stream        = (*hostStream)(nil)
+	_ BufferReducer = (*hostStream)(nil)
+	_ Event         = (*hostEvent)(nil)
+	_ Buffer        = (*HostBuffer)(nil)
 )
 
 // NewHostDevice returns a Device whose buffers are Go memory and whose
@@ -216,6 +217,36 @@ func (s *hostStream) ReduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DT
 	all := make([][]byte, 0, len(srcs)+1)
 	all = append(all, to)
 	all = append(all, srcs...)
+	workers := s.dev.opts.ReduceWorkers
+	return s.enqueue(func() error { return ReduceHost(to, all, dt, op, workers) })
+}
+
+// ReduceBuffers implements BufferReducer for host buffers (in one process,
+// another rank's HostBuffer stands in for a buffer opened through IPC).
+func (s *hostStream) ReduceBuffers(dst Buffer, dstOff int, srcs []BufferSpan, n int, dt DType, op Op) error {
+	db, err := hostBytes(dst)
+	if err != nil {
+		return err
+	}
+	to, err := span(db, dstOff, n, "reduce destination")
+	if err != nil {
+		return err
+	}
+	all := [][]byte{to}
+	for i, sp := range srcs {
+		sb, err := hostBytes(sp.Buf)
+		if err != nil {
+			return err
+		}
+		from, err := span(sb, sp.Off, n, fmt.Sprintf("reduce source %d", i))
+		if err != nil {
+			return err
+		}
+		all = append(all, from)
+	}
+	if op == Avg {
+		op = Sum
+	}
 	workers := s.dev.opts.ReduceWorkers
 	return s.enqueue(func() error { return ReduceHost(to, all, dt, op, workers) })
 }
