@@ -297,7 +297,15 @@ type fakeDaemon struct {
 	ln     net.Listener
 	path   string
 	conns  chan *shimConn
+	mu     sync.Mutex
 	onNeed func(c *shimConn, bytes uint64) (granted bool, reason string)
+}
+
+// setNeed installs the answer to `need` messages (default: denied).
+func (d *fakeDaemon) setNeed(f func(c *shimConn, bytes uint64) (bool, string)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.onNeed = f
 }
 
 type shimConn struct {
@@ -377,8 +385,11 @@ func (d *fakeDaemon) serve(c net.Conn) {
 		case "need":
 			go func(m msg) {
 				granted, reason := false, "no policy"
-				if d.onNeed != nil {
-					granted, reason = d.onNeed(sconn, uint64(m.num("bytes")))
+				d.mu.Lock()
+				onNeed := d.onNeed
+				d.mu.Unlock()
+				if onNeed != nil {
+					granted, reason = onNeed(sconn, uint64(m.num("bytes")))
 				}
 				if granted {
 					sconn.send(msg{"type": "granted", "id": m["id"]})

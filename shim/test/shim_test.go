@@ -244,14 +244,14 @@ func TestNeedGrantedRetry(t *testing.T) {
 			victim := d.waitConn(t)
 			victimProc.waitLine(t, "READY", 20*time.Second)
 			needs := make(chan uint64, 4)
-			d.onNeed = func(c *shimConn, bytes uint64) (bool, string) {
+			d.setNeed(func(c *shimConn, bytes uint64) (bool, string) {
 				needs <- bytes
 				if !tc.grant {
 					return false, "nothing to preempt"
 				}
 				r := victim.swap(t, "swap_out")
 				return r["ok"] == true, r.str("error")
-			}
+			})
 			req := e.start(t, "gpa", "oom", "41943040")
 			reqConn := d.waitConn(t)
 			lines := req.finish(t, 30*time.Second)
