@@ -344,7 +344,10 @@ func TestProtocolUnknownType(t *testing.T) {
 		defer c.mu.Unlock()
 		return len(c.errors) == 1
 	}, 5*time.Second, time.Millisecond)
-	require.Contains(t, c.errors[0].str("reason"), "frobnicate")
+	c.mu.Lock()
+	reason := c.errors[0].str("reason")
+	c.mu.Unlock()
+	require.Contains(t, reason, "frobnicate")
 	require.Equal(t, true, c.swap(t, "swap_out")["ok"], "the connection still works")
 	require.Equal(t, true, c.swap(t, "swap_in")["ok"])
 	require.Eventually(t, func() bool {
