@@ -15,8 +15,8 @@ import (
 	"github.com/migctl/migctl/comm/shm"
 )
 
-// errIPCNotImplemented: the IPC ring is not wired into the bench yet.
-var errIPCNotImplemented = errors.New("the CUDA IPC transport is not available in this migctl")
+// errIPCNotImplemented: what the IPC transport cannot do (here).
+var errIPCNotImplemented = errors.New("not available over CUDA IPC")
 
 // rankResult is one rank's measurement of one size.
 type rankResult struct {
@@ -96,7 +96,13 @@ func chooseAlgorithm(spec benchSpec, dev comm.Device, top rendezvous.Topology) (
 		if top.AnyMIG {
 			return "", 0, fmt.Errorf("--transport ipc: CUDA IPC does not work between MIG instances; use --transport shm")
 		}
-		return "", 0, fmt.Errorf("--transport ipc: %w", errIPCNotImplemented)
+		if spec.Coll != "allreduce" && spec.Coll != "barrier" {
+			return "", 0, fmt.Errorf("--transport ipc runs allreduce only; use --transport shm for %s: %w", spec.Coll, errIPCNotImplemented)
+		}
+		if !top.SameHost {
+			return "", 0, fmt.Errorf("--transport ipc needs every rank on one host")
+		}
+		return transport, allreduce.RingIPC, nil
 	}
 	if !top.SameHost {
 		return "", 0, fmt.Errorf("the shm transport needs every rank on one host")
@@ -197,6 +203,17 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 	}
 	defer stream.Close()
 	r := &rankRunner{spec: spec, cm: cm, dev: dev, stream: stream, send: send, recv: recv, coll: coll, dt: dt, op: op, rank: rank, n: n}
+	if alg == allreduce.RingIPC {
+		ipc := dev.(comm.IPCDevice) // chooseAlgorithm checked
+		peers, err := comm.ExchangeIPC(setup, client, ipc, rank, n, "bench", send, recv)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", rank, err)
+		}
+		defer peers.Close()
+		r.prevSend, r.prevRecv = peers.Bufs[0], peers.Bufs[1]
+		// Everyone has opened everyone's buffers before anyone frees theirs.
+		defer func() { _ = client.Barrier(setup, "bench/ipc-closed") }()
+	}
 
 	results := make([]rankResult, len(sizes))
 	start := time.Now()
@@ -269,6 +286,8 @@ type rankRunner struct {
 	stream     comm.Stream
 	send, recv comm.Buffer
 	coll       allreduce.Coll
+	prevSend   comm.Buffer // the previous rank's buffers (IPC ring only)
+	prevRecv   comm.Buffer
 	dt         comm.DType
 	op         comm.Op
 	rank, n    int
@@ -279,6 +298,9 @@ func (r *rankRunner) call(ctx context.Context, count int) error {
 	defer cancel()
 	switch r.coll {
 	case allreduce.AllReduce:
+		if r.prevSend != nil {
+			return r.cm.AllReduceIPC(ctx, r.send, r.recv, r.prevSend, r.prevRecv, count, r.dt, r.op)
+		}
 		return r.cm.AllReduce(ctx, r.send, r.recv, count, r.dt, r.op)
 	case allreduce.ReduceScatter:
 		return r.cm.ReduceScatter(ctx, r.send, r.recv, count, r.dt, r.op)
