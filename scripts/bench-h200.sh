@@ -44,6 +44,13 @@ for cfg in "1M 8 2" "4M 4 2" "4M 8 2" "2M 8 3"; do
   bench "tune7_c$1_s$2_w$3" --np 7 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$3"
   bench "tune2_c$1_s$2_w$3" --np 2 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$(( $3 * 3 ))"
 done
+# Two GPUs (NVLink, MIG off): the IPC ring, against NCCL's 0.95 ms from hw/H200.md.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${ngpu:-0}" -ge 2 ] && [ "$BACKEND" = gpu ]; then
+  log "two GPUs: IPC ring"
+  timeout 120 "$M" bench allreduce --backend gpu --transport ipc --gpu 0,1 --np 2 -b "$BIG" -e "$BIG" -n 20 -w 5 -c 1 -q -o json \
+    > "$OUT/ipc2_256M.json" 2> "$OUT/ipc2_256M.err"; echo $? > "$OUT/ipc2_256M.rc"
+fi
 log "migctl sweep, 7 ranks, 8 B .. 256 MiB"
 timeout 180 "$M" bench allreduce --backend "$BACKEND" --transport shm --np 7 -b 8 -e "$BIG" -f 4 -n 5 -w 2 -c 1 \
   > "$OUT/sweep7.txt" 2> "$OUT/sweep7.err"; echo $? > "$OUT/sweep7.rc"
@@ -98,6 +105,9 @@ for label, n, size, (cfg, r), must, goal, unit in rows:
               f"≤ {f(must)} | ≤ {f(goal)} | {r['busbw']:.1f} | {r['wrong']} | {cfg} ({verdict}) |")
     else:
         print(f"| {label} | {gs} | FAILED (see {cfg}.err) | n/a | ≤ {f(must)} | ≤ {f(goal)} | n/a | n/a | {cfg} |")
+ipc = ours("ipc2_256M")
+if ipc:
+    print(f"| 256 MiB, 2 H200s (NVLink), IPC ring | NCCL 0.95 ms (hw/H200.md) | {ipc['ms']:.3f} ms | {0.952/ipc['ms']:.2f}× NCCL | ≤ 1.2 ms | ≤ 0.95 ms | {ipc['busbw']:.1f} | {ipc['wrong']} | ipc2_256M |")
 print()
 print("Tuning grid (256 MiB; chunk, slots, reduce workers per rank):")
 print()
@@ -105,6 +115,8 @@ print("| run | ms | busbw GB/s | #wrong |")
 print("|---|---|---|---|")
 for p in sorted(glob.glob(os.path.join(out, "*.json"))):
     n = os.path.basename(p)[:-5]
+    if n.startswith("ipc"):
+        continue
     r = ours(n)
     print(f"| {n} | {r['ms']:.2f} | {r['busbw']:.1f} | {r['wrong']} |" if r else f"| {n} | failed | | |")
 PY
