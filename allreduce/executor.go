@@ -68,6 +68,7 @@ type Executor struct {
 	streams [NumLanes]comm.Stream
 	calls   uint64
 	broken  error
+	prev    Params // the previous call's schedule parameters
 }
 
 // NewExecutor registers the transport's arena with dev and opens one stream
@@ -140,7 +141,9 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	e.calls++
 	epoch := e.calls << 32
 	r := e.tr.Rank()
-	err := e.run(ctx, sched, call, epoch)
+	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
+	e.prev = sched.Params
+	err := e.run(ctx, sched, call, epoch, fence)
 	if err != nil {
 		e.tr.Abort()
 		e.broken = err
@@ -161,11 +164,25 @@ func (e *Executor) drain() {
 	}
 }
 
-func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64) error {
+// needsFence reports whether a call must wait until every rank finished the
+// previous one. Not needed for a barrier (it touches no arena memory), nor
+// for a host-staged all-reduce after a host-staged all-reduce or a barrier:
+// a rank that finished an all-reduce has fetched every chunk, which every
+// rank's reduction had to complete first, and no reduction of the next call
+// writes a result slot before every rank has staged, i.e. finished.
+func needsFence(prev, next Params) bool {
+	if next.Coll == Barrier {
+		return false
+	}
+	stagedAR := func(p Params) bool { return p.Coll == AllReduce && p.Algorithm == HostStaged }
+	return !(stagedAR(next) && (stagedAR(prev) || prev.Coll == Barrier))
+}
+
+func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool) error {
 	r, n := e.tr.Rank(), e.tr.World()
 	// Fence: every rank has finished the previous call, so no arena slot or
 	// flag of it is still in use anywhere.
-	if prev := epoch - 1<<32; prev != 0 {
+	if prev := epoch - 1<<32; fence && prev != 0 {
 		for q := range n {
 			if err := e.tr.Wait(ctx, FlagOf(q, RoleFin), prev|1); err != nil {
 				return fmt.Errorf("rank %d waiting for rank %d to finish the previous collective: %w", r, q, err)

@@ -14,7 +14,7 @@ import (
 
 // eventSpin is how long waitEvent polls an event back to back before it
 // starts napping between polls.
-const eventSpin = 100 * time.Microsecond
+const eventSpin = 30 * time.Microsecond
 
 // eventNap is the pause between polls after eventSpin. It is a futex
 // timeout, not time.Sleep: the Go runtime rounds sleeps of an otherwise idle

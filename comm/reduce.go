@@ -36,7 +36,7 @@ func avgDiv(op Op, n int) int {
 
 // minParallelBytes is the output size below which a reduction runs on the
 // calling goroutine: below it, waking goroutines costs more than it saves.
-const minParallelBytes = 256 << 10
+const minParallelBytes = 64 << 10
 
 // blockBytes is the output block reduced source by source while it stays in
 // L1/L2: one pass over memory whatever the number of sources.
