@@ -168,3 +168,28 @@ func TestBenchRankKilled(t *testing.T) {
 	require.Empty(t, ents, "shared-memory segments left behind")
 	t.Logf("failed %v after the kill", took.Round(time.Millisecond))
 }
+
+// TestBenchJoinRendezvous: one migctl hosts the rendezvous and starts no
+// ranks; two others join it as ranks 0 and 1; rank 0 prints the report.
+func TestBenchJoinRendezvous(t *testing.T) {
+	bin := benchMigctl(t)
+	sock := "unix://" + filepath.Join(t.TempDir(), "rdv.sock")
+	common := []string{"--np", "2", "--backend", "host", "-b", "64K", "-e", "1M", "-f", "16", "-c", "1", "--token", "t0k", "--timeout", "60s"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	host := exec.CommandContext(ctx, bin, append([]string{"bench", "allreduce", "--listen", sock, "--local", "0"}, common...)...)
+	var hostErr bytes.Buffer
+	host.Stderr = &hostErr
+	require.NoError(t, host.Start())
+	rank1 := exec.CommandContext(ctx, bin, append([]string{"bench", "allreduce", "--rendezvous", sock, "--rank", "1"}, common...)...)
+	require.NoError(t, rank1.Start())
+	rep, stderr, err := runBench(t, 2*time.Minute, append([]string{"allreduce", "--rendezvous", sock, "--rank", "0"}, common...)...)
+	require.NoError(t, err, stderr)
+	require.NoError(t, rank1.Wait())
+	require.NoError(t, host.Wait(), hostErr.String())
+	require.Equal(t, 2, rep.NP)
+	require.Len(t, rep.Results, 2)
+	for _, row := range rep.Results {
+		require.Zero(t, row.Wrong)
+	}
+}

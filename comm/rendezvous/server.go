@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -61,13 +62,23 @@ func (s *Server) Serve(lis net.Listener) error {
 	return g.Serve(lis)
 }
 
-// Stop closes the listener and every connection; blocked calls fail.
+// Stop closes the listener, lets calls in progress that are about to answer
+// (a completed barrier) finish for up to a second, then closes every
+// connection; calls still blocked fail.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	g := s.grpc
 	s.mu.Unlock()
-	if g != nil {
+	if g == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
 		g.Stop()
+		<-done
 	}
 }
 
