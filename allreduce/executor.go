@@ -39,6 +39,9 @@ type Options struct {
 	// ReduceWorkers bounds the goroutines one host reduction uses (default:
 	// GOMAXPROCS / world, at least 1).
 	ReduceWorkers int
+	// EventSpin is how long a lane polls a device event back to back before
+	// it naps between polls (default 30µs).
+	EventSpin time.Duration
 }
 
 // DefaultOptions fills in zero fields for a world size.
@@ -54,6 +57,9 @@ func (o Options) withDefaults(world int) Options {
 	}
 	if o.ReduceWorkers <= 0 {
 		o.ReduceWorkers = max(1, numCPU()/world)
+	}
+	if o.EventSpin <= 0 {
+		o.EventSpin = defaultEventSpin
 	}
 	return o
 }
@@ -268,7 +274,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 	complete := func() error {
 		f := q[0]
 		q = q[1:]
-		if err := waitEvent(ctx, f.ev, e.tr); err != nil {
+		if err := waitEvent(ctx, f.ev, e.tr, e.opts.EventSpin); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
 		e.publish(f.st.Set, epoch)

@@ -12,17 +12,42 @@ import (
 	"github.com/migctl/migctl/comm"
 )
 
-// eventSpin is how long waitEvent polls an event back to back before it
-// starts napping between polls.
-const eventSpin = 30 * time.Microsecond
+// defaultEventSpin is how long waitEvent polls an event back to back before
+// it starts napping between polls (Options.EventSpin).
+const defaultEventSpin = 30 * time.Microsecond
 
 // eventNap is the pause between polls after eventSpin. It is a futex
 // timeout, not time.Sleep: the Go runtime rounds sleeps of an otherwise idle
 // process up to a millisecond, which would stall the pipeline.
 const eventNap = 10 * time.Microsecond
 
-// waitEvent polls ev until it completes, ctx ends, or the job is aborted.
-func waitEvent(ctx context.Context, ev comm.Event, tr Transport) error {
+// readyEvent is an event that can signal its completion on a channel (the
+// host backend's): waited for without polling.
+type readyEvent interface {
+	Ready() <-chan struct{}
+}
+
+// waitEvent waits until ev completes, ctx ends, or the job is aborted.
+func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Duration) error {
+	if re, ok := ev.(readyEvent); ok {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-re.Ready():
+				return nil
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for the device: %w", ctx.Err())
+			case <-tick.C:
+				if _, err := ev.Done(); err != nil {
+					return err
+				}
+				if err := tr.Aborted(); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	start := time.Now()
 	for i := 0; ; i++ {
 		done, err := ev.Done()
@@ -40,7 +65,7 @@ func waitEvent(ctx context.Context, ev comm.Event, tr Transport) error {
 				return err
 			}
 		}
-		if time.Since(start) < eventSpin {
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}

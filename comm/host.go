@@ -308,6 +308,10 @@ func (e *hostEvent) streamErr() error {
 	return e.s.err
 }
 
+// Ready is closed when the stream reaches the event: host events can be
+// waited for in a select, without polling.
+func (e *hostEvent) Ready() <-chan struct{} { return e.ch }
+
 func (e *hostEvent) Done() (bool, error) {
 	select {
 	case <-e.ch:

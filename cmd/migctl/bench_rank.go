@@ -160,14 +160,14 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
-	opts := allreduce.Options{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth, ReduceWorkers: spec.Workers}
+	opts := allreduce.Options{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth, ReduceWorkers: spec.Workers, EventSpin: spec.Spin}
 	layout := shm.Layout{World: n, Flags: n * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(n, spec.Chunk, spec.Slots)}
 	job, err := comm.JoinShm(setup, client, rank, spec.Job, spec.ShmRoot, layout)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
 	defer job.Close()
-	tr, err := comm.NewShmTransport(job.Control, rank, comm.ShmOptions{})
+	tr, err := comm.NewShmTransport(job.Control, rank, comm.ShmOptions{Spin: spec.Spin})
 	if err != nil {
 		return nil, err
 	}
