@@ -391,3 +391,44 @@ func TestApplyAroundBusyAgainstBruteForce(t *testing.T) {
 	require.Greater(t, ok, 30)
 	require.Greater(t, fail, 30)
 }
+
+// TestApplyEmptyLayout: "MIG enabled, no instances" (--layout none,
+// mig-parted's `mig-devices: {}`) turns MIG on on a fresh GPU and destroys
+// every idle instance on a partitioned one.
+func TestApplyEmptyLayout(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		first *mig.Request // applied before the empty layout, if any
+	}{
+		{"fresh GPU, MIG off", nil},
+		{"MIG on, no instances", &mig.Request{MIGEnabled: true}},
+		{"partitioned GPU", ptr(req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)))},
+		{"MIG off again", &mig.Request{MIGEnabled: false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := migsim.New(migsim.H200, 2)
+			m := newManager(t, sim)
+			if tc.first != nil {
+				_, err := m.Apply(ctx, all(2, *tc.first), mig.ApplyOptions{})
+				require.NoError(t, err)
+			}
+			plan, err := m.Plan(ctx, all(2, mig.Request{MIGEnabled: true}), mig.PlanOptions{})
+			require.NoError(t, err)
+			require.NotNil(t, plan.GPUs[0].Target, "an empty target is empty, not absent")
+			require.Empty(t, plan.GPUs[0].Target)
+			_, err = m.Apply(ctx, all(2, mig.Request{MIGEnabled: true}), mig.ApplyOptions{})
+			require.NoError(t, err)
+			node, err := m.Discover(ctx)
+			require.NoError(t, err)
+			for _, g := range node.GPUs {
+				require.True(t, g.MIGEnabled, "GPU %d", g.Index)
+				require.Empty(t, g.Instances, "GPU %d", g.Index)
+				require.NoError(t, mig.Assert(&g, mig.Request{MIGEnabled: true}))
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -290,6 +290,8 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 	}
 	var firstErr error
 	for size := len(cand); size >= 0; size-- {
+		// found, not best != nil: an empty target (MIG on, no instances) is nil
+		found := false
 		var best Layout
 		var bestKept Layout
 		var bestScore score
@@ -326,11 +328,14 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 				continue
 			}
 			sc := layoutScore(gpu.Profiles, target)
-			if best == nil || sc.better(bestScore) {
-				best, bestKept, bestScore = target, kept, sc
+			if !found || sc.better(bestScore) {
+				found, best, bestKept, bestScore = true, target, kept, sc
 			}
 		}
-		if best != nil {
+		if found {
+			if best == nil {
+				best = Layout{}
+			}
 			return best, bestKept.Sorted(), nil
 		}
 	}

@@ -108,6 +108,7 @@ func (f *nodeFlags) statePath() (string, error) {
 type openedNode struct {
 	lib     nvml.Interface
 	sim     *migsim.Node
+	simArgs string // "--sim h200x8 [--sim-state PATH]", to repeat in hints
 	journal string
 	close   func()
 }
@@ -131,7 +132,11 @@ func (f *nodeFlags) open() (*openedNode, error) {
 		if j == "" {
 			j = path + ".journal"
 		}
-		return &openedNode{lib: node, sim: node, journal: j, close: func() { node.Close() }}, nil
+		args := "--sim " + f.sim
+		if f.simState != "" && f.simState != os.Getenv(envSimState) {
+			args += " --sim-state " + f.simState
+		}
+		return &openedNode{lib: node, sim: node, simArgs: args, journal: j, close: func() { node.Close() }}, nil
 	}
 	lib := nvml.New()
 	if ret := lib.Init(); ret != nvml.SUCCESS {

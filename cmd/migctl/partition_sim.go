@@ -124,6 +124,6 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 // simResetHint tells the user of a simulated node how to stand in for a reset.
 func simResetHint(w io.Writer, on *openedNode, err error) {
 	if on.sim != nil && errors.Is(err, mig.ErrModePending) {
-		fmt.Fprintf(w, "note: on this simulated node, 'migctl partition sim reset --sim %s' stands for the GPU reset\n", on.sim.Model().Key)
+		fmt.Fprintf(w, "note: on this simulated node, 'migctl partition sim reset %s --gpus N' stands for the GPU reset\n", on.simArgs)
 	}
 }

@@ -193,7 +193,7 @@ func TestPartitionPendingModeOnAmpere(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "pending")
 	require.Contains(t, out, "nvidia-smi -r -i 1")
-	require.Contains(t, hint, "sim reset")
+	require.Contains(t, hint, "sim reset --sim a100-40gbx2 --sim-state "+state, "the hint names this node, not another state file")
 	_, _, err = runPartition(t, append([]string{"apply", "--gpus", "1", "--layout", "1g.5gb=7"}, sim...)...)
 	require.ErrorContains(t, err, "pending")
 	_, _, err = runPartition(t, append([]string{"sim", "reset", "--gpus", "1"}, sim...)...)
