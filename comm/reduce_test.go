@@ -154,8 +154,8 @@ func TestReduceHostMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, dt := range []DType{Float32, Float16, BFloat16, Float64, Int32, Int64, Uint8} {
 		for _, op := range []Op{Sum, Avg, Min, Max} {
-			for _, k := range []int{1, 2, 3, 4, 5, 7, 8} {
-				n := 1 + rng.IntN(300000)
+			for _, k := range []int{1, 2, 4, 5, 7} {
+				n := 1 + rng.IntN(80000)
 				t.Run(fmt.Sprintf("dt%d/op%d/srcs%d/n%d", dt, op, k, n), func(t *testing.T) {
 					srcs := randomInputs(rng, dt, k, n)
 					want := reference(dt, op, srcs)
