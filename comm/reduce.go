@@ -306,7 +306,7 @@ func reduceHalf(dst []byte, srcs [][]byte, off int, op Op, div int, bf bool) {
 		}
 	} else {
 		for i := range acc {
-			d[i] = f32to16(acc[i])
+			d[i] = f32to16Fast(acc[i])
 		}
 	}
 }
@@ -425,6 +425,18 @@ func f32to16(f float32) uint16 {
 		h++ // may carry into the exponent, which is right (up to inf)
 	}
 	return sign | uint16(h)
+}
+
+// f32to16Fast is f32to16 with an inlinable fast path for results in the
+// normal float16 range.
+func f32to16Fast(f float32) uint16 {
+	b := math.Float32bits(f)
+	abs := b & 0x7fffffff
+	if abs >= 0x38800000 && abs < 0x477ff000 {
+		r := abs + 0xfff + (abs>>13)&1 // round to nearest even
+		return uint16(b>>16)&0x8000 | uint16((r-0x38000000)>>13)
+	}
+	return f32to16(f)
 }
 
 // f32toBF16 converts float32 to bfloat16, rounding to nearest even.

@@ -175,6 +175,20 @@ func TestReduceHostMatchesReference(t *testing.T) {
 	}
 }
 
+func TestFastFloat16MatchesSlow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for range 2000000 {
+		f := math.Float32frombits(rng.Uint32())
+		if f != f {
+			continue
+		}
+		require.Equal(t, f32to16(f), f32to16Fast(f), "%g (%#08x)", f, math.Float32bits(f))
+	}
+	for _, f := range []float32{65504, 65519.99, 65520, float32(math.Ldexp(1, -14)), float32(math.Ldexp(1, -15)), 0, -0} {
+		require.Equal(t, f32to16(f), f32to16Fast(f), "%g", f)
+	}
+}
+
 func TestReduceHostRejects(t *testing.T) {
 	b := make([]byte, 8)
 	require.ErrorIs(t, ReduceHost(b, nil, Float32, Sum, 1), ErrInvalid)
