@@ -140,6 +140,7 @@ func TestBusyInstancesAreKeptOrRefused(t *testing.T) {
 	before := layouts(t, sim)
 	_, err = m.Apply(ctx, all(1, req(dev("7g.141gb", 1))), mig.ApplyOptions{})
 	require.ErrorIs(t, err, mig.ErrBusy)
+	require.ErrorContains(t, err, "pid 999 on "+in.Compute[0].UUID, "the refusal names the process and its MIG device")
 	require.Equal(t, before, layouts(t, sim))
 
 	// a layout that can keep it plans around it: 2g at 0 and 2, 3g stays at 4
@@ -152,6 +153,11 @@ func TestBusyInstancesAreKeptOrRefused(t *testing.T) {
 	// a layout that would move it (3g pinned at 0) is refused
 	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 1, 0))), mig.ApplyOptions{})
 	require.ErrorIs(t, err, mig.ErrBusy)
+
+	// a layout that keeps it but cannot fit around it says why it was kept
+	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 1), dev("4g.71gb", 1), dev("1g.18gb", 1))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrInfeasible)
+	require.ErrorContains(t, err, "kept because they have processes: 3g.71gb@4:4 (GI 2) (pid 999 on "+in.Compute[0].UUID+")")
 }
 
 func TestDisableAndPendingMode(t *testing.T) {

@@ -17,6 +17,20 @@ import (
 // GPU of the node). A GPU instance holding compute instances of different
 // sizes has no mig-parted spelling and is an error.
 func Export(node *Node, name string, gpus []int) ([]byte, error) {
+	return ExportWith(node, name, gpus, ExportOptions{})
+}
+
+// ExportOptions tune [ExportWith].
+type ExportOptions struct {
+	// MigParted writes strict mig-parted v1: no mig-placements (mig-parted
+	// refuses keys it does not know), so mig-parted can apply the file; it
+	// then chooses placements itself, and migctl's planner does when migctl
+	// applies it.
+	MigParted bool
+}
+
+// ExportWith is [Export] with options.
+func ExportWith(node *Node, name string, gpus []int, opts ExportOptions) ([]byte, error) {
 	if gpus == nil {
 		for _, g := range node.GPUs {
 			gpus = append(gpus, g.Index)
@@ -81,7 +95,7 @@ func Export(node *Node, name string, gpus []int) ([]byte, error) {
 				pls.Content = append(pls.Content, qstr(d.Profile), seq)
 			}
 			e.Content = append(e.Content, str("mig-devices"), devs)
-			if len(pls.Content) > 0 {
+			if len(pls.Content) > 0 && !opts.MigParted {
 				e.Content = append(e.Content, str("mig-placements"), pls)
 			}
 		}
@@ -94,7 +108,12 @@ func Export(node *Node, name string, gpus []int) ([]byte, error) {
 		}},
 	}}
 	var buf bytes.Buffer
-	buf.WriteString("# written by migctl partition export; mig-placements is migctl's extension to mig-parted v1\n")
+	if opts.MigParted {
+		buf.WriteString("# written by migctl partition export --mig-parted: strict mig-parted v1, no placements\n")
+	} else {
+		buf.WriteString("# written by migctl partition export; mig-placements is migctl's extension to mig-parted v1\n")
+		buf.WriteString("# (mig-parted refuses it: use 'migctl partition export --mig-parted' for a file mig-parted applies)\n")
+	}
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {

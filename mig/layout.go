@@ -88,6 +88,9 @@ func ParseConfig(data []byte, file string) (*Config, error) {
 	if configs == nil || configs.Kind != yaml.MappingNode {
 		return nil, c.errf(root, "mig-configs must be a mapping of configuration names")
 	}
+	if len(configs.Content) == 0 {
+		return nil, c.errf(configs, "mig-configs has no configurations")
+	}
 	for i := 0; i+1 < len(configs.Content); i += 2 {
 		k, v := configs.Content[i], configs.Content[i+1]
 		if _, dup := c.Configs[k.Value]; dup {
@@ -95,6 +98,9 @@ func ParseConfig(data []byte, file string) (*Config, error) {
 		}
 		if v.Kind != yaml.SequenceNode {
 			return nil, c.errf(v, "configuration %q must be a list of entries", k.Value)
+		}
+		if len(v.Content) == 0 {
+			return nil, c.errf(k, "configuration %q has no entries (mig-parted needs at least one)", k.Value)
 		}
 		var entries []ConfigEntry
 		for _, en := range v.Content {
@@ -360,6 +366,8 @@ func ParseLayout(s string) (Request, error) {
 		return r, nil
 	}
 	idx := map[string]int{}
+	counted := map[string]string{} // profile -> its PROFILE=COUNT entry
+	entries := map[string][]string{}
 	for _, ent := range strings.Split(s, ",") {
 		ent = strings.TrimSpace(ent)
 		src := fmt.Sprintf("--layout entry %q", ent)
@@ -380,11 +388,23 @@ func ParseLayout(s string) (Request, error) {
 		if _, err := ParseProfileName(prof); err != nil {
 			return r, fmt.Errorf("%s: %w", src, err)
 		}
+		if start < 0 {
+			if prev, dup := counted[prof]; dup {
+				return r, fmt.Errorf("%w: %s: %s already has a count (%q); give each profile one PROFILE=COUNT", ErrBadConfig, src, prof, prev)
+			}
+			counted[prof] = ent
+		}
+		entries[prof] = append(entries[prof], ent)
 		i, ok := idx[prof]
 		if !ok {
 			i = len(r.Devices)
 			idx[prof] = i
-			r.Devices = append(r.Devices, DeviceRequest{Profile: prof, Source: fmt.Sprintf("--layout %q", prof)})
+			r.Devices = append(r.Devices, DeviceRequest{Profile: prof})
+		}
+		if e := entries[prof]; len(e) == 1 {
+			r.Devices[i].Source = fmt.Sprintf("--layout entry %q", e[0])
+		} else {
+			r.Devices[i].Source = fmt.Sprintf("--layout entries %q", strings.Join(e, ","))
 		}
 		r.Devices[i].Count += count
 		if start >= 0 {

@@ -100,6 +100,8 @@ func TestConfigErrorsNameTheLine(t *testing.T) {
 		{"devices disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices:\n        \"1g.18gb\": 1\n", []string{"f.yaml:7", "mig-enabled: false"}},
 		{"filter", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: H200\n      mig-enabled: false\n", []string{"f.yaml:5", "device-filter"}},
 		{"malformed", "version: v1\nmig-configs:\n  a: [\n", []string{"f.yaml", "line"}},
+		{"no entries", "version: v1\nmig-configs:\n  a: []\n", []string{"f.yaml:3", `"a" has no entries`}},
+		{"no configurations", "version: v1\nmig-configs: {}\n", []string{"f.yaml:2", "no configurations"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -150,6 +152,8 @@ func TestParseLayoutFlag(t *testing.T) {
 		{"1g.18gb=x", "", false},
 		{"1g.18gb@8", "", false},
 		{"bogus=1", "", false},
+		{"1g.18gb=1,1g.18gb=2", "", false}, // two counts for one profile: a typo, not 3
+		{"3g.71gb=1,3g.71gb@4", "3g.71gb=1,3g.71gb@4", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
@@ -177,4 +181,34 @@ func TestSelectGPUs(t *testing.T) {
 	require.ErrorIs(t, err, mig.ErrBadConfig)
 	_, err = mig.SelectGPUs("GPU-missing", node)
 	require.ErrorIs(t, err, mig.ErrBadConfig)
+}
+
+// TestLayoutErrorsNameTheEntry: errors about a --layout entry quote the entry
+// as typed, and an infeasible layout says what it adds up to.
+func TestLayoutErrorsNameTheEntry(t *testing.T) {
+	g := h200(t)
+	tests := []struct {
+		layout string
+		want   []string
+	}{
+		{"1g.10gb=1", []string{`--layout entry "1g.10gb=1"`, "has no profile 1g.10gb"}},
+		{"3g.71gb@2", []string{`--layout entry "3g.71gb@2"`, "cannot start at memory unit 2"}},
+		{"1g.18gb=2,1g.18gb=1", []string{`--layout entry "1g.18gb=1"`, "already has a count"}},
+		{"3g.71gb=2,1g.18gb=1", []string{`--layout entry "1g.18gb=1"`, "3g.71gb x2 + 1g.18gb need 9 memory units, the GPU has 8"}},
+		{"4g.71gb=1,1g.18gb=4", []string{"4g.71gb + 1g.18gb x4 need 8 compute slices, the GPU has 7"}},
+		{"1g.18gb@0,4g.71gb=1", []string{`cannot place 4g.71gb (--layout entry "4g.71gb=1")`, "starting at 0", "free memory units: 1-7", "placed: 1g.18gb@0:1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.layout, func(t *testing.T) {
+			r, err := mig.ParseLayout(tc.layout)
+			if err == nil {
+				_, err = mig.PlanGPU(g, r, mig.PlanOptions{})
+			}
+			require.Error(t, err)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+			require.NotContains(t, err.Error(), "placed: empty")
+		})
+	}
 }

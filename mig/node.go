@@ -71,6 +71,18 @@ func (i Instance) Busy() bool {
 	return false
 }
 
+// busyWith names the processes on i's MIG devices ("pid 4242 on
+// MIG-…"), for errors that refuse to destroy it.
+func (i Instance) busyWith() string {
+	var parts []string
+	for _, c := range i.Compute {
+		for _, p := range c.Processes {
+			parts = append(parts, fmt.Sprintf("pid %d on %s", p.PID, c.UUID))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 // CISlices lists the compute slices of i's compute instances, sorted.
 func (i Instance) CISlices() []int {
 	out := make([]int, len(i.Compute))

@@ -1,7 +1,9 @@
 package mig
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 )
 
 // InfeasibleError explains why wants could not be placed.
@@ -12,12 +14,42 @@ type InfeasibleError struct {
 	Free    string // free memory units at that point ("3,7", "none")
 	Placed  Layout // what was placed before it (kept instances included)
 	Reason  string
+	// Busy names instances kept because they have processes ("1g.18gb@3:1
+	// (GI 10) (pid 77 on MIG-…)"); empty when none were.
+	Busy string
 }
 
 func (e *InfeasibleError) Error() string {
-	placed := e.Placed.String()
-	return fmt.Sprintf("GPU %d: cannot place %s (%s): %s; free memory units: %s; placed: %s",
-		e.GPU, e.Profile, e.Source, e.Reason, e.Free, placed)
+	msg := fmt.Sprintf("GPU %d: cannot place %s (%s): %s; free memory units: %s", e.GPU, e.Profile, e.Source, e.Reason, e.Free)
+	if len(e.Placed) > 0 {
+		msg += "; placed: " + e.Placed.String()
+	}
+	if e.Busy != "" {
+		msg += "; kept because they have processes: " + e.Busy + " (use --force to let the plan destroy them)"
+	}
+	return msg
+}
+
+// describeWants spells the instances a request adds ("1g.35gb x4 + 1g.18gb"),
+// after those already placed ("3g.71gb@4:4 + ...").
+func describeWants(fixed Layout, wants []Want) string {
+	var parts []string
+	for _, f := range fixed.Sorted() {
+		parts = append(parts, f.String())
+	}
+	for i := 0; i < len(wants); {
+		j := i
+		for j < len(wants) && wants[j].Profile.Name == wants[i].Profile.Name {
+			j++
+		}
+		if j-i == 1 {
+			parts = append(parts, wants[i].Profile.Name)
+		} else {
+			parts = append(parts, fmt.Sprintf("%s x%d", wants[i].Profile.Name, j-i))
+		}
+		i = j
+	}
+	return strings.Join(parts, " + ")
 }
 
 // Unwrap makes errors.Is(err, ErrInfeasible) true.
@@ -107,12 +139,12 @@ func PlaceInstances(gpuIndex int, profiles []GIProfile, fixed Layout, wants []Wa
 	if free := len(freeUnits(mask)); need > free && len(wants) > 0 {
 		return nil, &InfeasibleError{GPU: gpuIndex, Profile: wants[len(wants)-1].Profile.Name, Source: wants[len(wants)-1].Source,
 			Free: freeRanges(mask), Placed: fixed,
-			Reason: fmt.Sprintf("the request needs %d memory units, %d are free", need, free)}
+			Reason: fmt.Sprintf("%s need %d memory units, the GPU has %d", describeWants(fixed, wants), need+MemoryUnits-free, MemoryUnits)}
 	}
 	if slices+needSlices > 7 {
 		return nil, &InfeasibleError{GPU: gpuIndex, Profile: wants[len(wants)-1].Profile.Name, Source: wants[len(wants)-1].Source,
 			Free: freeRanges(mask), Placed: fixed,
-			Reason: fmt.Sprintf("the request needs %d compute slices, %d of 7 are free", needSlices, 7-slices)}
+			Reason: fmt.Sprintf("%s need %d compute slices, the GPU has 7", describeWants(fixed, wants), slices+needSlices)}
 	}
 
 	s := &search{profiles: profiles, wants: wants, starts: make([]int, len(wants)), counts: counts, slices: slices, deepest: -1}
@@ -243,7 +275,7 @@ func PlanGPU(gpu *GPU, req Request, opts PlanOptions) (GPUPlan, error) {
 		}
 		for _, in := range gpu.Instances {
 			if in.Busy() && !opts.Force {
-				return plan, fmt.Errorf("GPU %d: disabling MIG would destroy %s, which has processes (use --force): %w", gpu.Index, in, ErrBusy)
+				return plan, fmt.Errorf("GPU %d: disabling MIG would destroy %s, which has processes (%s; use --force): %w", gpu.Index, in, in.busyWith(), ErrBusy)
 			}
 		}
 		plan.Target = Layout{}
@@ -285,7 +317,7 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 		if matched {
 			cand = append(cand, i)
 		} else if in.Busy() && !opts.Force {
-			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s, which has processes (use --force to destroy it): %w", gpu.Index, in, ErrBusy)
+			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s, which has processes (%s; use --force to destroy it): %w", gpu.Index, in, in.busyWith(), ErrBusy)
 		}
 	}
 	var firstErr error
@@ -339,8 +371,18 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 			return best, bestKept.Sorted(), nil
 		}
 	}
+	var busy []string
+	for _, in := range cur {
+		if in.Busy() && !opts.Force {
+			busy = append(busy, fmt.Sprintf("%s (%s)", in, in.busyWith()))
+		}
+	}
+	var ie *InfeasibleError
+	if errors.As(firstErr, &ie) && len(busy) > 0 {
+		ie.Busy = strings.Join(busy, "; ")
+	}
 	if firstErr == nil {
-		firstErr = fmt.Errorf("GPU %d: %w: busy instances leave no room for the layout", gpu.Index, ErrInfeasible)
+		firstErr = fmt.Errorf("GPU %d: %w: instances with processes leave no room for the layout: %s (use --force to destroy them)", gpu.Index, ErrInfeasible, strings.Join(busy, "; "))
 	}
 	return nil, nil, firstErr
 }

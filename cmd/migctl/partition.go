@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -229,7 +230,25 @@ func (f *targetFlags) requests(node *mig.Node) (map[int]mig.Request, error) {
 			return nil, fmt.Errorf("%w: %s has %d configurations; pick one with -c (%v)", mig.ErrBadConfig, f.file, len(names), names)
 		}
 	}
-	return cfg.Requests(name, node)
+	reqs, err := cfg.Requests(name, node)
+	if err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		// nothing to apply or assert: a wrong -c, or a file for other GPUs
+		ids := map[string]bool{}
+		var have []string
+		for _, g := range node.GPUs {
+			id := fmt.Sprintf("0x%08X", g.PCIDeviceID)
+			if !ids[id] {
+				ids[id] = true
+				have = append(have, id+" ("+g.Name+")")
+			}
+		}
+		return nil, fmt.Errorf("%w: %s: configuration %q selects no GPU of this node (check its devices and device-filter; this node has %s)",
+			mig.ErrBadConfig, f.file, name, strings.Join(have, ", "))
+	}
+	return reqs, nil
 }
 
 // withNode opens the node, runs f and closes it. SIGINT/SIGTERM cancel ctx:

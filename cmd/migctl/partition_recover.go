@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -71,6 +72,12 @@ func (o *partitionRecoverOptions) Run(ctx context.Context) error {
 		res, err := m.Recover(ctx)
 		if err != nil {
 			return err
+		}
+		if res.Tx == nil {
+			fmt.Fprintf(o.ErrOut, "nothing to recover: no interrupted apply in %s\n", on.journal)
+		} else {
+			fmt.Fprintf(o.ErrOut, "note: GPUs the interrupted apply had not reached yet are as they were; "+
+				"run the same apply again to finish them (what is already right is kept)\n")
 		}
 		return printer.Print(o.Out, o.format, recoverView{res})
 	})

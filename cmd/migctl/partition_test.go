@@ -203,3 +203,11 @@ func TestPartitionPendingModeOnAmpere(t *testing.T) {
 	_, _, err = runPartition(t, append([]string{"assert", "--gpus", "1", "--layout", "1g.5gb=7"}, sim...)...)
 	require.NoError(t, err)
 }
+
+func TestPartitionRecoverSaysWhatItDid(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	out, msg, err := runPartition(t, append([]string{"recover", "-o", "json"}, simArgs(state)...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, `"outcome": "nothing"`)
+	require.Contains(t, msg, "nothing to recover: no interrupted apply in "+state+".journal")
+}
