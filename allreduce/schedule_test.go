@@ -12,78 +12,146 @@ import (
 const garbage = uint64(1) << 63
 
 // simulate runs a schedule as data: every byte of every buffer and of the
-// arena holds its position in the send buffer (bits 16 and up) and the set
-// of ranks whose input it contains (a bit mask in the low 16 bits). Steps
-// run in a random order that respects lanes and flags; copies move masks,
-// reductions merge them and fail on a contribution counted twice or on
-// garbage. It returns every rank's receive buffer.
+// arena holds the call it belongs to (bits 56 to 62), its position in the
+// send buffer (bits 16 to 55) and the set of ranks whose input it contains
+// (a bit mask in the low 16 bits). Steps run in a random order that respects
+// lanes and flags; copies move tags, reductions merge them and fail on a
+// contribution counted twice, on mixed positions or calls, or on garbage. It
+// returns every rank's receive buffer.
 func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
-	p := s.Params
-	n := p.World
-	sendLen, recvLen := p.Bytes, p.Bytes
-	switch p.Coll {
-	case ReduceScatter:
-		sendLen = n * p.Bytes
-	case AllGather:
-		recvLen = n * p.Bytes
+	out, err := simulateSeq([]Schedule{s}, rng)
+	if err != nil {
+		return nil, err
 	}
+	return out[0], nil
+}
+
+func tag(call, pos, mask int) uint64 { return uint64(call)<<56 | uint64(pos)<<16 | uint64(mask) }
+
+// simulateSeq runs several calls back to back on one arena, like an
+// Executor: flags carry the call number in their upper half, a rank starts
+// its next call when it finished its previous one, and waits for every rank
+// to finish it only when needsFence says so.
+func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
+	n := calls[0].Params.World
 	type rankMem struct {
 		send, recv []uint64
 		sendBase   int
 		recvBase   int
 	}
-	mem := make([]rankMem, n)
-	for r := range n {
-		m := &mem[r]
-		m.send = make([]uint64, sendLen)
-		for i := range m.send {
-			m.send[i] = uint64(i)<<16 | 1<<r
+	// mem[call][rank]
+	mem := make([][]rankMem, len(calls))
+	arenaLen := 0
+	for ci, s := range calls {
+		p := s.Params
+		arenaLen = max(arenaLen, ArenaBytes(n, p.Chunk, p.Slots))
+		sendLen, recvLen := p.Bytes, p.Bytes
+		switch p.Coll {
+		case ReduceScatter:
+			sendLen = n * p.Bytes
+		case AllGather:
+			recvLen = n * p.Bytes
 		}
-		if p.InPlace {
-			switch p.Coll {
-			case ReduceScatter:
-				m.recv, m.recvBase = m.send, r*p.Bytes
-			case AllGather:
+		mem[ci] = make([]rankMem, n)
+		for r := range n {
+			m := &mem[ci][r]
+			m.send = make([]uint64, sendLen)
+			for i := range m.send {
+				m.send[i] = tag(ci, i, 1<<r)
+			}
+			if p.InPlace {
+				switch p.Coll {
+				case ReduceScatter:
+					m.recv, m.recvBase = m.send, r*p.Bytes
+				case AllGather:
+					m.recv = make([]uint64, recvLen)
+					for i := range m.recv {
+						m.recv[i] = garbage
+					}
+					copy(m.recv[r*p.Bytes:], m.send)
+					m.send, m.sendBase = m.recv, r*p.Bytes
+				default:
+					m.recv = m.send
+				}
+			} else {
 				m.recv = make([]uint64, recvLen)
 				for i := range m.recv {
 					m.recv[i] = garbage
 				}
-				copy(m.recv[r*p.Bytes:], m.send)
-				m.send, m.sendBase = m.recv, r*p.Bytes
-			default:
-				m.recv = m.send
-			}
-		} else {
-			m.recv = make([]uint64, recvLen)
-			for i := range m.recv {
-				m.recv[i] = garbage
 			}
 		}
 	}
-	arena := make([]uint64, ArenaBytes(n, p.Chunk, p.Slots))
+	arena := make([]uint64, arenaLen)
 	for i := range arena {
 		arena[i] = garbage
 	}
 	flags := map[int]uint64{}
+	cur := make([]int, n)      // the call each rank is in
+	finished := make([]int, n) // calls each rank has finished
 	head := make([][NumLanes]int, n)
+	lanesOf := func(ci, r int) [NumLanes][]Step {
+		var l [NumLanes][]Step
+		for _, st := range calls[ci].Steps[r] {
+			l[st.Lane] = append(l[st.Lane], st)
+		}
+		return l
+	}
 	lanes := make([][NumLanes][]Step, n)
 	for r := range n {
-		for _, st := range s.Steps[r] {
-			lanes[r][st.Lane] = append(lanes[r][st.Lane], st)
-		}
+		lanes[r] = lanesOf(0, r)
 	}
-	user := func(r int, id BufID, off, ln int) ([]uint64, error) {
-		b, base := mem[r].send, mem[r].sendBase
+	// advance moves rank q to its next call when it finished this one and
+	// the fence (if the next call needs one) lets it; it reports a move.
+	advance := func(q int) bool {
+		if cur[q] == len(calls) {
+			return false
+		}
+		for l := range NumLanes {
+			if head[q][l] < len(lanes[q][l]) {
+				return false
+			}
+		}
+		if finished[q] == cur[q] {
+			finished[q]++
+		}
+		next := cur[q] + 1
+		if next < len(calls) && needsFence(calls[cur[q]].Params, calls[next].Params) {
+			for o := range n {
+				if finished[o] < next {
+					return false
+				}
+			}
+		}
+		cur[q] = next
+		if next < len(calls) {
+			head[q] = [NumLanes]int{}
+			lanes[q] = lanesOf(next, q)
+		}
+		return true
+	}
+	var ci, r int
+	var p Params
+	user := func(id BufID, off, ln int) ([]uint64, error) {
+		m := mem[ci][r]
+		b, base := m.send, m.sendBase
 		if id == Recv {
-			b, base = mem[r].recv, mem[r].recvBase
+			b, base = m.recv, m.recvBase
 		}
 		if off < 0 || base+off+ln > len(b) {
 			return nil, fmt.Errorf("rank %d: user span [%d,+%d) outside %d", r, base+off, ln, len(b))
 		}
 		return b[base+off : base+off+ln], nil
 	}
+	peerBuf := func(id BufID, off, ln int) []uint64 {
+		m := mem[ci][(r+n-1)%n]
+		b, base := m.send, m.sendBase
+		if id == Recv {
+			b, base = m.recv, m.recvBase
+		}
+		return b[base+off : base+off+ln]
+	}
 	host := func(sp Span) ([]uint64, error) {
-		if sp.Off < 0 || sp.Off+sp.Len > len(arena) || sp.Off+sp.Len > s.HostBytes {
+		if sp.Off < 0 || sp.Off+sp.Len > len(arena) || sp.Off+sp.Len > calls[ci].HostBytes {
 			return nil, fmt.Errorf("host span %+v outside the arena", sp)
 		}
 		return arena[sp.Off : sp.Off+sp.Len], nil
@@ -96,7 +164,7 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 					return fmt.Errorf("reduction reads garbage")
 				}
 				if out[i] != 0 && out[i]>>16 != s[i]>>16 {
-					return fmt.Errorf("reduction mixes byte %d with byte %d", out[i]>>16, s[i]>>16)
+					return fmt.Errorf("reduction mixes %#x with %#x (call<<40|position)", out[i]>>16, s[i]>>16)
 				}
 				if out[i]&s[i]&0xffff != 0 {
 					return fmt.Errorf("contribution %#x counted twice", out[i]&s[i]&0xffff)
@@ -107,13 +175,13 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 		copy(dst, out)
 		return nil
 	}
-	exec := func(r int, st Step) error {
+	exec := func(st Step) error {
 		if st.Off%p.ElemSize != 0 || st.Len%p.ElemSize != 0 || st.Host.Off%p.ElemSize != 0 {
 			return fmt.Errorf("rank %d: %s step not on element boundaries", r, st.Kind)
 		}
 		switch st.Kind {
-		case CopyOut:
-			u, err := user(r, st.Buf, st.Off, st.Len)
+		case CopyOut, CopyIn:
+			u, err := user(st.Buf, st.Off, st.Len)
 			if err != nil {
 				return err
 			}
@@ -121,23 +189,17 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 			if err != nil {
 				return err
 			}
-			copy(h, u)
-		case CopyIn:
-			u, err := user(r, st.Buf, st.Off, st.Len)
-			if err != nil {
-				return err
+			if st.Kind == CopyOut {
+				copy(h, u)
+			} else {
+				copy(u, h)
 			}
-			h, err := host(st.Host)
-			if err != nil {
-				return err
-			}
-			copy(u, h)
 		case ReduceIn:
-			d, err := user(r, st.Buf, st.Off, st.Len)
+			d, err := user(st.Buf, st.Off, st.Len)
 			if err != nil {
 				return err
 			}
-			src, err := user(r, st.Src, st.SrcOff, st.Len)
+			src, err := user(st.Src, st.SrcOff, st.Len)
 			if err != nil {
 				return err
 			}
@@ -151,20 +213,16 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 			}
 			return merge(d, srcs...)
 		case ReducePeer, CopyPeer:
-			prev := (r + n - 1) % n
-			d, err := user(r, st.Buf, st.Off, st.Len)
+			d, err := user(st.Buf, st.Off, st.Len)
 			if err != nil {
 				return err
 			}
-			peer, err := user(prev, st.Peer, st.Off, st.Len)
-			if err != nil {
-				return err
-			}
+			peer := peerBuf(st.Peer, st.Off, st.Len)
 			if st.Kind == CopyPeer {
 				copy(d, peer)
 				return nil
 			}
-			src, err := user(r, st.Src, st.SrcOff, st.Len)
+			src, err := user(st.Src, st.SrcOff, st.Len)
 			if err != nil {
 				return err
 			}
@@ -190,21 +248,35 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 		type ready struct{ r, l int }
 		var cand []ready
 		left := false
-		for r := range n {
+		// A rank whose lanes are done moves to its next call, past the fence
+		// when the next call needs one; repeat until nobody moves.
+		for moved := true; moved; {
+			moved = false
+			for q := range n {
+				if advance(q) {
+					moved = true
+				}
+			}
+		}
+		for q := range n {
+			if cur[q] == len(calls) {
+				continue
+			}
+			left = true
+			epoch := uint64(cur[q]+1) << 32
 			for l := range NumLanes {
-				if head[r][l] >= len(lanes[r][l]) {
+				if head[q][l] >= len(lanes[q][l]) {
 					continue
 				}
-				left = true
-				st := lanes[r][l][head[r][l]]
+				st := lanes[q][l][head[q][l]]
 				ok := true
 				for _, c := range st.Wait {
-					if flags[c.Flag] < c.Value {
+					if flags[c.Flag] < epoch|c.Value {
 						ok = false
 					}
 				}
 				if ok {
-					cand = append(cand, ready{r, int(l)})
+					cand = append(cand, ready{q, int(l)})
 				}
 			}
 		}
@@ -212,29 +284,57 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 			break
 		}
 		if len(cand) == 0 {
-			return nil, fmt.Errorf("deadlock: no step can run (heads %v)", head)
+			return nil, fmt.Errorf("deadlock: no step can run (calls %v, heads %v)", cur, head)
 		}
 		c := cand[rng.IntN(len(cand))]
-		st := lanes[c.r][c.l][head[c.r][c.l]]
-		head[c.r][c.l]++
-		if err := exec(c.r, st); err != nil {
-			return nil, err
+		r, ci = c.r, cur[c.r]
+		p = calls[ci].Params
+		st := lanes[r][c.l][head[r][c.l]]
+		head[r][c.l]++
+		if err := exec(st); err != nil {
+			return nil, fmt.Errorf("call %d: %w", ci, err)
 		}
+		epoch := uint64(ci+1) << 32
 		for _, set := range st.Set {
-			if set.Flag/FlagsPerRank != c.r {
-				return nil, fmt.Errorf("rank %d sets rank %d's flag", c.r, set.Flag/FlagsPerRank)
+			if set.Flag/FlagsPerRank != r {
+				return nil, fmt.Errorf("rank %d sets rank %d's flag", r, set.Flag/FlagsPerRank)
 			}
-			if set.Value <= flags[set.Flag] {
-				return nil, fmt.Errorf("flag %d set to %d after %d: flags must grow", set.Flag, set.Value, flags[set.Flag])
+			if epoch|set.Value <= flags[set.Flag] {
+				return nil, fmt.Errorf("flag %d set to %#x after %#x: flags must grow", set.Flag, epoch|set.Value, flags[set.Flag])
 			}
-			flags[set.Flag] = set.Value
+			flags[set.Flag] = epoch | set.Value
 		}
 	}
-	out := make([][]uint64, n)
-	for r := range n {
-		out[r] = mem[r].recv[mem[r].recvBase : mem[r].recvBase+map[bool]int{true: p.Bytes, false: recvLen}[p.Coll == ReduceScatter]]
+	out := make([][][]uint64, len(calls))
+	for ci, s := range calls {
+		p := s.Params
+		out[ci] = make([][]uint64, n)
+		for r := range n {
+			ln := p.Bytes
+			if p.Coll == AllGather {
+				ln = n * p.Bytes
+			}
+			m := mem[ci][r]
+			out[ci][r] = m.recv[m.recvBase : m.recvBase+ln]
+		}
 	}
 	return out, nil
+}
+
+// wantTag is what byte i of rank r's receive buffer must hold after call ci.
+func wantTag(p Params, ci, r, i int) (uint64, bool) {
+	all := 1<<p.World - 1
+	switch p.Coll {
+	case AllGather:
+		return tag(ci, i%p.Bytes, 1<<(i/p.Bytes)), true
+	case Broadcast:
+		return tag(ci, i, 1<<p.Root), true
+	case ReduceScatter:
+		return tag(ci, r*p.Bytes+i, all), true
+	case Barrier:
+		return 0, false
+	}
+	return tag(ci, i, all), true
 }
 
 func TestSchedulesAsData(t *testing.T) {
@@ -264,24 +364,57 @@ func TestSchedulesAsData(t *testing.T) {
 								require.NoError(t, err, name)
 								for r := range world {
 									for i, m := range got[r] {
-										want := uint64(i)<<16 | (1<<world - 1)
-										switch b.coll {
-										case AllGather:
-											want = uint64(i%p.Bytes)<<16 | 1<<(i/p.Bytes)
-										case Broadcast:
-											want = uint64(i)<<16 | 1<<p.Root
-										case ReduceScatter:
-											want = uint64(r*p.Bytes+i)<<16 | (1<<world - 1)
-										case Barrier:
-											continue
-										}
-										if m != want {
+										if want, ok := wantTag(p, 0, r, i); ok && m != want {
 											require.Failf(t, "wrong result", "%s trial %d: rank %d byte %d holds %#x, want %#x", name, trial, r, i, m, want)
 										}
 									}
 								}
 							}
 						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestScheduleSequences runs random sequences of calls on one arena, with
+// the executor's fence rule: a call that skips the fence must still never
+// see the previous call's data or flags.
+func TestScheduleSequences(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	kinds := []struct {
+		coll Coll
+		alg  Algorithm
+	}{{AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, Ring},
+		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
+	for trial := range 150 {
+		world := 1 + rng.IntN(5)
+		es := []int{1, 2, 4}[rng.IntN(3)]
+		chunk := 64 * world * es * (1 + rng.IntN(2))
+		slots := 1 + rng.IntN(3)
+		var calls []Schedule
+		for range 2 + rng.IntN(4) {
+			k := kinds[rng.IntN(len(kinds))]
+			p := Params{Coll: k.coll, Algorithm: k.alg, World: world, Bytes: es * rng.IntN(4*chunk/es), ElemSize: es,
+				InPlace: rng.IntN(2) == 0, Root: rng.IntN(world), Chunk: chunk, Slots: slots}
+			s, err := Build(p)
+			require.NoError(t, err)
+			calls = append(calls, s)
+		}
+		got, err := simulateSeq(calls, rand.New(rand.NewPCG(uint64(trial), 1)))
+		if err != nil {
+			for ci, s := range calls {
+				t.Logf("call %d: %+v", ci, s.Params)
+			}
+		}
+		require.NoError(t, err, "trial %d", trial)
+		for ci, s := range calls {
+			for r := range world {
+				for i, m := range got[ci][r] {
+					if want, ok := wantTag(s.Params, ci, r, i); ok && m != want {
+						require.Failf(t, "wrong result", "trial %d call %d (%s/%s): rank %d byte %d holds %#x, want %#x",
+							trial, ci, s.Params.Coll, s.Params.Algorithm, r, i, m, want)
 					}
 				}
 			}
