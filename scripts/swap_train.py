@@ -2,19 +2,26 @@
 """swap_train.py — the H200 measurement of libmigswap.so (shim/), run by scripts/swap-h200.sh.
 
 Subcommands:
-  train     the training program: torchvision ResNet-18 on random data with a fixed seed
-            (eager, or one CUDA graph per step with --graphs). It knows nothing about the shim;
-            it writes one JSON line per step (the loss, repr'd) to --log.
-  hold      a victim: holds --gib GiB in one tensor with a known pattern; on stdin "check" it
-            prints the pattern's sums, on "stop" it exits.
-  drive     the measurement: acts as the daemon (speaks shim/PROTOCOL.md on a Unix socket),
-            runs every phase, compares losses, prints the summary table and writes
-            summary.json / summary.txt / logs.tgz under --out.
-  selftest  the driver's protocol server against the fake libcuda.so and the C test program
-            (no GPU, no torch): swap cycles through this script's server.
-
-The daemon side here is a small driver speaking PROTOCOL.md directly (swap_out/swap_in with
-ids, result/progress/usage/need), so that request-to-free latency is measured at the socket.
+  train      the training program: torchvision ResNet-18 on random data with a fixed seed
+             (eager, or one CUDA graph per step with --graphs). It knows nothing about the shim;
+             it writes one JSON line per step (the loss repr'd, the step's ms) to --log.
+  hold       a victim: holds --gib GiB in one tensor with a known pattern; on stdin "check" it
+             prints the pattern's sums, on "stop" it exits.
+  hog        the preempting job: asks for free + --extra bytes of device memory, holds it, exits.
+  drive      the measurement. Starts `migctl daemon` (--bin/migctl; sockets in a private temp
+             folder) and drives every swap with `migctl swap out|in --job` (--ctl python: this
+             script's own PROTOCOL.md server instead, the old fallback). Phases: per-launch cost,
+             overhead (alternated bare/shim pairs, median step times; the first bare run is the
+             reference losses), need-driven preemption (a priority-10 `hog` under the shim makes
+             the daemon swap a priority-0 trainer out and back in), ResNet-18 eager and CUDA-graph
+             runs swapped --max-cycles times while training, first swap of a fresh process with
+             and without MIGSWAP_PREPIN, 16 GiB swap throughput and request->free latency (from
+             issuing `migctl swap out` to NVML showing the memory gone; the CLI's own return time
+             too), the driver's checkpoint API on the same size. Prints a markdown table (peer,
+             ours, target, pass/fail); writes summary.md, summary.json, logs.tgz under --out.
+  faketrain, fakehold   the trainer and the victim for the fake libcuda.so (ctypes; no torch).
+  selftest   the whole drive flow against the fake libcuda.so (no GPU, no torch, no NVML), with
+             the daemon and with the fallback driver; exits non-zero unless every check holds.
 """
 import argparse
 import ctypes
@@ -942,6 +949,11 @@ class Driver:
             time.sleep(0.03)
         hog_out = hp.communicate(timeout=60)[0]
         t_hog_end = time.perf_counter() - t_hog
+        manual_in = None
+        if t_back is None and p.poll() is None:
+            # the policy did not bring it back: do it by hand so that the run goes on (the check fails)
+            manual_in = self.ctl.swap(job, "in", 120)
+            self.log(f"preempt: low job not swapped back in by the daemon; manual swap in: {manual_in}")
         info = self.finish_train(p, log, t0, info, registered=True)
         dl = self.daemon_log_since(off)
         pick = [ln for ln in dl.splitlines() if any(k in ln for k in ("need", "swapping back in", "swap result"))]
@@ -954,8 +966,8 @@ class Driver:
                "daemon_swapped_low_for_need": need_swap, "need_granted": granted, "low_swapped_back": back,
                "low_states": seen, "low_out_at_s": t_out, "low_back_at_s": t_back, "high_exit_s": t_hog_end,
                "nvml_while_out": nvml_out, "losses_equal": equal, "steps": len(info["losses"]),
-               "low_rc": info["rc"], "daemon_log": pick[:20]}
-        res["ok"] = hog_ok and need_swap and granted and back and equal and info["rc"] == 0
+               "low_rc": info["rc"], "daemon_log": pick[:20], "manual_swap_in": manual_in}
+        res["ok"] = hog_ok and need_swap and granted and back and not manual_in and equal and info["rc"] == 0
         self.log(f"preempt: high ok={hog_ok}, daemon swapped low for the need={need_swap}, granted={granted}, "
                  f"low back={back}, states {seen}, losses equal={equal}")
         return res
@@ -1202,7 +1214,8 @@ class Driver:
             self.phase("info", self.p_info)
             self.phase("bench", self.p_bench)
             self.phase("overhead", self.p_overhead)
-            self.phase("preempt", self.p_preempt, need_s=40)
+            if isinstance(self.ctl, DaemonCtl):
+                self.phase("preempt", self.p_preempt, need_s=40)
             self.phase("train_eager", self.p_train, need_s=90)
             self.phase("swap_throughput", self.p_swap_throughput, need_s=50)
             if not (a.no_checkpoint or a.fake):
