@@ -165,8 +165,17 @@ def cmd_hog(a):
     free (free after its own context + --extra bytes), so the allocation fails once and the
     shim asks the daemon for memory; holds it --hold seconds, checks it, exits."""
     import torch
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the context exists before free memory is read
+    print("INIT", flush=True)
+    extra = a.extra
+    if a.wait:  # "go EXTRA" on stdin: the driver says when, and how much beyond free
+        line = sys.stdin.readline().split()
+        if not line or line[0] != "go":
+            return
+        extra = int(line[1])
     free, total = torch.cuda.mem_get_info()
-    n = (free + int(a.extra)) // (2 << 20) * (2 << 20)
+    n = (free + int(extra)) // (2 << 20) * (2 << 20)
     print("FREE", free, total, n, flush=True)
     t0 = time.perf_counter()
     try:
@@ -909,29 +918,44 @@ class Driver:
         if not isinstance(self.ctl, DaemonCtl):
             raise RuntimeError("preemption needs the daemon (--ctl daemon)")
         ref = self.ref.get("eager") or []
-        steps = min(a.preempt_steps, len(ref)) if ref else a.preempt_steps
+        steps = a.preempt_steps or a.steps
+        steps = min(steps, len(ref)) if ref else steps
         stats = os.path.join(self.work, "fakecuda-preempt.stats") if a.fake else ""
         off = self.daemon_log_size()
         p, log, t0, info = self.start_train("preempt_low", True, False, steps, checksum=True, priority=0,
                                             fake_stats=stats)
+        hp = None
+        if not a.fake:  # the Python job starts now (torch's start-up overlaps) and waits for "go"
+            hog = [sys.executable, os.path.abspath(__file__), "hog", "--wait", "--hold", str(a.hog_hold)]
+            hp = self.popen("preempt_high", hog, self.env(True, False, "preempt_high", priority=10),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         job = self.ctl.wait("preempt_low", p.pid, a.phase_timeout)
-        while count_steps(log) < max(2, steps // 4) and p.poll() is None:
+        if hp is not None:
+            line = hp.stdout.readline()
+            if not line.startswith("INIT"):
+                raise RuntimeError(f"the preempting job did not start: {line!r}")
+        while count_steps(log) < min(30, max(2, steps // 4)) and p.poll() is None:
             time.sleep(0.01)
+        if p.poll() is not None:
+            raise RuntimeError("the low-priority trainer ended before the preempting job was ready")
         low = [x for x in self.ctl.status().get("processes") or [] if x["pid"] == p.pid]
         low_bytes = int(low[0]["bytes"]) if low else 0
+        t_hog = time.perf_counter()
         if a.fake:
             need = a.fake_capacity - low_bytes // 2
-            hog = [self.testprog, "gpa", "oom", str(need)]
             hog_desc = f"{need} B of {a.fake_capacity} declared"
+            hp = self.popen("preempt_high", [self.testprog, "gpa", "oom", str(need)],
+                            self.env(True, False, "preempt_high", priority=10, fake_stats=stats),
+                            stdout=subprocess.PIPE, text=True)
         else:
+            # more than is free, less than free + the low job's bytes - the daemon's 256 MiB headroom
             extra = max(64 << 20, (low_bytes - (256 << 20) - (64 << 20)) // 2)
-            hog = [sys.executable, os.path.abspath(__file__), "hog", "--extra", str(extra), "--hold", str(a.hog_hold)]
-            hog_desc = f"free + {extra} B"
-        self.log(f"preempt: low job holds {low_bytes} B (daemon's registry); high job asks {hog_desc}")
-        t_hog = time.perf_counter()
-        hp = self.popen("preempt_high", hog, self.env(True, False, "preempt_high", priority=10, fake_stats=stats),
-                        stdout=subprocess.PIPE, text=True)
-        seen, nvml_out, t_out, t_back = [], None, None, None
+            hog_desc = f"free + {extra / 2**20:.0f} MiB"
+            hp.stdin.write(f"go {extra}\n")
+            hp.stdin.flush()
+        self.log(f"preempt: low job holds {low_bytes} B (daemon's registry), at step {count_steps(log)}; "
+                 f"high job asks {hog_desc}")
+        seen, nvml_out, t_out, t_back, t_hog_exit = [], None, None, None, None
         last = None
         while True:
             st = self.ctl.states().get(job)
@@ -944,11 +968,15 @@ class Driver:
                 nvml_out = (self.nvml.proc_used(p.pid), self.nvml.used())
             if st == "running" and t_out is not None and t_back is None:
                 t_back = now
-            if (hp.poll() is not None and (t_back is not None or now > 30)) or now > a.phase_timeout:
+            if hp.poll() is not None and t_hog_exit is None:
+                t_hog_exit = now
+            if t_hog_exit is not None and (t_back is not None or p.poll() is not None or now - t_hog_exit > 15):
+                break
+            if now > a.phase_timeout:
                 break
             time.sleep(0.03)
         hog_out = hp.communicate(timeout=60)[0]
-        t_hog_end = time.perf_counter() - t_hog
+        t_hog_end = t_hog_exit
         manual_in = None
         if t_back is None and p.poll() is None:
             # the policy did not bring it back: do it by hand so that the run goes on (the check fails)
@@ -1316,7 +1344,8 @@ def build_parser():
     fh = sub.add_parser("fakehold")
     fh.add_argument("--mib", type=int, default=32)
     hg = sub.add_parser("hog")
-    hg.add_argument("--extra", type=int, required=True, help="bytes beyond the free memory to ask for")
+    hg.add_argument("--extra", type=int, default=256 << 20, help="bytes beyond the free memory to ask for")
+    hg.add_argument("--wait", action="store_true", help='start allocating on "go EXTRA" from stdin')
     hg.add_argument("--hold", type=float, default=2)
     d = sub.add_parser("drive")
     d.add_argument("--bin", default="bin/swap-h200")
@@ -1326,8 +1355,8 @@ def build_parser():
                    help="who drives the swaps: migctl daemon + migctl swap (default), or this script's protocol driver")
     d.add_argument("--gpu-memory", default="", help="the daemon's --gpu-memory (default: NVML)")
     d.add_argument("--quick", action="store_true")
-    d.add_argument("--steps", type=int, default=400, help="steps of the eager runs (reference, overhead, swaps)")
-    d.add_argument("--graph-steps", type=int, default=600)
+    d.add_argument("--steps", type=int, default=500, help="steps of the eager runs (reference, overhead, swaps)")
+    d.add_argument("--graph-steps", type=int, default=1000)
     d.add_argument("--max-cycles", type=int, default=120, help="swap cycles per training run")
     d.add_argument("--batch", type=int, default=64)
     d.add_argument("--res", type=int, default=112)
@@ -1337,11 +1366,11 @@ def build_parser():
     d.add_argument("--phase-timeout", type=float, default=240)
     d.add_argument("--no-checkpoint", action="store_true")
     d.add_argument("--overhead-pairs", type=int, default=4, help="alternated bare/shim timing pairs (min 1)")
-    d.add_argument("--preempt-steps", type=int, default=150)
+    d.add_argument("--preempt-steps", type=int, default=0, help="steps of the preempted trainer (default --steps)")
     d.add_argument("--hog-hold", type=float, default=2, help="seconds the preempting job holds its memory")
     d.add_argument("--no-prepin-check", dest="prepin_check", action="store_false",
                    help="skip the first-swap measurement of a MIGSWAP_PREPIN=1 victim")
-    d.add_argument("--budget", type=float, default=370, help="seconds; phases that would not fit are skipped")
+    d.add_argument("--budget", type=float, default=355, help="seconds; phases that would not fit are skipped")
     d.add_argument("--reserve-s", type=float, default=230, help="stop adding overhead pairs below this much budget")
     d.add_argument("--fake", action="store_true", help="fake libcuda.so from --bin/fakecuda (selftest)")
     d.add_argument("--fake-mib", type=int, default=8)
