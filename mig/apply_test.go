@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -438,3 +439,17 @@ func TestApplyEmptyLayout(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestPendingModeOnManyGPUsIsOneShortLine: GPUs that need the same thing
+// are named together, not each with the whole instruction again.
+func TestPendingModeOnManyGPUsIsOneShortLine(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.A100_40GB, 8)
+	m := newManager(t, sim)
+	_, err := m.Apply(ctx, all(8, req(dev("1g.5gb", 7))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrModePending)
+	msg := err.Error()
+	require.Contains(t, msg, "GPUs 0,1,2,3,4,5,6,7: reset the GPU (sudo nvidia-smi -r -i <gpu>")
+	require.Equal(t, 1, strings.Count(msg, "nvidia-smi"), msg)
+	require.NotContains(t, msg, "\n")
+}

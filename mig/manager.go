@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -189,7 +190,7 @@ func (m *Manager) Apply(ctx context.Context, reqs map[int]Request, opts ApplyOpt
 		}
 		return res, nil
 	}
-	var pending []string
+	var pending []pendingGPU
 	n := 0
 	for _, gp := range plan.GPUs {
 		if gp.NoOp() {
@@ -199,7 +200,7 @@ func (m *Manager) Apply(ctx context.Context, reqs map[int]Request, opts ApplyOpt
 		r, err := m.runTx(ctx, &node.GPUs[gp.GPU], gp, opts.Force, &n)
 		res.GPUs = append(res.GPUs, r)
 		if errors.Is(err, ErrModePending) {
-			pending = append(pending, fmt.Sprintf("GPU %d: %s", gp.GPU, r.Action))
+			pending = append(pending, pendingGPU{gp.GPU, r.Action})
 			continue
 		}
 		if err != nil {
@@ -207,9 +208,44 @@ func (m *Manager) Apply(ctx context.Context, reqs map[int]Request, opts ApplyOpt
 		}
 	}
 	if len(pending) > 0 {
-		return res, fmt.Errorf("%w: %s", ErrModePending, strings.Join(pending, "; "))
+		return res, fmt.Errorf("%w: %s", ErrModePending, joinPending(pending))
 	}
 	return res, nil
+}
+
+// pendingGPU is a GPU whose MIG mode change stayed pending, and what to do.
+type pendingGPU struct {
+	gpu    int
+	action string
+}
+
+// joinPending says what to do for each pending GPU in one line, once for GPUs
+// that need the same thing ("GPUs 0,1,2: reset the GPU (sudo nvidia-smi -r
+// -i <gpu>; ...)") rather than once per GPU.
+func joinPending(ps []pendingGPU) string {
+	var keys []string
+	groups := map[string][]int{}
+	for _, p := range ps {
+		k := strings.ReplaceAll(p.action, fmt.Sprintf("-i %d", p.gpu), "-i <gpu>")
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], p.gpu)
+	}
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		g := groups[k]
+		if len(g) == 1 {
+			parts = append(parts, fmt.Sprintf("GPU %d: %s", g[0], strings.ReplaceAll(k, "-i <gpu>", fmt.Sprintf("-i %d", g[0]))))
+			continue
+		}
+		ids := make([]string, len(g))
+		for i, x := range g {
+			ids[i] = strconv.Itoa(x)
+		}
+		parts = append(parts, fmt.Sprintf("GPUs %s: %s", strings.Join(ids, ","), k))
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (m *Manager) progressf(format string, args ...any) {

@@ -317,7 +317,8 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 		if matched {
 			cand = append(cand, i)
 		} else if in.Busy() && !opts.Force {
-			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s, which has processes (%s; use --force to destroy it): %w", gpu.Index, in, in.busyWith(), ErrBusy)
+			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s (GI %d) as it is, and it has processes (%s; use --force to destroy it): %w",
+				gpu.Index, in.Spec(), in.GIID, in.busyWith(), ErrBusy)
 		}
 	}
 	var firstErr error
