@@ -20,14 +20,20 @@ GLOO=${GLOO:-bin/gloo_allreduce.py}
 start=$(date +%s)
 log() { echo "== $*" | tee -a "$OUT/run.log" >&2; }
 
-{ date -u; uname -a; nvidia-smi --query-gpu=name,uuid,mig.mode.current,driver_version --format=csv 2>&1; nproc; } > "$OUT/machine.txt" 2>&1
+# Shared memory: /dev/shm unless it is small (containers default to 64 MiB); the arena of a
+# 7-rank run with 8 MiB chunks and 8 slots is 512 MiB.
+SHM_DIR=${SHM_DIR:-/dev/shm}
+if [ "$(df -Pk "$SHM_DIR" 2>/dev/null | awk 'NR==2 {print $4}')" -lt 2097152 ] 2>/dev/null; then
+  SHM_DIR=$(mktemp -d /tmp/migctl-shm.XXXX)
+fi
+{ date -u; uname -a; echo "shm dir: $SHM_DIR"; df -h /dev/shm "$SHM_DIR"; nvidia-smi --query-gpu=name,uuid,mig.mode.current,driver_version --format=csv 2>&1; nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt" >&2
 
 # bench NAME ARGS...: one migctl run, JSON to $OUT/NAME.json, stderr to $OUT/NAME.err.
 bench() {
   local name=$1; shift
   log "migctl bench allreduce $* ($name)"
-  timeout 150 "$M" bench allreduce --backend "$BACKEND" --transport shm --gpu 0 -c 1 -q -o json "$@" \
+  timeout 150 "$M" bench allreduce --backend "$BACKEND" --transport shm --gpu 0 --shm-dir "$SHM_DIR" -c 1 -q -o json "$@" \
     > "$OUT/$name.json" 2> "$OUT/$name.err"
   local rc=$?
   echo "$rc" > "$OUT/$name.rc"
@@ -54,7 +60,7 @@ if [ "${ngpu:-0}" -ge 2 ] && [ "$BACKEND" = gpu ]; then
     > "$OUT/ipc2_256M.json" 2> "$OUT/ipc2_256M.err"; echo $? > "$OUT/ipc2_256M.rc"
 fi
 log "migctl sweep, 7 ranks, 8 B .. 256 MiB"
-timeout 180 "$M" bench allreduce --backend "$BACKEND" --transport shm --np 7 -b 8 -e "$BIG" -f 4 -n 5 -w 2 -c 1 \
+timeout 180 "$M" bench allreduce --backend "$BACKEND" --transport shm --shm-dir "$SHM_DIR" --np 7 -b 8 -e "$BIG" -f 4 -n 5 -w 2 -c 1 \
   > "$OUT/sweep7.txt" 2> "$OUT/sweep7.err"; echo $? > "$OUT/sweep7.rc"
 cat "$OUT/sweep7.txt" >&2
 

@@ -114,6 +114,7 @@ func launchBench(ctx context.Context, spec benchSpec, listen, token string, loca
 			defer wg.Done()
 			p.err = p.cmd.Wait()
 			if p.err != nil {
+				srv.AbortJob(fmt.Sprintf("a rank exited: %v", p.err))
 				once.Do(func() { close(failed) })
 			}
 		}()

@@ -146,6 +146,15 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 		return nil, err
 	}
 	defer client.Close()
+	defer func() {
+		if err != nil {
+			// Release ranks blocked in the rendezvous (say, waiting for a
+			// segment this rank failed to create).
+			actx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = client.Abort(actx, err.Error())
+		}
+	}()
 	dev, self, err := openBenchDevice(spec, max(rank, 0))
 	if err != nil {
 		return nil, err

@@ -117,3 +117,12 @@ func (c *Client) Barrier(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// Abort tells the rendezvous that this rank cannot go on: every rank's
+// blocked and future calls fail with codes.Aborted.
+func (c *Client) Abort(ctx context.Context, reason string) error {
+	if _, err := c.rpc.Abort(ctx, &pb.AbortRequest{Token: c.token, Rank: int32(c.rank), Reason: reason}); err != nil {
+		return fmt.Errorf("aborting the job: %w", err)
+	}
+	return nil
+}

@@ -139,3 +139,37 @@ func errorsUnwrap(err error) error {
 		err = next
 	}
 }
+
+func TestAbortReleasesBlockedCalls(t *testing.T) {
+	addr := serve(t, "tok", 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	a, err := Dial(addr, "tok")
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := Dial(addr, "tok")
+	require.NoError(t, err)
+	defer b.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var getErr error
+	go func() {
+		defer wg.Done()
+		_, err := a.Register(ctx, 0, Peer{Host: "h"})
+		if err != nil {
+			getErr = err
+			return
+		}
+		_, getErr = a.Get(ctx, "never") // blocks until the abort
+	}()
+	_, err = b.Register(ctx, 1, Peer{Host: "h"})
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, b.Abort(ctx, "cannot create the segment"))
+	wg.Wait()
+	require.Equal(t, codes.Aborted, status.Code(errorsUnwrap(getErr)))
+	require.Contains(t, getErr.Error(), "cannot create the segment")
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, codes.Aborted, status.Code(errorsUnwrap(b.Put(ctx, "k", nil))), "later calls fail too")
+}

@@ -29,6 +29,8 @@ type Server struct {
 	kv       map[string][]byte
 	kvWait   map[string]chan struct{}
 	barriers map[string]*barrier
+	aborted  chan struct{} // closed by Abort
+	reason   string
 
 	grpc *grpc.Server
 }
@@ -49,7 +51,8 @@ func NewServer(token string, world int) (*Server, error) {
 		return nil, fmt.Errorf("empty job token: %w", ErrInvalid)
 	}
 	return &Server{token: token, world: world, peers: make([]*pb.Peer, world), full: make(chan struct{}),
-		kv: map[string][]byte{}, kvWait: map[string]chan struct{}{}, barriers: map[string]*barrier{}}, nil
+		kv: map[string][]byte{}, kvWait: map[string]chan struct{}{}, barriers: map[string]*barrier{},
+		aborted: make(chan struct{})}, nil
 }
 
 // Serve serves on lis until Stop; it blocks.
@@ -86,16 +89,51 @@ func (s *Server) auth(token string) error {
 	if subtle.ConstantTimeCompare([]byte(token), []byte(s.token)) != 1 {
 		return status.Error(codes.PermissionDenied, "wrong job token")
 	}
-	return nil
+	return s.abortErr()
 }
 
-func wait(ctx context.Context, ch <-chan struct{}) error {
+func (s *Server) abortErr() error {
+	select {
+	case <-s.aborted:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return status.Errorf(codes.Aborted, "job aborted: %s", s.reason)
+	default:
+		return nil
+	}
+}
+
+// AbortJob fails every blocked and future call with codes.Aborted. The
+// first reason sticks. Safe to call more than once.
+func (s *Server) AbortJob(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.aborted:
+	default:
+		s.reason = reason
+		close(s.aborted)
+	}
+}
+
+func (s *Server) wait(ctx context.Context, ch <-chan struct{}) error {
 	select {
 	case <-ch:
 		return nil
+	case <-s.aborted:
+		return s.abortErr()
 	case <-ctx.Done():
 		return status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// Abort implements the service.
+func (s *Server) Abort(_ context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
+	if subtle.ConstantTimeCompare([]byte(req.GetToken()), []byte(s.token)) != 1 {
+		return nil, status.Error(codes.PermissionDenied, "wrong job token")
+	}
+	s.AbortJob(fmt.Sprintf("rank %d: %s", req.GetRank(), req.GetReason()))
+	return &pb.AbortResponse{}, nil
 }
 
 // Register implements the service.
@@ -136,7 +174,7 @@ func (s *Server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 		close(s.full)
 	}
 	s.mu.Unlock()
-	if err := wait(ctx, s.full); err != nil {
+	if err := s.wait(ctx, s.full); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -205,7 +243,7 @@ func (s *Server) Get(ctx context.Context, req *pb.GetRequest) (*pb.GetResponse, 
 			s.kvWait[req.GetKey()] = ch
 		}
 		s.mu.Unlock()
-		if err := wait(ctx, ch); err != nil {
+		if err := s.wait(ctx, ch); err != nil {
 			return nil, err
 		}
 	}
@@ -232,7 +270,7 @@ func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.Barri
 		}
 	}
 	s.mu.Unlock()
-	if err := wait(ctx, b.done); err != nil {
+	if err := s.wait(ctx, b.done); err != nil {
 		return nil, err
 	}
 	return &pb.BarrierResponse{}, nil
@@ -248,5 +286,5 @@ func (s *Server) WaitBarrier(ctx context.Context, name string) error {
 		s.barriers[name] = b
 	}
 	s.mu.Unlock()
-	return wait(ctx, b.done)
+	return s.wait(ctx, b.done)
 }

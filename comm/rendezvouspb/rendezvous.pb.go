@@ -594,6 +594,102 @@ func (*BarrierResponse) Descriptor() ([]byte, []int) {
 	return file_rendezvous_proto_rawDescGZIP(), []int{9}
 }
 
+type AbortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Rank          int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortRequest) Reset() {
+	*x = AbortRequest{}
+	mi := &file_rendezvous_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortRequest) ProtoMessage() {}
+
+func (x *AbortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rendezvous_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
+func (*AbortRequest) Descriptor() ([]byte, []int) {
+	return file_rendezvous_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AbortRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *AbortRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *AbortRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type AbortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortResponse) Reset() {
+	*x = AbortResponse{}
+	mi := &file_rendezvous_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortResponse) ProtoMessage() {}
+
+func (x *AbortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rendezvous_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
+func (*AbortResponse) Descriptor() ([]byte, []int) {
+	return file_rendezvous_proto_rawDescGZIP(), []int{11}
+}
+
 var File_rendezvous_proto protoreflect.FileDescriptor
 
 const file_rendezvous_proto_rawDesc = "" +
@@ -635,13 +731,19 @@ const file_rendezvous_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\x05R\x04rank\"\x11\n" +
-	"\x0fBarrierResponse2\xd7\x02\n" +
+	"\x0fBarrierResponse\"P\n" +
+	"\fAbortRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x0f\n" +
+	"\rAbortResponse2\xa9\x03\n" +
 	"\n" +
 	"Rendezvous\x12Y\n" +
 	"\bRegister\x12%.migctl.rendezvous.v1.RegisterRequest\x1a&.migctl.rendezvous.v1.RegisterResponse\x12J\n" +
 	"\x03Put\x12 .migctl.rendezvous.v1.PutRequest\x1a!.migctl.rendezvous.v1.PutResponse\x12J\n" +
 	"\x03Get\x12 .migctl.rendezvous.v1.GetRequest\x1a!.migctl.rendezvous.v1.GetResponse\x12V\n" +
-	"\aBarrier\x12$.migctl.rendezvous.v1.BarrierRequest\x1a%.migctl.rendezvous.v1.BarrierResponseB,Z*github.com/migctl/migctl/comm/rendezvouspbb\x06proto3"
+	"\aBarrier\x12$.migctl.rendezvous.v1.BarrierRequest\x1a%.migctl.rendezvous.v1.BarrierResponse\x12P\n" +
+	"\x05Abort\x12\".migctl.rendezvous.v1.AbortRequest\x1a#.migctl.rendezvous.v1.AbortResponseB,Z*github.com/migctl/migctl/comm/rendezvouspbb\x06proto3"
 
 var (
 	file_rendezvous_proto_rawDescOnce sync.Once
@@ -655,7 +757,7 @@ func file_rendezvous_proto_rawDescGZIP() []byte {
 	return file_rendezvous_proto_rawDescData
 }
 
-var file_rendezvous_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_rendezvous_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_rendezvous_proto_goTypes = []any{
 	(*Peer)(nil),             // 0: migctl.rendezvous.v1.Peer
 	(*RegisterRequest)(nil),  // 1: migctl.rendezvous.v1.RegisterRequest
@@ -667,24 +769,28 @@ var file_rendezvous_proto_goTypes = []any{
 	(*GetResponse)(nil),      // 7: migctl.rendezvous.v1.GetResponse
 	(*BarrierRequest)(nil),   // 8: migctl.rendezvous.v1.BarrierRequest
 	(*BarrierResponse)(nil),  // 9: migctl.rendezvous.v1.BarrierResponse
+	(*AbortRequest)(nil),     // 10: migctl.rendezvous.v1.AbortRequest
+	(*AbortResponse)(nil),    // 11: migctl.rendezvous.v1.AbortResponse
 }
 var file_rendezvous_proto_depIdxs = []int32{
-	0, // 0: migctl.rendezvous.v1.RegisterRequest.self:type_name -> migctl.rendezvous.v1.Peer
-	0, // 1: migctl.rendezvous.v1.RegisterResponse.peers:type_name -> migctl.rendezvous.v1.Peer
-	2, // 2: migctl.rendezvous.v1.RegisterResponse.topology:type_name -> migctl.rendezvous.v1.Topology
-	1, // 3: migctl.rendezvous.v1.Rendezvous.Register:input_type -> migctl.rendezvous.v1.RegisterRequest
-	4, // 4: migctl.rendezvous.v1.Rendezvous.Put:input_type -> migctl.rendezvous.v1.PutRequest
-	6, // 5: migctl.rendezvous.v1.Rendezvous.Get:input_type -> migctl.rendezvous.v1.GetRequest
-	8, // 6: migctl.rendezvous.v1.Rendezvous.Barrier:input_type -> migctl.rendezvous.v1.BarrierRequest
-	3, // 7: migctl.rendezvous.v1.Rendezvous.Register:output_type -> migctl.rendezvous.v1.RegisterResponse
-	5, // 8: migctl.rendezvous.v1.Rendezvous.Put:output_type -> migctl.rendezvous.v1.PutResponse
-	7, // 9: migctl.rendezvous.v1.Rendezvous.Get:output_type -> migctl.rendezvous.v1.GetResponse
-	9, // 10: migctl.rendezvous.v1.Rendezvous.Barrier:output_type -> migctl.rendezvous.v1.BarrierResponse
-	7, // [7:11] is the sub-list for method output_type
-	3, // [3:7] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0,  // 0: migctl.rendezvous.v1.RegisterRequest.self:type_name -> migctl.rendezvous.v1.Peer
+	0,  // 1: migctl.rendezvous.v1.RegisterResponse.peers:type_name -> migctl.rendezvous.v1.Peer
+	2,  // 2: migctl.rendezvous.v1.RegisterResponse.topology:type_name -> migctl.rendezvous.v1.Topology
+	1,  // 3: migctl.rendezvous.v1.Rendezvous.Register:input_type -> migctl.rendezvous.v1.RegisterRequest
+	4,  // 4: migctl.rendezvous.v1.Rendezvous.Put:input_type -> migctl.rendezvous.v1.PutRequest
+	6,  // 5: migctl.rendezvous.v1.Rendezvous.Get:input_type -> migctl.rendezvous.v1.GetRequest
+	8,  // 6: migctl.rendezvous.v1.Rendezvous.Barrier:input_type -> migctl.rendezvous.v1.BarrierRequest
+	10, // 7: migctl.rendezvous.v1.Rendezvous.Abort:input_type -> migctl.rendezvous.v1.AbortRequest
+	3,  // 8: migctl.rendezvous.v1.Rendezvous.Register:output_type -> migctl.rendezvous.v1.RegisterResponse
+	5,  // 9: migctl.rendezvous.v1.Rendezvous.Put:output_type -> migctl.rendezvous.v1.PutResponse
+	7,  // 10: migctl.rendezvous.v1.Rendezvous.Get:output_type -> migctl.rendezvous.v1.GetResponse
+	9,  // 11: migctl.rendezvous.v1.Rendezvous.Barrier:output_type -> migctl.rendezvous.v1.BarrierResponse
+	11, // 12: migctl.rendezvous.v1.Rendezvous.Abort:output_type -> migctl.rendezvous.v1.AbortResponse
+	8,  // [8:13] is the sub-list for method output_type
+	3,  // [3:8] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_rendezvous_proto_init() }
@@ -698,7 +804,7 @@ func file_rendezvous_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rendezvous_proto_rawDesc), len(file_rendezvous_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

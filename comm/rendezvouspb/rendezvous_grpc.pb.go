@@ -28,6 +28,7 @@ const (
 	Rendezvous_Put_FullMethodName      = "/migctl.rendezvous.v1.Rendezvous/Put"
 	Rendezvous_Get_FullMethodName      = "/migctl.rendezvous.v1.Rendezvous/Get"
 	Rendezvous_Barrier_FullMethodName  = "/migctl.rendezvous.v1.Rendezvous/Barrier"
+	Rendezvous_Abort_FullMethodName    = "/migctl.rendezvous.v1.Rendezvous/Abort"
 )
 
 // RendezvousClient is the client API for Rendezvous service.
@@ -42,6 +43,9 @@ type RendezvousClient interface {
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// Barrier blocks until every rank has entered the barrier of that name.
 	Barrier(ctx context.Context, in *BarrierRequest, opts ...grpc.CallOption) (*BarrierResponse, error)
+	// Abort fails every blocked and future call of the job (codes.Aborted):
+	// a rank that cannot go on releases the others.
+	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
 }
 
 type rendezvousClient struct {
@@ -92,6 +96,16 @@ func (c *rendezvousClient) Barrier(ctx context.Context, in *BarrierRequest, opts
 	return out, nil
 }
 
+func (c *rendezvousClient) Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AbortResponse)
+	err := c.cc.Invoke(ctx, Rendezvous_Abort_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RendezvousServer is the server API for Rendezvous service.
 // All implementations must embed UnimplementedRendezvousServer
 // for forward compatibility.
@@ -104,6 +118,9 @@ type RendezvousServer interface {
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// Barrier blocks until every rank has entered the barrier of that name.
 	Barrier(context.Context, *BarrierRequest) (*BarrierResponse, error)
+	// Abort fails every blocked and future call of the job (codes.Aborted):
+	// a rank that cannot go on releases the others.
+	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
 	mustEmbedUnimplementedRendezvousServer()
 }
 
@@ -125,6 +142,9 @@ func (UnimplementedRendezvousServer) Get(context.Context, *GetRequest) (*GetResp
 }
 func (UnimplementedRendezvousServer) Barrier(context.Context, *BarrierRequest) (*BarrierResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Barrier not implemented")
+}
+func (UnimplementedRendezvousServer) Abort(context.Context, *AbortRequest) (*AbortResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Abort not implemented")
 }
 func (UnimplementedRendezvousServer) mustEmbedUnimplementedRendezvousServer() {}
 func (UnimplementedRendezvousServer) testEmbeddedByValue()                    {}
@@ -219,6 +239,24 @@ func _Rendezvous_Barrier_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rendezvous_Abort_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AbortRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RendezvousServer).Abort(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rendezvous_Abort_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RendezvousServer).Abort(ctx, req.(*AbortRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rendezvous_ServiceDesc is the grpc.ServiceDesc for Rendezvous service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -241,6 +279,10 @@ var Rendezvous_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Barrier",
 			Handler:    _Rendezvous_Barrier_Handler,
+		},
+		{
+			MethodName: "Abort",
+			Handler:    _Rendezvous_Abort_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

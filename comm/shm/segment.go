@@ -73,6 +73,14 @@ func Create(root, name string, size int) (*Segment, error) {
 		_ = unix.Unlink(p)
 		return nil, fmt.Errorf("sizing shm segment %s to %d bytes: %w", p, size, err)
 	}
+	// Reserve the pages now: on a full tmpfs (a container's 64 MiB /dev/shm)
+	// this fails cleanly instead of a SIGBUS on first touch later.
+	if size > 0 {
+		if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			_ = unix.Unlink(p)
+			return nil, fmt.Errorf("reserving %d bytes for shm segment %s (is %s big enough? see --shm-dir): %w", size, p, root, err)
+		}
+	}
 	mem, err := mmap(fd, size)
 	if err != nil {
 		_ = unix.Unlink(p)
