@@ -624,14 +624,21 @@ class Driver:
         self.ref = {}
         if a.fake and not a.gpu_memory:
             a.gpu_memory = str(a.fake_capacity)  # the fake's shared capacity, declared to the daemon
+        self.ctl = None
         if a.ctl == "daemon":
-            self.ctl = DaemonCtl(os.path.join(self.bin, "migctl"), sockdir, os.path.join(self.work, "daemon.log"),
-                                 a.gpu_memory)
-        else:
+            try:
+                self.ctl = DaemonCtl(os.path.join(self.bin, "migctl"), sockdir, os.path.join(self.work, "daemon.log"),
+                                     a.gpu_memory)
+            except Exception as e:  # noqa: BLE001
+                # say so loudly, and still measure the shim with the fallback driver
+                self.res["ctl_error"] = str(e)
+                print(f"MIGCTL DAEMON FAILED TO START, falling back to the protocol driver: {e}", flush=True)
+        if self.ctl is None:
             self.ctl = PyCtl(sockdir, self.log)
-        self.res["ctl"] = self.ctl.kind
+        self.res["ctl"] = self.ctl.kind + (f" (migctl daemon FAILED: {self.res['ctl_error'][:200]})"
+                                           if "ctl_error" in self.res else "")
         self.nvml = NVML(disabled=a.fake)
-        self.log(f"swap control: {self.ctl.kind}; NVML: {self.nvml.ok}; work {self.work}")
+        self.log(f"swap control: {self.res['ctl']}; NVML: {self.nvml.ok}; work {self.work}")
 
     def log(self, s):
         line = f"[{time.time() - self.t_start:7.1f}s] {s}"
@@ -1166,7 +1173,7 @@ class Driver:
         f = lambda x, fmt="{:.3f}": "—" if x is None or (isinstance(x, float) and x != x) else fmt.format(x)  # noqa: E731
         L = [f"## migswap on one GPU — summary{' (QUICK check run)' if self.a.quick else ''}"
              f"{' (FAKE driver selftest: numbers mean nothing)' if self.a.fake else ''}",
-             f"GPU: {(ph.get('info') or {}).get('nvidia_smi', '?')}; swaps driven by: {self.ctl.kind}; "
+             f"GPU: {(ph.get('info') or {}).get('nvidia_smi', '?')}; swaps driven by: {self.res['ctl']}; "
              f"wall {time.time() - self.t_start:.0f} s", "",
              "| measure | peer | ours | target | result |", "|---|---|---|---|---|"]
         have_tp = "out_gibps_p50" in tp
@@ -1216,7 +1223,7 @@ class Driver:
                  f"{pf(o.get('noswap_equal') is True, have_o)} |")
         for label, r in (("eager", e), ("one CUDA graph per step", gr)):
             have = "cycles" in r
-            L.append(f"| ResNet-18 {label}, MIGSWAP_CHECKSUM=1: swap cycles while training, losses vs no-swap run | — | "
+            L.append(f"| {'fake trainer' if self.a.fake else 'ResNet-18'} {label}, MIGSWAP_CHECKSUM=1: swap cycles while training, losses vs no-swap run | — | "
                      f"{r.get('cycles')} cycles in {r.get('steps')} steps, equal: {r.get('swaps_equal')}, errors "
                      f"{r.get('n_errors')}, one cycle {f(r.get('out_wall_p50'))} s out + {f(r.get('in_wall_p50'))} s in (CLI) | "
                      f">= 100 cycles, bit-identical | {pf((r.get('cycles') or 0) >= 100 and r.get('swaps_equal') is True and r.get('n_errors') == 0, have)} |")
