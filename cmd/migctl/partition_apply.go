@@ -31,7 +31,12 @@ never resets a GPU), instances that already match are kept, instances with proce
 never destroyed (unless --force: NVML itself still refuses while processes run), compute
 instances go before their GPU instance, and new GPU instances are created at the planned
 placements. The steps are journalled before they run; a failed step rolls the GPU back to
-its previous layout and apply exits non-zero. Progress goes to stderr, the result to stdout.`,
+its previous layout and apply exits non-zero. Progress goes to stderr, the result to stdout.
+
+Exit status: 0 when every selected GPU was applied or already right; 1 with a one-line
+reason on stderr otherwise (bad input or infeasible layout, both before anything changes;
+an instance with processes in the way; a failed step, rolled back; a MIG mode change left
+pending). GPUs applied before a failure keep their new layout; the rest are untouched.`,
 		Example: `  # the demo layout on every GPU of a simulated 8x H200 node
   migctl partition apply --sim h200x8 --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
 

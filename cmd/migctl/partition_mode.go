@@ -47,13 +47,36 @@ processes unless --force), then turns MIG off.`,
 func newPartitionModeSubCmd(s streams, enable bool) *cobra.Command {
 	o := &partitionModeOptions{streams: s, enable: enable}
 	use, short := "enable", "Turn MIG mode on"
+	long := `Turn MIG mode on for the selected GPUs (--gpus, default all). GPUs already in MIG mode,
+and their instances, are left alone; a GPU with MIG on has no instances until a layout is
+applied ('migctl partition apply').
+
+The CURRENT and PENDING columns show NVML's two modes. On Hopper (H100, H200) the change
+takes effect at once when the GPU is idle; with processes on it, and always on Ampere
+(A100), it stays pending: OUTCOME says "pending" and ACTION what to do (stop the
+processes, reset the GPU with 'sudo nvidia-smi -r -i N', or reboot). migctl never resets a
+GPU. A pending change is not an error for this command (exit 0); apply exits 1 until it
+has taken effect.`
+	example := `  migctl partition mode enable --sim h200x8
+  migctl partition mode enable --sim a100x8 --gpus 0     # Ampere: pending until reset
+  migctl partition sim reset --sim a100x8 --gpus 0       # the simulator's stand-in for the reset
+  sudo migctl partition mode enable --gpus 0,1 -o json`
 	if !enable {
 		use, short = "disable", "Destroy the instances and turn MIG mode off"
+		long = `Turn MIG mode off for the selected GPUs (--gpus, default all). The GPU's instances are
+destroyed first, as a journalled apply of "MIG off": instances with processes are refused
+unless --force (and NVML itself still refuses while a process runs, in which case the GPU
+is rolled back). GPUs with MIG already off are left alone. A change left pending is
+reported as for enable.`
+		example = `  migctl partition mode disable --sim h200x8 --gpus 3
+  sudo migctl partition mode disable --gpus all --force`
 	}
 	cmd := &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  cobra.NoArgs,
+		Use:     use,
+		Short:   short,
+		Long:    long,
+		Example: example,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.Complete(); err != nil {
 				return err

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
@@ -23,6 +25,7 @@ type partitionSimOptions struct {
 	ci    int
 	pid   uint32
 	bytes string
+	mig   string // attach: a MIG device UUID instead of --gpus/--gi/--ci
 }
 
 func newPartitionSimCmd(s streams) *cobra.Command {
@@ -48,15 +51,35 @@ func newPartitionSimVerbCmd(s streams, verb string) *cobra.Command {
 	o := &partitionSimOptions{streams: s}
 	short := map[string]string{
 		"reset":  "Reset GPUs (a pending MIG mode change takes effect)",
-		"attach": "Attach a fake process to a MIG device (--gi/--ci) or the whole GPU (--gi -1)",
+		"attach": "Attach a fake process to a MIG device (--mig UUID, or --gi/--ci) or the whole GPU (--gi -1)",
 		"detach": "Detach a fake process",
 	}[verb]
+	long := map[string]string{
+		"reset": `Stand in for the admin's GPU reset ('sudo nvidia-smi -r -i N') on a simulated node: a
+pending MIG mode change takes effect. Refused, as on real hardware, while processes run on
+the GPU.`,
+		"attach": `Start a fake process on a simulated node: on a MIG device, named by its UUID (--mig, as
+'partition show' prints it) or by --gpus N --gi GI --ci CI, or on the whole GPU (--gi -1,
+the default without --mig). NVML then reports it (show's PROCESSES column), apply will not
+destroy its instance without --force, and NVML answers IN_USE to destroying it.`,
+		"detach": `Stop a fake process on a simulated node (--pid), wherever it runs on the selected GPUs.`,
+	}[verb]
+	example := map[string]string{
+		"reset": `  migctl partition mode enable --sim a100x8 --gpus 0     # pending on Ampere
+  migctl partition sim reset --sim a100x8 --gpus 0`,
+		"attach": `  migctl partition show --sim h200x8 --gpus 0             # find a MIG device UUID
+  migctl partition sim attach --sim h200x8 --mig MIG-3284b0b1-8050-20ae-b6b6-956bb3612660 --pid 4242
+  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10G`,
+		"detach": `  migctl partition sim detach --sim h200x8 --pid 4242`,
+	}[verb]
 	cmd := &cobra.Command{
-		Use:   verb,
-		Short: short,
-		Args:  cobra.NoArgs,
+		Use:     verb,
+		Short:   short,
+		Long:    long,
+		Example: example,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.Validate(); err != nil {
+			if err := o.Validate(verb, cmd); err != nil {
 				return err
 			}
 			return o.Run(cmd.Context(), verb)
@@ -71,14 +94,25 @@ func newPartitionSimVerbCmd(s streams, verb string) *cobra.Command {
 		cmd.Flags().IntVar(&o.gi, "gi", -1, "GPU instance id (-1: the whole GPU)")
 		cmd.Flags().IntVar(&o.ci, "ci", 0, "compute instance id")
 		cmd.Flags().StringVar(&o.bytes, "bytes", "1G", "GPU memory the process uses (K, M, G suffixes)")
+		cmd.Flags().StringVar(&o.mig, "mig", "", "MIG device UUID to attach to (instead of --gpus/--gi/--ci)")
 	}
 	return cmd
 }
 
-// Validate checks that a simulated node is named.
-func (o *partitionSimOptions) Validate() error {
+// Validate checks that a simulated node is named and a process given.
+func (o *partitionSimOptions) Validate(verb string, cmd *cobra.Command) error {
 	if o.node.sim == "" {
 		return errors.New("partition sim acts on simulated nodes only: give --sim (or set " + envSim + ")")
+	}
+	if verb != "reset" && o.pid == 0 {
+		return fmt.Errorf("partition sim %s: give the process id (--pid N, not 0)", verb)
+	}
+	if o.mig != "" {
+		for _, f := range []string{"gpus", "gi", "ci"} {
+			if cmd.Flags().Changed(f) {
+				return fmt.Errorf("--mig names the MIG device; leave out --%s", f)
+			}
+		}
 	}
 	return nil
 }
@@ -89,6 +123,16 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 		node, err := mig.Discover(on.lib)
 		if err != nil {
 			return err
+		}
+		if o.mig != "" {
+			for _, d := range node.MIGDevices() {
+				if strings.EqualFold(d.UUID, o.mig) {
+					o.gpus, o.gi, o.ci = strconv.Itoa(d.GPU), d.GIID, d.CIID
+				}
+			}
+			if o.gpus == "" {
+				return fmt.Errorf("--mig %s: no such MIG device on this node ('migctl partition show' lists them)", o.mig)
+			}
 		}
 		gpus, err := mig.SelectGPUs(o.gpus, node)
 		if err != nil {

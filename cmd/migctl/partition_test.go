@@ -211,3 +211,58 @@ func TestPartitionRecoverSaysWhatItDid(t *testing.T) {
 	require.Contains(t, out, `"outcome": "nothing"`)
 	require.Contains(t, msg, "nothing to recover: no interrupted apply in "+state+".journal")
 }
+
+// TestPartitionSimAttachByMIGUUID: an admin sees MIG UUIDs in show, so a fake
+// process can be attached by one; apply then keeps or refuses its instance.
+func TestPartitionSimAttachByMIGUUID(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := []string{"--sim", "h200x2", "--sim-state", state}
+	run := func(args ...string) (string, string, error) {
+		t.Helper()
+		return runPartition(t, append(args, sim...)...)
+	}
+	_, _, err := run("apply", "--layout", "3g.71gb=2")
+	require.NoError(t, err)
+	out, _, err := run("show", "-o", "json", "--gpus", "1")
+	require.NoError(t, err)
+	var node struct {
+		GPUs []struct {
+			Instances []struct {
+				Placement struct{ Start int }
+				Compute   []struct{ UUID string } `json:"computeInstances"`
+			}
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &node))
+	var uuid string
+	for _, in := range node.GPUs[0].Instances {
+		if in.Placement.Start == 4 {
+			uuid = in.Compute[0].UUID
+		}
+	}
+	require.NotEmpty(t, uuid)
+
+	_, _, err = run("sim", "attach", "--mig", uuid)
+	require.ErrorContains(t, err, "--pid")
+	_, _, err = run("sim", "attach", "--mig", uuid, "--gpus", "0", "--pid", "31")
+	require.ErrorContains(t, err, "leave out --gpus")
+	_, _, err = run("sim", "attach", "--mig", "MIG-00000000-0000-0000-0000-000000000000", "--pid", "31")
+	require.ErrorContains(t, err, "no such MIG device")
+	_, _, err = run("sim", "attach", "--mig", uuid, "--pid", "31")
+	require.NoError(t, err)
+
+	out, _, err = run("show")
+	require.NoError(t, err)
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, uuid) {
+			require.True(t, strings.HasSuffix(strings.TrimSpace(line), "31"), line)
+		}
+	}
+	_, _, err = run("apply", "--gpus", "1", "--layout", "7g.141gb=1")
+	require.ErrorContains(t, err, "pid 31 on "+uuid)
+	_, _, err = run("apply", "--gpus", "1", "--layout", "3g.71gb=1,2g.35gb=2")
+	require.NoError(t, err, "planned around the busy 3g.71gb at 4")
+	out, _, err = run("show", "--gpus", "1")
+	require.NoError(t, err)
+	require.Contains(t, out, uuid, "the busy MIG device survived with its UUID")
+}
