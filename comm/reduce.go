@@ -256,8 +256,37 @@ func reduceHalf(dst []byte, srcs [][]byte, off int, op Op, div int, bf bool) {
 	if !bf {
 		tab = f16Table()
 	}
-	for k, src := range srcs {
-		h := asSlice[uint16](src[off : off+len(dst)])[:n]
+	// Sums fold two sources per pass: half the loads and stores of acc.
+	k0 := 1
+	if op == Sum || op == Avg {
+		first := asSlice[uint16](srcs[0][off : off+len(dst)])[:n]
+		if bf {
+			for i := range acc {
+				acc[i] = math.Float32frombits(uint32(first[i]) << 16)
+			}
+		} else {
+			for i := range acc {
+				acc[i] = tab[first[i]]
+			}
+		}
+		for ; k0+1 < len(srcs); k0 += 2 {
+			a := asSlice[uint16](srcs[k0][off : off+len(dst)])[:n]
+			b := asSlice[uint16](srcs[k0+1][off : off+len(dst)])[:n]
+			if bf {
+				for i := range acc {
+					acc[i] += math.Float32frombits(uint32(a[i])<<16) + math.Float32frombits(uint32(b[i])<<16)
+				}
+			} else {
+				for i := range acc {
+					acc[i] += tab[a[i]] + tab[b[i]]
+				}
+			}
+		}
+	} else {
+		k0 = 0
+	}
+	for k := k0; k < len(srcs); k++ {
+		h := asSlice[uint16](srcs[k][off : off+len(dst)])[:n]
 		switch {
 		case k == 0 && bf:
 			for i := range acc {
