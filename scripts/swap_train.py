@@ -28,6 +28,7 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -602,6 +603,10 @@ def count_steps(path):
             return f.read().count(b"\n")
     except OSError:
         return 0
+
+
+class Stopped(BaseException):
+    """SIGTERM during the run (a BaseException, so that no phase swallows it)."""
 
 
 class Driver:
@@ -1241,10 +1246,16 @@ class Driver:
         for n, r in ph.items():
             if not r.get("ok", True):
                 L.append(f"PHASE {n} FAILED: {r.get('error')}")
+        if self.res.get("stopped"):
+            L.append(f"RUN STOPPED EARLY: {self.res['stopped']}")
         return "\n".join(L)
 
     def run(self):
         a = self.a
+
+        def term(signum, _frame):
+            raise Stopped(f"signal {signum}: stopped early")
+        signal.signal(signal.SIGTERM, term)
         try:
             self.phase("info", self.p_info)
             self.phase("bench", self.p_bench)
@@ -1255,20 +1266,24 @@ class Driver:
             self.phase("swap_throughput", self.p_swap_throughput, need_s=50)
             if not (a.no_checkpoint or a.fake):
                 self.phase("checkpoint", self.p_checkpoint, need_s=25)
+        except Stopped as e:  # SIGTERM (e.g. from timeout): still print what there is
+            self.log(f"STOPPED: {e}")
+            self.res["stopped"] = str(e)
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             for p, _ in getattr(self, "victims", {}).values():
                 p.kill()
             for p in self.procs:
                 if p.poll() is None:
                     p.kill()
             self.ctl.close()
-        t = self.table()
-        print(t, flush=True)
-        with open(os.path.join(self.out, "summary.md"), "w") as f:
-            f.write(t + "\n")
-        self.save()
-        with tarfile.open(os.path.join(self.out, "logs.tgz"), "w:gz") as tf:
-            tf.add(self.work, arcname="swap-h200", filter=lambda ti: None if ti.name.endswith(".sock") else ti)
+            t = self.table()
+            print(t, flush=True)
+            with open(os.path.join(self.out, "summary.md"), "w") as f:
+                f.write(t + "\n")
+            self.save()
+            with tarfile.open(os.path.join(self.out, "logs.tgz"), "w:gz") as tf:
+                tf.add(self.work, arcname="swap-h200", filter=lambda ti: None if ti.name.endswith(".sock") else ti)
         return self.res
 
 
@@ -1362,8 +1377,8 @@ def build_parser():
                    help="who drives the swaps: migctl daemon + migctl swap (default), or this script's protocol driver")
     d.add_argument("--gpu-memory", default="", help="the daemon's --gpu-memory (default: NVML)")
     d.add_argument("--quick", action="store_true")
-    d.add_argument("--steps", type=int, default=500, help="steps of the eager runs (reference, overhead, swaps)")
-    d.add_argument("--graph-steps", type=int, default=1000)
+    d.add_argument("--steps", type=int, default=700, help="steps of the eager runs (reference, overhead, swaps)")
+    d.add_argument("--graph-steps", type=int, default=1500)
     d.add_argument("--max-cycles", type=int, default=120, help="swap cycles per training run")
     d.add_argument("--batch", type=int, default=64)
     d.add_argument("--res", type=int, default=112)
@@ -1378,7 +1393,7 @@ def build_parser():
     d.add_argument("--no-prepin-check", dest="prepin_check", action="store_false",
                    help="skip the first-swap measurement of a MIGSWAP_PREPIN=1 victim")
     d.add_argument("--budget", type=float, default=355, help="seconds; phases that would not fit are skipped")
-    d.add_argument("--reserve-s", type=float, default=230, help="stop adding overhead pairs below this much budget")
+    d.add_argument("--reserve-s", type=float, default=200, help="stop adding overhead pairs below this much budget")
     d.add_argument("--fake", action="store_true", help="fake libcuda.so from --bin/fakecuda (selftest)")
     d.add_argument("--fake-mib", type=int, default=8)
     d.add_argument("--fake-pace-ms", type=float, default=2)
