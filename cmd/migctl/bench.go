@@ -68,6 +68,18 @@ type benchOptions struct {
 	launchNew bool
 }
 
+const benchLong = `Run a collective between N processes (ranks) and print, per message size, the time per
+call, the algorithm and bus bandwidth (nccl-tests definitions) and the number of wrong elements.
+
+The ranks are separate OS processes that meet through a gRPC rendezvous hosted by this command
+and exchange data through shared host memory (/dev/shm): the path MIG instances need, because
+they have no CUDA P2P or IPC between them. --backend host runs everything on the CPU (no GPU
+needed); --backend gpu puts every rank's buffers on a CUDA device (by default all on device 0,
+so N ranks share one GPU, which is how the MIG path is measured on a GPU without MIG).
+
+With -c 1 every element of every rank's result is compared with the exactly predictable
+expected value; the command exits non-zero if any is wrong or any rank fails.`
+
 const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results checked element by element
   migctl bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
 
@@ -85,19 +97,9 @@ const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results
 
 func newBenchCmd(s streams) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure collectives between processes and check their results",
-		Long: `Run a collective between N processes (ranks) and print, per message size, the time per
-call, the algorithm and bus bandwidth (nccl-tests definitions) and the number of wrong elements.
-
-The ranks are separate OS processes that meet through a gRPC rendezvous hosted by this command
-and exchange data through shared host memory (/dev/shm): the path MIG instances need, because
-they have no CUDA P2P or IPC between them. --backend host runs everything on the CPU (no GPU
-needed); --backend gpu puts every rank's buffers on a CUDA device (by default all on device 0,
-so N ranks share one GPU, which is how the MIG path is measured on a GPU without MIG).
-
-With -c 1 every element of every rank's result is compared with the exactly predictable
-expected value; the command exits non-zero if any is wrong or any rank fails.`,
+		Use:     "bench",
+		Short:   "Measure collectives between processes and check their results",
+		Long:    benchLong,
 		Example: benchExamples,
 	}
 	for _, c := range []allreduce.Coll{allreduce.AllReduce, allreduce.ReduceScatter, allreduce.AllGather,
@@ -114,6 +116,7 @@ func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
 	c := &cobra.Command{
 		Use:     coll.String(),
 		Short:   fmt.Sprintf("Benchmark %s between N processes", coll),
+		Long:    benchLong,
 		Example: benchExamples,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
