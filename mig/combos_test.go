@@ -199,3 +199,141 @@ func TestPlanHardwareCombinations(t *testing.T) {
 		})
 	}
 }
+
+// roomLeft is, by brute force over the hardware rules above, the most compute
+// slices further GPU instances could still add to layout l.
+func roomLeft(l mig.Layout) int {
+	var used [8]bool
+	counts := map[string]int{}
+	slices := 0
+	for _, s := range l {
+		for u := s.Placement.Start; u < s.Placement.Start+s.Placement.Size; u++ {
+			used[u] = true
+		}
+		counts[s.Profile]++
+		slices += h200Rules[s.Profile].slices
+	}
+	names := make([]string, 0, len(h200Rules))
+	for n := range h200Rules {
+		names = append(names, n)
+	}
+	best := 0
+	var try func(added int, used [8]bool, minStart int)
+	try = func(added int, used [8]bool, minStart int) {
+		if added > best {
+			best = added
+		}
+		for _, n := range names {
+			r := h200Rules[n]
+			if counts[n] >= r.max || slices+added+r.slices > 7 {
+				continue
+			}
+			for _, st := range r.starts {
+				if st < minStart {
+					continue
+				}
+				free := true
+				for u := st; u < st+r.size; u++ {
+					free = free && !used[u]
+				}
+				if !free {
+					continue
+				}
+				next := used
+				for u := st; u < st+r.size; u++ {
+					next[u] = true
+				}
+				counts[n]++
+				try(added+r.slices, next, st+1)
+				counts[n]--
+			}
+		}
+	}
+	try(0, used, 0)
+	return best
+}
+
+// TestPlanLeavesMostRoom: among valid placements the planner picks one that
+// leaves room for the most compute slices an admin could still add (checked
+// against every valid placement by brute force, for every H200 request of up
+// to 5 instances). A lone 3g.71gb goes at 4, so a 4g.71gb still fits at 0.
+func TestPlanLeavesMostRoom(t *testing.T) {
+	g := h200(t)
+	p, err := mig.PlanGPU(g, req(dev("3g.71gb", 1)), mig.PlanOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "3g.71gb@4:4", p.Target.String())
+	require.Equal(t, 4, roomLeft(p.Target))
+
+	names := []string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"}
+	// every placement of a multiset of profiles, by brute force
+	var allLayouts func(ps []string, used [8]bool, minStart int, cur mig.Layout, f func(mig.Layout))
+	allLayouts = func(ps []string, used [8]bool, minStart int, cur mig.Layout, f func(mig.Layout)) {
+		if len(ps) == 0 {
+			f(cur)
+			return
+		}
+		r := h200Rules[ps[0]]
+		for _, st := range r.starts {
+			if st < minStart {
+				continue
+			}
+			free := true
+			for u := st; u < st+r.size; u++ {
+				free = free && !used[u]
+			}
+			if !free {
+				continue
+			}
+			next := used
+			for u := st; u < st+r.size; u++ {
+				next[u] = true
+			}
+			nextMin := 0
+			if len(ps) > 1 && ps[1] == ps[0] {
+				nextMin = st + 1 // identical profiles: one order only
+			}
+			allLayouts(ps[1:], next, nextMin, append(cur, mig.InstanceSpec{Profile: ps[0], Placement: mig.Placement{Start: st, Size: r.size}}), f)
+		}
+	}
+	checked := 0
+	var rec func(i int, ps []string)
+	rec = func(i int, ps []string) {
+		over := false
+		cnt := map[string]int{}
+		for _, n := range ps {
+			cnt[n]++
+			over = over || cnt[n] > h200Rules[n].max
+		}
+		if over {
+			return // a count over the maximum is bad input, checked elsewhere
+		}
+		if len(ps) > 0 {
+			best := -1
+			allLayouts(ps, [8]bool{}, 0, nil, func(l mig.Layout) {
+				if r := roomLeft(l); r > best {
+					best = r
+				}
+			})
+			r := mig.Request{MIGEnabled: true}
+			for _, n := range ps {
+				r.Devices = append(r.Devices, dev(n, 1))
+			}
+			p, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+			if best < 0 {
+				require.Error(t, err, "%v", ps)
+			} else {
+				require.NoError(t, err, "%v", ps)
+				require.Equal(t, best, roomLeft(p.Target), "%v planned as %s", ps, p.Target)
+				checked++
+			}
+		}
+		if len(ps) == 5 {
+			return
+		}
+		for j := i; j < len(names); j++ {
+			rec(j, append(append([]string(nil), ps...), names[j]))
+		}
+	}
+	rec(0, nil)
+	require.Greater(t, checked, 100)
+}

@@ -57,6 +57,7 @@ func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
 
 // score ranks complete placements: higher is better.
 type score struct {
+	room       int // most compute slices further GPU instances could still add
 	usableRun  int // longest run of free units some further instance could use
 	usable     int // free units some further instance could use
 	freeRun    int // longest free run
@@ -68,6 +69,9 @@ type score struct {
 func (s score) better(o score) bool {
 	if !o.valid {
 		return true
+	}
+	if s.room != o.room {
+		return s.room > o.room
 	}
 	if s.usableRun != o.usableRun {
 		return s.usableRun > o.usableRun
@@ -98,11 +102,51 @@ func usableMask(profiles []GIProfile, mask uint16, counts map[string]int, slices
 	return u
 }
 
+// roomLeft is the most compute slices further GPU instances could still add
+// on the free units of mask, given the instances per profile (counts) and the
+// compute slices in use: a lone 3g at 4 leaves room for a 4g at 0 (4 slices),
+// one at 0 only for another 3g (3). Exhaustive over the few placements of 8
+// units; memo caches answers by mask and counts within one planning call.
+func roomLeft(profiles []GIProfile, mask uint16, counts map[string]int, slices int, memo map[string]int) int {
+	n := make([]int, len(profiles))
+	for i, p := range profiles {
+		n[i] = counts[p.Name]
+	}
+	key := fmt.Sprint(mask, n)
+	if v, ok := memo[key]; ok {
+		return v
+	}
+	best := 0
+	var try func(added int, used uint16, minStart int)
+	try = func(added int, used uint16, minStart int) {
+		if added > best {
+			best = added
+		}
+		for i, p := range profiles {
+			if n[i] >= p.MaxCount || slices+added+p.Slices > 7 {
+				continue
+			}
+			for _, pl := range p.Placements {
+				if pl.Start < minStart || pl.Mask()&used != 0 {
+					continue
+				}
+				n[i]++
+				try(added+p.Slices, used|pl.Mask(), pl.Start+1)
+				n[i]--
+			}
+		}
+	}
+	try(0, mask, 0)
+	memo[key] = best
+	return best
+}
+
 // PlaceInstances places wants around the fixed layout on a GPU with the given
 // profiles. It searches exhaustively (8 memory units make that cheap),
 // honouring allowed placements, maximum counts and the 7 compute slices,
 // and returns the fixed layout plus the new instances. Among feasible
-// answers it keeps the free space most useful: the longest run of units a
+// answers it keeps the free space most useful: room for the most compute
+// slices further instances could add, then the longest run of units a
 // further instance could use, then the most such units, then the longest and
 // fewest free runs, then the smallest starts in want order. Deterministic.
 // An impossible request returns an *InfeasibleError (wrapping ErrInfeasible).
@@ -147,7 +191,7 @@ func PlaceInstances(gpuIndex int, profiles []GIProfile, fixed Layout, wants []Wa
 			Reason: fmt.Sprintf("%s need %d compute slices, the GPU has 7", describeWants(fixed, wants), slices+needSlices)}
 	}
 
-	s := &search{profiles: profiles, wants: wants, starts: make([]int, len(wants)), counts: counts, slices: slices, deepest: -1}
+	s := &search{profiles: profiles, wants: wants, starts: make([]int, len(wants)), counts: counts, slices: slices, deepest: -1, memo: map[string]int{}}
 	s.dfs(0, mask)
 	if !s.best.valid {
 		w := wants[s.deepest]
@@ -172,6 +216,7 @@ type search struct {
 	counts   map[string]int
 	slices   int
 	best     score
+	memo     map[string]int // roomLeft answers
 	// the deepest point a search got stuck, for the explanation
 	deepest    int
 	deepMask   uint16
@@ -191,7 +236,7 @@ func (s *search) dfs(i int, mask uint16) {
 			sl += w.Profile.Slices
 		}
 		u := usableMask(s.profiles, mask, counts, sl)
-		sc := score{usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask),
+		sc := score{room: roomLeft(s.profiles, mask, counts, sl, s.memo), usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask),
 			fragments: freeFragments(mask), valid: true, placements: append([]int(nil), s.starts...)}
 		if sc.better(s.best) {
 			s.best = sc
@@ -403,7 +448,7 @@ func layoutScore(profiles []GIProfile, l Layout) score {
 		}
 	}
 	u := usableMask(profiles, mask, counts, slices)
-	return score{usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask), fragments: freeFragments(mask), valid: true}
+	return score{room: roomLeft(profiles, mask, counts, slices, map[string]int{}), usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask), fragments: freeFragments(mask), valid: true}
 }
 
 // matchWants removes from wants one want per kept instance (pinned wants
