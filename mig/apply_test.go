@@ -453,3 +453,35 @@ func TestPendingModeOnManyGPUsIsOneShortLine(t *testing.T) {
 	require.Equal(t, 1, strings.Count(msg, "nvidia-smi"), msg)
 	require.NotContains(t, msg, "\n")
 }
+
+// TestRecoverFindsTheGPUByUUID: after a reboot GPU indices can change; the
+// journal's GPU is found by its UUID, not trusted by index.
+func TestRecoverFindsTheGPUByUUID(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.H200, 2)
+	journal := filepath.Join(fastTempDir(t), "journal")
+	target := req(dev("3g.71gb", 2))
+	crashing := mig.NewManager(sim, mig.WithJournal(journal), mig.WithStepHook(func(gpu, n int, _ mig.Step) {
+		if gpu == 1 && n >= 1 {
+			runtime.Goexit()
+		}
+	}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = crashing.Apply(ctx, map[int]mig.Request{1: target}, mig.ApplyOptions{})
+	}()
+	<-done
+	// the GPU that was index 1 is index 0 now, as far as the journal knows
+	b, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"gpu":1,`)
+	require.NoError(t, os.WriteFile(journal, []byte(strings.Replace(string(b), `"gpu":1,`, `"gpu":0,`, 1)), 0o644))
+
+	rec, err := mig.NewManager(sim, mig.WithJournal(journal)).Recover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "rolled-forward", rec.Outcome)
+	got := layouts(t, sim)
+	require.Empty(t, got[0], "GPU 0 is not the journal's GPU and is left alone")
+	require.Equal(t, "3g.71gb@0:4, 3g.71gb@4:4", got[1].String())
+}

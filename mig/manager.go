@@ -393,12 +393,19 @@ func (m *Manager) recover(ctx context.Context) (*RecoverResult, error) {
 		return &RecoverResult{Outcome: "nothing"}, nil
 	}
 	res := &RecoverResult{Tx: tx}
+	// GPU indices can change across a reboot: the UUID is what identifies it
+	if dev, ret := m.lib.DeviceGetHandleByUUID(tx.UUID); ret == nvml.SUCCESS {
+		if idx, ret := dev.GetIndex(); ret == nvml.SUCCESS && idx != tx.GPU {
+			m.progressf("GPU %s was index %d when the apply was interrupted and is index %d now", tx.UUID, tx.GPU, idx)
+			tx.GPU = idx
+		}
+	}
 	dev, ret := m.lib.DeviceGetHandleByIndex(tx.GPU)
 	if ret != nvml.SUCCESS {
 		return res, fmt.Errorf("journal names GPU %d, which NVML cannot open: %w", tx.GPU, nvmlErr("opening GPU", ret))
 	}
 	if u, _ := dev.GetUUID(); u != tx.UUID {
-		return res, fmt.Errorf("%w: journal %s is for GPU %d %s, but GPU %d is now %s; remove the journal after checking the GPUs by hand",
+		return res, fmt.Errorf("%w: journal %s is for GPU %d %s, which this node does not have (GPU %d is now %s); remove the journal after checking the GPUs by hand",
 			ErrBadConfig, j.Path(), tx.GPU, tx.UUID, tx.GPU, u)
 	}
 	m.progressf("GPU %d: recovering interrupted apply (%d of %d steps journalled done): rolling forward to %s", tx.GPU, tx.Done, len(tx.Steps), tx.Target)
