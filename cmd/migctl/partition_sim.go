@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -26,6 +27,42 @@ type partitionSimOptions struct {
 	pid   uint32
 	bytes string
 	mig   string // attach: a MIG device UUID instead of --gpus/--gi/--ci
+
+	output func() (printer.Format, error)
+	format printer.Format
+}
+
+// simEvent is what one sim verb did to one GPU.
+type simEvent struct {
+	GPU    int    `json:"gpu" yaml:"gpu"`
+	Action string `json:"action" yaml:"action"` // reset, attached, detached
+	PID    uint32 `json:"pid,omitempty" yaml:"pid,omitempty"`
+	GIID   *int   `json:"gpuInstanceId,omitempty" yaml:"gpuInstanceId,omitempty"`
+	CIID   *int   `json:"computeInstanceId,omitempty" yaml:"computeInstanceId,omitempty"`
+}
+
+type simView struct {
+	Events []simEvent `json:"events" yaml:"events"`
+}
+
+func (v simView) Header() []string { return []string{"gpu", "action", "pid", "gi", "ci"} }
+
+func (v simView) Rows() [][]string {
+	opt := func(p *int) string {
+		if p == nil {
+			return ""
+		}
+		return strconv.Itoa(*p)
+	}
+	var rows [][]string
+	for _, e := range v.Events {
+		pid := ""
+		if e.PID != 0 {
+			pid = strconv.FormatUint(uint64(e.PID), 10)
+		}
+		rows = append(rows, []string{strconv.Itoa(e.GPU), e.Action, pid, opt(e.GIID), opt(e.CIID)})
+	}
+	return rows
 }
 
 func newPartitionSimCmd(s streams) *cobra.Command {
@@ -79,6 +116,11 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := o.output()
+			if err != nil {
+				return err
+			}
+			o.format = f
 			if err := o.Validate(verb, cmd); err != nil {
 				return err
 			}
@@ -96,6 +138,7 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 		cmd.Flags().StringVar(&o.bytes, "bytes", "1G", "GPU memory the process uses (K, M, G suffixes)")
 		cmd.Flags().StringVar(&o.mig, "mig", "", "MIG device UUID to attach to (instead of --gpus/--gi/--ci)")
 	}
+	o.output = outputFlag(cmd)
 	return cmd
 }
 
@@ -138,13 +181,14 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 		if err != nil {
 			return err
 		}
+		var v simView
 		for _, g := range gpus {
 			switch verb {
 			case "reset":
 				if r := on.sim.Reset(g); r != nvml.SUCCESS {
 					return fmt.Errorf("resetting GPU %d: %s", g, nvml.ErrorString(r))
 				}
-				fmt.Fprintf(o.Out, "GPU %d reset\n", g)
+				v.Events = append(v.Events, simEvent{GPU: g, Action: "reset"})
 			case "attach":
 				n, err := parseBytes(o.bytes)
 				if err != nil {
@@ -153,15 +197,20 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 				if err := on.sim.AttachProcess(g, o.gi, o.ci, o.pid, uint64(n)); err != nil {
 					return err
 				}
-				fmt.Fprintf(o.Out, "GPU %d: pid %d attached\n", g, o.pid)
+				e := simEvent{GPU: g, Action: "attached", PID: o.pid}
+				if o.gi >= 0 {
+					gi, ci := o.gi, o.ci
+					e.GIID, e.CIID = &gi, &ci
+				}
+				v.Events = append(v.Events, e)
 			case "detach":
 				if err := on.sim.DetachProcess(g, o.pid); err != nil {
 					return err
 				}
-				fmt.Fprintf(o.Out, "GPU %d: pid %d detached\n", g, o.pid)
+				v.Events = append(v.Events, simEvent{GPU: g, Action: "detached", PID: o.pid})
 			}
 		}
-		return nil
+		return printer.Print(o.Out, o.format, v)
 	})
 }
 

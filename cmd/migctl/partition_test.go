@@ -248,8 +248,20 @@ func TestPartitionSimAttachByMIGUUID(t *testing.T) {
 	require.ErrorContains(t, err, "leave out --gpus")
 	_, _, err = run("sim", "attach", "--mig", "MIG-00000000-0000-0000-0000-000000000000", "--pid", "31")
 	require.ErrorContains(t, err, "no such MIG device")
-	_, _, err = run("sim", "attach", "--mig", uuid, "--pid", "31")
+	out, _, err = run("sim", "attach", "--mig", uuid, "--pid", "31", "-o", "json")
 	require.NoError(t, err)
+	var ev struct {
+		Events []struct {
+			GPU    int    `json:"gpu"`
+			Action string `json:"action"`
+			PID    uint32 `json:"pid"`
+		} `json:"events"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &ev))
+	require.Len(t, ev.Events, 1)
+	require.Equal(t, 1, ev.Events[0].GPU, "the MIG UUID was found on GPU 1")
+	require.Equal(t, "attached", ev.Events[0].Action)
+	require.Equal(t, uint32(31), ev.Events[0].PID)
 
 	out, _, err = run("show")
 	require.NoError(t, err)
