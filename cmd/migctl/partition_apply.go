@@ -82,13 +82,23 @@ type applyView struct {
 func (v applyView) Header() []string { return []string{"gpu", "outcome", "steps", "layout", "action"} }
 
 func (v applyView) Rows() [][]string {
+	migOff := map[int]bool{} // GPUs the layout wants with MIG off
+	if v.Plan != nil {
+		for _, p := range v.Plan.GPUs {
+			migOff[p.GPU] = !p.Request.MIGEnabled
+		}
+	}
 	var rows [][]string
 	for _, g := range v.GPUs {
 		act := g.Action
 		if act == "" {
 			act = g.Error
 		}
-		rows = append(rows, []string{strconv.Itoa(g.GPU), g.Outcome, strconv.Itoa(g.Steps), g.Layout.String(), act})
+		layout := g.Layout.String()
+		if migOff[g.GPU] && (g.Outcome == "applied" || g.Outcome == "unchanged" || g.Outcome == "planned") {
+			layout = "MIG disabled"
+		}
+		rows = append(rows, []string{strconv.Itoa(g.GPU), g.Outcome, strconv.Itoa(g.Steps), layout, act})
 	}
 	return rows
 }

@@ -102,6 +102,12 @@ func (o *partitionAssertOptions) Run(ctx context.Context) error {
 		for _, i := range idx {
 			g := &node.GPUs[i]
 			r := assertRow{GPU: i, OK: true, Layout: g.Layout().String()}
+			if !g.MIGEnabled {
+				r.Layout = "MIG disabled"
+				if g.MIGPending {
+					r.Layout += " (pending enabled)"
+				}
+			}
 			if err := mig.Assert(g, reqs[i]); err != nil {
 				if !errors.Is(err, mig.ErrMismatch) {
 					return err

@@ -91,9 +91,13 @@ func TestPartitionMigPartedFile(t *testing.T) {
 	_, _, err = run("assert", "--layout", "none")
 	require.NoError(t, err)
 
-	_, _, err = run("apply", "-f", file, "-c", "per-gpu")
+	out, _, err := run("apply", "-f", file, "-c", "per-gpu")
 	require.NoError(t, err)
-	out, _, err := run("show", "-o", "json")
+	require.Equal(t, 2, strings.Count(out, "MIG disabled"), "GPUs turned off say so, not 'empty':\n%s", out)
+	out, _, err = run("assert", "-f", file, "-c", "per-gpu")
+	require.NoError(t, err)
+	require.Equal(t, 2, strings.Count(out, "MIG disabled"), out)
+	out, _, err = run("show", "-o", "json")
 	require.NoError(t, err)
 	var node struct {
 		GPUs []struct {
