@@ -169,6 +169,19 @@ func (o *openedNode) manager(errOut io.Writer) (*mig.Manager, error) {
 	return mig.NewManager(o.lib, opts...), nil
 }
 
+// noteInterrupted tells the admin, on w, that the journal holds an apply a
+// crash interrupted: what read-only commands show is then half-changed until
+// 'migctl partition recover' (or the next apply) converges it. A journal
+// that cannot be read (not root) is passed over in silence.
+func noteInterrupted(w io.Writer, on *openedNode) {
+	tx, err := mig.NewJournal(on.journal).Pending()
+	if err != nil || tx == nil {
+		return
+	}
+	fmt.Fprintf(w, "note: an apply was interrupted on GPU %d (%d of %d steps done, journal %s); "+
+		"run 'migctl partition recover' or apply again to finish it\n", tx.GPU, tx.Done, len(tx.Steps), on.journal)
+}
+
 // targetFlags say what layout is wanted where: -f/-c or --layout/--gpus.
 type targetFlags struct {
 	file   string

@@ -84,6 +84,7 @@ func (v assertView) Rows() [][]string {
 // Run asserts.
 func (o *partitionAssertOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
+		noteInterrupted(o.ErrOut, on)
 		node, err := mig.Discover(on.lib)
 		if err != nil {
 			return err

@@ -91,6 +91,7 @@ func (v planView) Rows() [][]string {
 // Run plans and prints.
 func (o *partitionPlanOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
+		noteInterrupted(o.ErrOut, on)
 		node, err := mig.Discover(on.lib)
 		if err != nil {
 			return err

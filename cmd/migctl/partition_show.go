@@ -100,6 +100,7 @@ func procList(ps []mig.Process) string {
 // Run shows the node.
 func (o *partitionShowOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
+		noteInterrupted(o.ErrOut, on)
 		node, err := mig.Discover(on.lib)
 		if err != nil {
 			return err

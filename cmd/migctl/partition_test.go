@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/mig"
 )
 
 // runPartition runs "migctl partition args..." in-process.
@@ -277,4 +279,35 @@ func TestPartitionSimAttachByMIGUUID(t *testing.T) {
 	out, _, err = run("show", "--gpus", "1")
 	require.NoError(t, err)
 	require.Contains(t, out, uuid, "the busy MIG device survived with its UUID")
+}
+
+// TestPartitionReadOnlyCommandsNoteAnInterruptedApply: show, plan and assert
+// say when the journal holds an interrupted apply, so a half-changed GPU is
+// not taken for the admin's layout; recover clears it.
+func TestPartitionReadOnlyCommandsNoteAnInterruptedApply(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	out, _, err := runPartition(t, append([]string{"show", "-o", "json", "--gpus", "2"}, sim...)...)
+	require.NoError(t, err)
+	var node struct {
+		GPUs []struct{ UUID string } `json:"gpus"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &node))
+	// an apply of 7g.141gb on GPU 2 that died after its first step
+	j := mig.NewJournal(state + ".journal")
+	require.NoError(t, j.Begin(&mig.Tx{ID: "t", GPU: 2, UUID: node.GPUs[0].UUID, MIGEnabled: true,
+		Target: mig.Layout{{Profile: "7g.141gb", Placement: mig.Placement{Start: 0, Size: 8}, CISlices: []int{7}}},
+		Steps:  []mig.Step{{Op: mig.OpEnableMIG}, {Op: mig.OpCreateGI, Profile: "7g.141gb", Placement: mig.Placement{Start: 0, Size: 8}}}}))
+	require.NoError(t, j.Step(1))
+
+	for _, args := range [][]string{{"show"}, {"plan", "--layout", "none"}, {"assert", "--layout", "none"}} {
+		_, msg, _ := runPartition(t, append(args, sim...)...)
+		require.Contains(t, msg, "note: an apply was interrupted on GPU 2 (1 of 2 steps done", args[0])
+		require.Contains(t, msg, "migctl partition recover", args[0])
+	}
+	_, _, err = runPartition(t, append([]string{"recover"}, sim...)...)
+	require.NoError(t, err)
+	_, msg, err := runPartition(t, append([]string{"assert", "--gpus", "2", "--layout", "7g.141gb=1"}, sim...)...)
+	require.NoError(t, err)
+	require.NotContains(t, msg, "interrupted")
 }
