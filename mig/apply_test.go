@@ -485,3 +485,48 @@ func TestRecoverFindsTheGPUByUUID(t *testing.T) {
 	require.Empty(t, got[0], "GPU 0 is not the journal's GPU and is left alone")
 	require.Equal(t, "3g.71gb@0:4, 3g.71gb@4:4", got[1].String())
 }
+
+// TestBusyGPUInstanceKeepsItsBusyComputeInstances: a GPU instance split into
+// compute instances, one of them busy, may gain or lose idle compute
+// instances of the same size; the busy one stays, with its MIG UUID.
+func TestBusyGPUInstanceKeepsItsBusyComputeInstances(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.H200, 1)
+	m := newManager(t, sim)
+	_, err := m.Apply(ctx, all(1, req(dev("1c.3g.71gb", 3), dev("3g.71gb", 1))), mig.ApplyOptions{})
+	require.NoError(t, err)
+	node, err := m.Discover(ctx)
+	require.NoError(t, err)
+	var busyUUID string
+	for _, in := range node.GPUs[0].Instances {
+		if len(in.Compute) == 3 {
+			busyUUID = in.Compute[1].UUID
+			require.NoError(t, sim.AttachProcess(0, in.GIID, in.Compute[1].CIID, 77, 1<<20))
+		}
+	}
+	require.NotEmpty(t, busyUUID)
+
+	for _, tc := range []struct {
+		req  mig.Request
+		want string
+	}{
+		{req(dev("1c.3g.71gb", 2), dev("3g.71gb", 1)), "3g.71gb@0:4[1c+1c], 3g.71gb@4:4"},
+		{req(dev("1c.3g.71gb", 1), dev("2g.35gb", 1), dev("1g.35gb", 1)), "3g.71gb@0:4[1c], 2g.35gb@4:2, 1g.35gb@6:2"},
+		{req(dev("1c.3g.71gb", 3), dev("1g.18gb", 3)), "3g.71gb@0:4[1c+1c+1c], 1g.18gb@4:1, 1g.18gb@5:1, 1g.18gb@6:1"},
+	} {
+		res, err := m.Apply(ctx, all(1, tc.req), mig.ApplyOptions{})
+		require.NoError(t, err, "%v", tc.req)
+		require.Equal(t, tc.want, res.GPUs[0].Layout.String())
+		node, err := m.Discover(ctx)
+		require.NoError(t, err)
+		found := false
+		for _, d := range node.MIGDevices() {
+			found = found || (d.UUID == busyUUID && len(d.Processes) == 1)
+		}
+		require.True(t, found, "the busy MIG device survives: %v", tc.req)
+	}
+
+	// a different compute-instance size would destroy the busy one: refused
+	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 2))), mig.ApplyOptions{})
+	require.ErrorIs(t, err, mig.ErrBusy)
+}

@@ -350,13 +350,21 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 	if !gpu.MIGEnabled {
 		cur = nil
 	}
-	// candidates: instances some want could be
+	// candidates: instances some want could be, and the shape each is kept in
 	var cand []int
+	shape := map[int]InstanceSpec{}
 	for i, in := range cur {
 		matched := false
 		for _, w := range wants {
 			if w.Profile.Name == in.Profile && intsEqual(in.CISlices(), sortedInts(w.CISlices)) && (w.Start < 0 || w.Start == in.Placement.Start) {
 				matched = true
+				shape[i] = in.Spec()
+			}
+		}
+		if !matched && in.Busy() {
+			if s, ok := reshapeBusy(in, wants); ok {
+				matched = true
+				shape[i] = s
 			}
 		}
 		if matched {
@@ -382,7 +390,7 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 			keep := map[int]bool{}
 			for k, ci := range cand {
 				if sub&(1<<k) != 0 {
-					kept = append(kept, cur[ci].Spec())
+					kept = append(kept, shape[ci])
 					keep[ci] = true
 				}
 			}
@@ -431,6 +439,38 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 		firstErr = fmt.Errorf("GPU %d: %w: instances with processes leave no room for the layout: %s (use --force to destroy them)", gpu.Index, ErrInfeasible, strings.Join(busy, "; "))
 	}
 	return nil, nil, firstErr
+}
+
+// reshapeBusy finds a want that a busy GPU instance can serve without losing
+// a busy compute instance: same profile (and start, if pinned), compute
+// instances all of the size the instance's are, and at least as many as it
+// has busy ones. The instance is then kept in the want's shape: Reconcile
+// destroys idle compute instances (busy ones are kept first) or adds more of
+// the same size, whose aligned slots are free.
+func reshapeBusy(in Instance, wants []Want) (InstanceSpec, bool) {
+	size, busy := -1, 0
+	for _, c := range in.Compute {
+		if size >= 0 && c.Slices != size {
+			return InstanceSpec{}, false
+		}
+		size = c.Slices
+		if len(c.Processes) > 0 {
+			busy++
+		}
+	}
+	for _, w := range wants {
+		if w.Profile.Name != in.Profile || (w.Start >= 0 && w.Start != in.Placement.Start) || len(w.CISlices) < busy {
+			continue
+		}
+		same := true
+		for _, c := range w.CISlices {
+			same = same && c == size
+		}
+		if same {
+			return InstanceSpec{Profile: in.Profile, Placement: in.Placement, CISlices: sortedInts(w.CISlices)}, true
+		}
+	}
+	return InstanceSpec{}, false
 }
 
 // layoutScore scores a complete layout like the search does.
