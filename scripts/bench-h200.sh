@@ -50,7 +50,7 @@ bench lat7_spin1us   --np 7 -b 8K -e 8K -n 300 -w 30 --spin 1us
 for cfg in "1M 8 2" "4M 4 2" "4M 8 2" "2M 8 3"; do
   set -- $cfg
   bench "tune7_c$1_s$2_w$3" --np 7 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$3"
-  bench "tune2_c$1_s$2_w$3" --np 2 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$(( $3 * 3 ))"
+  bench "tune2_c$1_s$2_w$(( $3 * 3 ))" --np 2 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$(( $3 * 3 ))"
 done
 # Two GPUs (NVLink, MIG off): the IPC ring, against NCCL's 0.95 ms from hw/H200.md.
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
