@@ -44,7 +44,7 @@ gpu-test: build shim
 	cp ../shared/bench/gloo_allreduce.py $(BIN)/ 2>/dev/null || true
 
 ## demo: the main job on this machine (simulated node + host backend without a GPU)
-demo: build
+demo: build shim
 	./scripts/demo.sh
 
 clean:

@@ -1,12 +1,49 @@
 #!/usr/bin/env bash
-# The main job: partition a node, then run collectives between its instances.
-# Without a GPU it uses the simulated H200 node and the host-memory backend.
+# The main job, end to end on this machine: partition a node into MIG instances, run checked
+# collectives between processes through shared host memory, and preempt a job's GPU memory
+# through the swap shim and the node daemon. Without a GPU it uses the simulated H200 node, the
+# host-memory backend and the fake libcuda.so that the shim's tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=bin/migctl
-state=$(mktemp -d)/node.json
-echo "== migctl partition apply on a simulated 8x H200 node"
+work=$(mktemp -d)
+daemon=
+cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "== 1. migctl partition: apply a layout to a simulated 8x H200 node, show it, assert it"
+state=$work/node.json
 $M partition apply --sim h200x8 --sim-state "$state" --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
-$M partition show --sim h200x8 --sim-state "$state"
-echo "== migctl bench allreduce, 4 ranks, host backend, results checked"
+$M partition show --sim h200x8 --sim-state "$state" | head -9
+$M partition assert --sim h200x8 --sim-state "$state" --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
+
+echo "== 2. migctl bench allreduce: 4 ranks as separate processes, host backend, every element checked"
 $M bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
+
+echo "== 3. migctl daemon + libmigswap.so: swap a running job's device memory out and back in"
+if [ -x "$M" ] && [ -f bin/libmigswap.so ] && [ -x bin/migswap_testprog ]; then
+  $M daemon --gpu-memory 64MiB --swap-socket "$work/swap.sock" --socket "$work/ctl.sock" >"$work/daemon.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 50); do [ -S "$work/ctl.sock" ] && break; sleep 0.1; done
+  mkfifo "$work/stdin"
+  # A program using the CUDA driver API (on the fake libcuda.so, host-memory backed): 4 buffers of
+  # 8 MiB, kernels and a CUDA graph launched in a loop; at the end it checks every float.
+  LD_PRELOAD=$PWD/bin/libmigswap.so LD_LIBRARY_PATH=$PWD/bin/fakecuda MIGSWAP_SOCKET=$work/swap.sock \
+    MIGSWAP_JOB=demo-train MIGSWAP_PRIORITY=0 MIGSWAP_CHECKSUM=1 FAKECUDA_MEM_BYTES=$((64 << 20)) \
+    FAKECUDA_STATS=$work/fakecuda.stats bin/migswap_testprog dlsym loop 4 $((8 << 20)) <"$work/stdin" >"$work/prog.out" &
+  prog=$!
+  exec 3>"$work/stdin"
+  for _ in $(seq 50); do grep -q READY "$work/prog.out" 2>/dev/null && break; sleep 0.1; done
+  sleep 0.5
+  $M swap status --socket "$work/ctl.sock"
+  $M swap out --job demo-train --socket "$work/ctl.sock" -q
+  $M swap status --socket "$work/ctl.sock"
+  $M swap in --job demo-train --socket "$work/ctl.sock" -q
+  sleep 0.5
+  echo stop >&3
+  exec 3>&-
+  wait "$prog"
+  grep RESULT "$work/prog.out"
+else
+  echo "(skipped: run 'make shim' first)"
+fi
