@@ -473,7 +473,12 @@ func reshapeBusy(in Instance, wants []Want) (InstanceSpec, bool) {
 	return InstanceSpec{}, false
 }
 
-// layoutScore scores a complete layout like the search does.
+// layoutScore scores a complete layout like the search does, except for
+// room: it ranks which existing instances to keep, and there the earlier
+// instances (lower GI ids, first in NVML's order) win ties, so the instances
+// callers hold on to (context's leases) stay put rather than the planner
+// trading them for a layout with more room. New instances are still placed
+// for the most room (PlaceInstances).
 func layoutScore(profiles []GIProfile, l Layout) score {
 	var mask uint16
 	counts := map[string]int{}
@@ -488,7 +493,7 @@ func layoutScore(profiles []GIProfile, l Layout) score {
 		}
 	}
 	u := usableMask(profiles, mask, counts, slices)
-	return score{room: roomLeft(profiles, mask, counts, slices, map[string]int{}), usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask), fragments: freeFragments(mask), valid: true}
+	return score{usableRun: largestFreeRun(^u), usable: len(freeUnits(^u)), freeRun: largestFreeRun(mask), fragments: freeFragments(mask), valid: true}
 }
 
 // matchWants removes from wants one want per kept instance (pinned wants
