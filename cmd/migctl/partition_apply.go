@@ -122,13 +122,13 @@ func (o *partitionApplyOptions) Run(ctx context.Context) error {
 		simResetHint(o.ErrOut, on, err)
 		if err != nil {
 			if res != nil && len(res.GPUs) > 0 {
-				_ = printer.Print(o.Out, o.format, applyView{res})
+				_ = printOnce(o.Out, o.format, applyView{res})
 			}
 			return err
 		}
 		if o.dryRun {
-			return printer.Print(o.Out, o.format, planView{res.Plan})
+			return printOnce(o.Out, o.format, planView{res.Plan})
 		}
-		return printer.Print(o.Out, o.format, applyView{res})
+		return printOnce(o.Out, o.format, applyView{res})
 	})
 }

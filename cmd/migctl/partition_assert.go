@@ -118,7 +118,7 @@ func (o *partitionAssertOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, r)
 		}
-		if err := printer.Print(o.Out, o.format, v); err != nil {
+		if err := printOnce(o.Out, o.format, v); err != nil {
 			return err
 		}
 		if len(bad) > 0 {

@@ -142,7 +142,7 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 					break
 				}
 			}
-			return printer.Print(o.Out, o.format, modeView{res})
+			return printOnce(o.Out, o.format, modeView{res})
 		}
 		reqs := map[int]mig.Request{}
 		for _, i := range gpus {
@@ -166,7 +166,7 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, r)
 		}
-		if err := printer.Print(o.Out, o.format, v); err != nil {
+		if err := printOnce(o.Out, o.format, v); err != nil {
 			return err
 		}
 		return applyErr

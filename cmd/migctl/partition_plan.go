@@ -104,6 +104,6 @@ func (o *partitionPlanOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return printer.Print(o.Out, o.format, planView{plan})
+		return printOnce(o.Out, o.format, planView{plan})
 	})
 }

@@ -120,6 +120,6 @@ func (o *partitionProfilesOptions) Run(ctx context.Context) error {
 				v.Models = append(v.Models, profileGroup{Name: g.Name, GPUs: []int{i}, Profiles: g.Profiles})
 			}
 		}
-		return printer.Print(o.Out, o.format, v)
+		return printOnce(o.Out, o.format, v)
 	})
 }

@@ -79,6 +79,6 @@ func (o *partitionRecoverOptions) Run(ctx context.Context) error {
 			fmt.Fprintf(o.ErrOut, "note: GPUs the interrupted apply had not reached yet are as they were; "+
 				"run the same apply again to finish them (what is already right is kept)\n")
 		}
-		return printer.Print(o.Out, o.format, recoverView{res})
+		return printOnce(o.Out, o.format, recoverView{res})
 	})
 }

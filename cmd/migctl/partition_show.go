@@ -117,6 +117,6 @@ func (o *partitionShowOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, g)
 		}
-		return printer.Print(o.Out, o.format, v)
+		return printOnce(o.Out, o.format, v)
 	})
 }

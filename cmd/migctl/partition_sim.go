@@ -210,7 +210,7 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 				v.Events = append(v.Events, simEvent{GPU: g, Action: "detached", PID: o.pid})
 			}
 		}
-		return printer.Print(o.Out, o.format, v)
+		return printOnce(o.Out, o.format, v)
 	})
 }
 

@@ -311,3 +311,37 @@ func TestPartitionReadOnlyCommandsNoteAnInterruptedApply(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, msg, "interrupted")
 }
+
+// countingWriter counts Write calls.
+type countingWriter struct {
+	bytes.Buffer
+	writes int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes++
+	return w.Buffer.Write(p)
+}
+
+// TestPartitionOutputIsOneWrite: each command writes its result with one
+// write, so 'migctl partition show | head -3' under 'set -o pipefail' (the
+// demo script does this) cannot catch migctl with SIGPIPE halfway through a
+// table.
+func TestPartitionOutputIsOneWrite(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	_, _, err := runPartition(t, append([]string{"apply", "--layout", "3g.71gb=1,2g.35gb=1,1g.18gb=1"}, sim...)...)
+	require.NoError(t, err)
+	for _, args := range [][]string{
+		{"show"}, {"show", "-o", "json"}, {"show", "-o", "yaml"}, {"profiles"},
+		{"plan", "--layout", "7g.141gb=1"}, {"assert", "--layout", "3g.71gb=1,2g.35gb=1,1g.18gb=1"},
+		{"apply", "--layout", "3g.71gb=1,2g.35gb=1,1g.18gb=1"}, {"recover"}, {"mode", "enable"},
+	} {
+		var out countingWriter
+		root := newRootCmd(streams{In: strings.NewReader(""), Out: &out, ErrOut: &bytes.Buffer{}})
+		root.SetArgs(append(append([]string{"partition"}, args...), sim...))
+		require.NoError(t, root.Execute(), "%v", args)
+		require.Greater(t, out.Len(), 0, "%v", args)
+		require.Equal(t, 1, out.writes, "%v: output in %d writes", args, out.writes)
+	}
+}
