@@ -14,7 +14,7 @@ trap cleanup EXIT
 echo "== 1. migctl partition: apply a layout to a simulated 8x H200 node, show it, assert it"
 state=$work/node.json
 $M partition apply --sim h200x8 --sim-state "$state" --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
-$M partition show --sim h200x8 --sim-state "$state" | head -9
+$M partition show --sim h200x8 --sim-state "$state" | sed -n 1,9p
 $M partition assert --sim h200x8 --sim-state "$state" --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
 
 echo "== 2. migctl bench allreduce: 4 ranks as separate processes, host backend, every element checked"
