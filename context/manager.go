@@ -519,7 +519,16 @@ func (m *Manager) wait(ctx context.Context, o *op, progress func(Progress)) Resu
 	for {
 		select {
 		case r := <-o.done:
-			return r
+			// Progress sent before the result is still buffered: forward it
+			// first, or a watcher would miss the last reports.
+			for {
+				select {
+				case p := <-o.progress:
+					progress(p)
+				default:
+					return r
+				}
+			}
 		case p := <-o.progress:
 			progress(p)
 		case <-ctx.Done():
