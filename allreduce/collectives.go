@@ -14,6 +14,7 @@ type Communicator struct {
 	exec  *Executor
 	alg   Algorithm
 	cache map[Params]Schedule
+	small int // small-message all-reduces so far: their parity
 }
 
 // NewCommunicator runs all-reduce with alg (the other collectives use the
@@ -66,8 +67,14 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 	if err := need(recv, n, "receive"); err != nil {
 		return err
 	}
-	s, err := c.schedule(Params{Coll: AllReduce, Algorithm: c.alg, Bytes: n, ElemSize: dt.Size(),
-		Avg: op == comm.Avg, InPlace: send == recv})
+	p := Params{Coll: AllReduce, Algorithm: c.alg, Bytes: n, ElemSize: dt.Size(), Avg: op == comm.Avg, InPlace: send == recv}
+	if c.alg == HostStaged && n > 0 && n <= c.exec.opts.SmallBytes {
+		// Small messages: one copy each way and one flag round (every rank
+		// reduces all inputs itself); consecutive calls alternate areas.
+		p.Algorithm, p.Parity = HostStagedSmall, c.small&1
+		c.small++
+	}
+	s, err := c.schedule(p)
 	if err != nil {
 		return err
 	}

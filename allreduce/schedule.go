@@ -46,6 +46,12 @@ const (
 	// RingIPC is a ring over device buffers that peers opened through CUDA
 	// IPC: each step reads the previous rank's buffer directly.
 	RingIPC
+	// HostStagedSmall is the host-staged all-reduce for small messages: each
+	// rank copies its whole buffer to its own arena area, then reduces all n
+	// inputs itself on the CPU into a private area and copies the result back.
+	// One copy each way, one flag round, no pieces. The Communicator picks it
+	// for host-staged all-reduces of at most Options.SmallBytes.
+	HostStagedSmall
 )
 
 func (a Algorithm) String() string {
@@ -56,6 +62,8 @@ func (a Algorithm) String() string {
 		return "ring"
 	case RingIPC:
 		return "ring-ipc"
+	case HostStagedSmall:
+		return "hoststaged-small"
 	}
 	return fmt.Sprintf("algorithm(%d)", int(a))
 }
@@ -174,6 +182,10 @@ type Params struct {
 	// (or per rank in the host-staged arena): the pipeline depth.
 	Chunk int
 	Slots int
+	// Parity picks which of the two input areas a HostStagedSmall call
+	// stages into; consecutive small calls must alternate it (the previous
+	// call's inputs may still be read by slower ranks).
+	Parity int
 }
 
 // Schedule is every rank's steps for one collective call.
@@ -229,6 +241,12 @@ func Build(p Params) (Schedule, error) {
 		buildRingAllReduce(&s)
 	case p.Algorithm == RingIPC && p.Coll == AllReduce:
 		buildIPCRingAllReduce(&s)
+	case p.Algorithm == HostStagedSmall && p.Coll == AllReduce:
+		if p.Bytes > SmallCapacity(p.World, p.Chunk, p.Slots) || p.Parity < 0 || p.Parity > 1 {
+			return Schedule{}, fmt.Errorf("%d bytes (parity %d) on the small-message path, which holds %d: %w",
+				p.Bytes, p.Parity, SmallCapacity(p.World, p.Chunk, p.Slots), ErrUnsupported)
+		}
+		buildStagedSmallAllReduce(&s)
 	default:
 		return Schedule{}, fmt.Errorf("%s with the %s algorithm: %w", p.Coll, p.Algorithm, ErrUnsupported)
 	}
@@ -291,6 +309,47 @@ func buildStagedAllReduce(s *Schedule) {
 			st = append(st, out, red, in)
 		}
 		s.Steps[r] = st
+	}
+}
+
+// Small-message arena: rank q's input area for parity h at
+// stagedIn(q, 0) + h·half, with half = K·C/2 (64-byte aligned); rank r's
+// result area at stagedOut(0) + r·K·C/n (64-byte aligned).
+func smallHalf(slots, chunk int) int { return (slots * chunk / 2) &^ 63 }
+func smallOutStride(world, slots, chunk int) int {
+	return (slots * chunk / world) &^ 63
+}
+
+// SmallCapacity is the largest all-reduce, in bytes, that the
+// HostStagedSmall schedule can run in an arena of ArenaBytes(world, chunk,
+// slots).
+func SmallCapacity(world, chunk, slots int) int {
+	return min(smallHalf(slots, chunk), smallOutStride(world, slots, chunk))
+}
+
+func buildStagedSmallAllReduce(s *Schedule) {
+	p := s.Params
+	n, B := p.World, p.Bytes
+	s.HostBytes = ArenaBytes(n, p.Chunk, p.Slots)
+	if B == 0 {
+		return
+	}
+	in := func(q int) int { return stagedIn(p, q, 0) + p.Parity*smallHalf(p.Slots, p.Chunk) }
+	// One lane: the copy out, the reduction (after every rank staged) and the
+	// copy in follow each other on one goroutine, with no hand-offs. Only
+	// "staged" is published; nobody else reads this rank's result area, and
+	// the next small call stages into the other parity's area.
+	for r := range n {
+		out := stagedOut(p, 0) + r*smallOutStride(n, p.Slots, p.Chunk)
+		red := Step{Lane: LaneIn, Kind: HostReduce, Host: Span{out, B}, Final: p.Avg, Wait: allRanks(n, roleA, 1)}
+		for q := range n {
+			red.Hosts = append(red.Hosts, Span{in(q), B})
+		}
+		s.Steps[r] = []Step{
+			{Lane: LaneIn, Kind: CopyOut, Buf: Send, Len: B, Host: Span{in(r), B}, Set: []Cond{{FlagOf(r, roleA), 1}}},
+			red,
+			{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Len: B, Host: Span{out, B}},
+		}
 	}
 }
 

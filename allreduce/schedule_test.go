@@ -342,8 +342,8 @@ func TestSchedulesAsData(t *testing.T) {
 		coll Coll
 		alg  Algorithm
 	}
-	builds := []build{{AllReduce, HostStaged}, {AllReduce, Ring}, {AllReduce, RingIPC}, {ReduceScatter, HostStaged},
-		{AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
+	builds := []build{{AllReduce, HostStaged}, {AllReduce, HostStagedSmall}, {AllReduce, Ring}, {AllReduce, RingIPC},
+		{ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, b := range builds {
 		for world := 1; world <= 6; world++ {
@@ -355,6 +355,12 @@ func TestSchedulesAsData(t *testing.T) {
 						for _, inPlace := range []bool{false, true} {
 							p := Params{Coll: b.coll, Algorithm: b.alg, World: world, Bytes: elems * es, ElemSize: es,
 								InPlace: inPlace, Root: rng.IntN(world), Chunk: chunk, Slots: slots}
+							if b.alg == HostStagedSmall {
+								if p.Bytes > SmallCapacity(world, chunk, slots) {
+									continue
+								}
+								p.Parity = rng.IntN(2)
+							}
 							name := fmt.Sprintf("%s/%s/n%d/es%d/k%d/c%d/b%d/inplace=%v", b.coll, b.alg, world, es, slots, chunk, p.Bytes, inPlace)
 							s, err := Build(p)
 							require.NoError(t, err, name)
@@ -387,17 +393,24 @@ func TestScheduleSequences(t *testing.T) {
 		coll Coll
 		alg  Algorithm
 	}{{AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, Ring},
-		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
+		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged},
+		{AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}}
 	for trial := range 150 {
 		world := 1 + rng.IntN(5)
 		es := []int{1, 2, 4}[rng.IntN(3)]
 		chunk := 64 * world * es * (1 + rng.IntN(2))
 		slots := 1 + rng.IntN(3)
 		var calls []Schedule
-		for range 2 + rng.IntN(4) {
+		small := 0 // like the Communicator: small calls alternate parity
+		for range 2 + rng.IntN(6) {
 			k := kinds[rng.IntN(len(kinds))]
 			p := Params{Coll: k.coll, Algorithm: k.alg, World: world, Bytes: es * rng.IntN(4*chunk/es), ElemSize: es,
 				InPlace: rng.IntN(2) == 0, Root: rng.IntN(world), Chunk: chunk, Slots: slots}
+			if k.alg == HostStagedSmall {
+				p.Bytes = es * rng.IntN(SmallCapacity(world, chunk, slots)/es+1)
+				p.Parity = small & 1
+				small++
+			}
 			s, err := Build(p)
 			require.NoError(t, err)
 			calls = append(calls, s)
@@ -422,6 +435,83 @@ func TestScheduleSequences(t *testing.T) {
 	}
 }
 
+// Consecutive small all-reduces must alternate their input areas: with the
+// same parity twice, a fast rank stages its next input over the one a slow
+// rank is still reducing, which the simulator catches in some interleaving;
+// alternating, never. After a small call, a host-staged all-reduce needs
+// the fence.
+func TestSmallAllReduceParity(t *testing.T) {
+	const world, es, chunk, slots = 4, 4, 4096, 2
+	build := func(alg Algorithm, bytes, parity int) Schedule {
+		s, err := Build(Params{Coll: AllReduce, Algorithm: alg, World: world, Bytes: bytes, ElemSize: es,
+			Chunk: chunk, Slots: slots, Parity: parity})
+		require.NoError(t, err)
+		return s
+	}
+	run := func(calls []Schedule) (fails int) {
+		for trial := range 300 {
+			got, err := simulateSeq(calls, rand.New(rand.NewPCG(uint64(trial), 7)))
+			if err != nil {
+				fails++
+				continue
+			}
+			for ci, s := range calls {
+				for r := range world {
+					for i, m := range got[ci][r] {
+						want, _ := wantTag(s.Params, ci, r, i)
+						require.Equal(t, want, m, "trial %d call %d rank %d byte %d", trial, ci, r, i)
+					}
+				}
+			}
+		}
+		return fails
+	}
+	same := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0)}
+	require.Positive(t, run(same), "same parity back to back must be caught")
+	alt := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 64, 1), build(HostStagedSmall, 256, 0),
+		build(HostStaged, 3000, 0), build(HostStagedSmall, 128, 1)}
+	require.Zero(t, run(alt))
+
+	tests := []struct {
+		prev, next Algorithm
+		fence      bool
+	}{
+		{HostStagedSmall, HostStagedSmall, false},
+		{HostStaged, HostStagedSmall, false},
+		{HostStagedSmall, HostStaged, true},
+		{Ring, HostStagedSmall, true},
+		{HostStaged, HostStaged, false},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s then %s", tc.prev, tc.next), func(t *testing.T) {
+			require.Equal(t, tc.fence, needsFence(Params{Coll: AllReduce, Algorithm: tc.prev}, Params{Coll: AllReduce, Algorithm: tc.next}))
+		})
+	}
+	require.False(t, needsFence(Params{Coll: Barrier}, Params{Coll: AllReduce, Algorithm: HostStagedSmall}))
+	require.True(t, needsFence(Params{Coll: Broadcast, Algorithm: HostStaged}, Params{Coll: AllReduce, Algorithm: HostStagedSmall}))
+}
+
+func TestSmallAllReduceShape(t *testing.T) {
+	// One copy out, one reduction of every rank's input, one copy in; one
+	// flag set per rank per call.
+	for _, n := range []int{1, 2, 7} {
+		s, err := Build(Params{Coll: AllReduce, Algorithm: HostStagedSmall, World: n, Bytes: 8192, ElemSize: 4, Chunk: 4 << 20, Slots: 8})
+		require.NoError(t, err)
+		for r := range n {
+			st := s.Steps[r]
+			require.Len(t, st, 3)
+			require.Equal(t, []Kind{CopyOut, HostReduce, CopyIn}, []Kind{st[0].Kind, st[1].Kind, st[2].Kind})
+			require.Len(t, st[1].Hosts, n)
+			sets := 0
+			for _, x := range st {
+				sets += len(x.Set)
+				require.Equal(t, LaneIn, x.Lane)
+			}
+			require.Equal(t, 1, sets)
+		}
+	}
+}
+
 func TestBuildRejects(t *testing.T) {
 	ok := Params{Coll: AllReduce, World: 2, Bytes: 64, ElemSize: 4, Chunk: 4096, Slots: 2}
 	tests := []struct {
@@ -435,6 +525,9 @@ func TestBuildRejects(t *testing.T) {
 		{"chunk not a multiple of 64", func(p *Params) { p.Chunk = 4100 }},
 		{"root outside the world", func(p *Params) { p.Root = 2 }},
 		{"ring reduce-scatter", func(p *Params) { p.Coll = ReduceScatter; p.Algorithm = Ring }},
+		{"small all-reduce over its capacity", func(p *Params) { p.Algorithm = HostStagedSmall; p.Bytes = 4096 + 64 }},
+		{"small all-reduce with parity 2", func(p *Params) { p.Algorithm = HostStagedSmall; p.Parity = 2 }},
+		{"small reduce-scatter", func(p *Params) { p.Coll = ReduceScatter; p.Algorithm = HostStagedSmall }},
 	}
 	_, err := Build(ok)
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ type cudaStream struct {
 	args   cuda.Args
 	srcs   [maxKernelSrcs * 8]byte
 	ptrs   [maxKernelSrcs]cuda.DevicePtr
+	pad    *CUDABuffer // scratch of SmallH2DBytes for H2DPadded, allocated on first use
 	closed bool
 	gone   bool // destroyed by the device's Close
 }
@@ -72,12 +73,95 @@ func (s *cudaStream) CopyFromHost(dst Buffer, dstOff int, src []byte) error {
 	if err := s.check(); err != nil || len(src) == 0 {
 		return err
 	}
+	if len(src) < SmallH2DBytes && s.d.smallH2D != H2DPlain {
+		return s.copySmallFromHost(b.ptr+cuda.DevicePtr(dstOff), src)
+	}
 	if err := s.d.bind(); err != nil {
 		return err
 	}
 	defer s.d.unbind()
 	if err := s.d.api.MemcpyHtoDAsync(b.ptr+cuda.DevicePtr(dstOff), unsafe.Pointer(unsafe.SliceData(src)), uint64(len(src)), s.s); err != nil {
 		return fmt.Errorf("queueing a %d-byte copy from host: %w", len(src), err)
+	}
+	return nil
+}
+
+// copyRows queues an n-byte host-to-device copy as 2D copies of two or more
+// rows (H2D2DRows): 64-byte rows for the largest multiple of 64 (when that
+// makes two rows or more), the rest with the widest width that tiles it;
+// a single byte goes by cuMemcpyHtoDAsync. The caller holds the context.
+func (s *cudaStream) copyRows(dst cuda.DevicePtr, p unsafe.Pointer, n uint64) error {
+	if main := n &^ 63; main >= 128 {
+		if err := s.d.api.Memcpy2DHtoDAsync(dst, 64, p, 64, 64, main/64, s.s); err != nil {
+			return err
+		}
+		dst, p, n = dst+cuda.DevicePtr(main), unsafe.Add(p, main), n-main
+	}
+	if n == 0 {
+		return nil
+	}
+	if n == 1 {
+		return s.d.api.MemcpyHtoDAsync(dst, p, n, s.s)
+	}
+	w := rowWidth(n)
+	return s.d.api.Memcpy2DHtoDAsync(dst, w, p, w, w, n/w, s.s)
+}
+
+// rowWidth is the widest width below n that tiles n bytes (1 for a prime).
+func rowWidth(n uint64) uint64 {
+	for w := n / 2; w > 1; w-- {
+		if n%w == 0 {
+			return w
+		}
+	}
+	return 1
+}
+
+// copySmallFromHost queues a small host-to-device copy the way
+// CUDAConfig.SmallH2D asks.
+func (s *cudaStream) copySmallFromHost(dst cuda.DevicePtr, src []byte) error {
+	n := uint64(len(src))
+	p := unsafe.Pointer(unsafe.SliceData(src))
+	mode := s.d.smallH2D
+	var mapped cuda.DevicePtr
+	switch mode {
+	case H2DFromMapped:
+		var err error
+		if mapped, err = s.d.mapped(src); err != nil {
+			mode = H2DPlain
+		}
+	case H2DPadded:
+		if _, err := s.d.mappedRange(uintptr(p), SmallH2DBytes); err != nil {
+			mode = H2DPlain
+		} else if s.pad == nil {
+			buf, err := s.d.Alloc(SmallH2DBytes)
+			if err != nil {
+				return fmt.Errorf("allocating the small-copy scratch buffer: %w", err)
+			}
+			s.pad = buf.(*CUDABuffer)
+		}
+	}
+	if err := s.d.bind(); err != nil {
+		return err
+	}
+	defer s.d.unbind()
+	var err error
+	switch mode {
+	case H2D2D:
+		err = s.d.api.Memcpy2DHtoDAsync(dst, n, p, n, n, 1, s.s)
+	case H2D2DRows:
+		err = s.copyRows(dst, p, n)
+	case H2DFromMapped:
+		err = s.d.api.MemcpyDtoDAsync(dst, mapped, n, s.s)
+	case H2DPadded:
+		if err = s.d.api.MemcpyHtoDAsync(s.pad.ptr, p, SmallH2DBytes, s.s); err == nil {
+			err = s.d.api.MemcpyDtoDAsync(dst, s.pad.ptr, n, s.s)
+		}
+	default:
+		err = s.d.api.MemcpyHtoDAsync(dst, p, n, s.s)
+	}
+	if err != nil {
+		return fmt.Errorf("queueing a %d-byte copy from host (%s): %w", n, mode, err)
 	}
 	return nil
 }

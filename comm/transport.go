@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/migctl/migctl/comm/shm"
@@ -35,6 +36,8 @@ type ShmTransport struct {
 	stop     chan struct{}
 	stopped  chan struct{}
 	stopOnce sync.Once
+
+	sleeps, timeouts atomic.Uint64 // futex sleeps in Wait, and those that ran out their 1ms
 
 	mu        sync.Mutex
 	lastCheck time.Time
@@ -140,11 +143,23 @@ func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
 		}
 		// Sleep on the flag's futex; wake at least every millisecond to
 		// watch the abort flag, the deadline and the peers.
+		t.sleeps.Add(1)
+		slept := time.Now()
 		if t.ctl.SleepFlag(i, v, time.Millisecond) {
 			return nil
 		}
+		if time.Since(slept) >= 900*time.Microsecond {
+			t.timeouts.Add(1)
+		}
 		n = 14 // the next iteration checks abort, deadline and peers
 	}
+}
+
+// SleepStats counts, since the transport was made, the futex sleeps of
+// Wait and how many of them ran out their millisecond without a wake-up
+// (the allreduce trace reports both per call).
+func (t *ShmTransport) SleepStats() (sleeps, timeouts uint64) {
+	return t.sleeps.Load(), t.timeouts.Load()
 }
 
 // CheckPeers reports ErrPeerDead if a peer's process is gone or its

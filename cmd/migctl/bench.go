@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -41,9 +42,14 @@ type benchSpec struct {
 	Depth     int           `json:"depth"`
 	Workers   int           `json:"workers"`
 	Spin      time.Duration `json:"spin"`
-	ShmRoot   string        `json:"shmRoot"`
-	Job       string        `json:"job"`
-	Quiet     bool          `json:"quiet"`
+	// Small is the largest all-reduce that takes the small-message
+	// schedule (0: never); Trace is MIGCTL_TRACE ("": off, "all": every rank,
+	// anything else: rank 0).
+	Small   int    `json:"small"`
+	Trace   string `json:"trace,omitempty"`
+	ShmRoot string `json:"shmRoot"`
+	Job     string `json:"job"`
+	Quiet   bool   `json:"quiet"`
 }
 
 type benchOptions struct {
@@ -54,6 +60,7 @@ type benchOptions struct {
 	check     int
 	gpus      string
 	chunk     string
+	small     string
 	rdvAddr   string
 	token     string
 	rank      int
@@ -146,8 +153,9 @@ func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
 	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
-	f.StringVar(&o.chunk, "chunk", "2M", "shared-memory slot size (pipeline chunk)")
-	f.IntVar(&o.spec.Slots, "slots", 4, "slots per rank in shared memory (pipeline depth)")
+	f.StringVar(&o.chunk, "chunk", "4M", "shared-memory slot size (pipeline chunk)")
+	f.IntVar(&o.spec.Slots, "slots", 8, "slots per rank in shared memory (pipeline depth)")
+	f.StringVar(&o.small, "small-bytes", "64K", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never")
 	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
 	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
 	f.DurationVar(&o.spec.Spin, "spin", 0, "how long waits poll before they sleep (0: defaults, 20µs for flags, 30µs for device events)")
@@ -186,6 +194,12 @@ func (o *benchOptions) Complete() error {
 		return err
 	}
 	o.spec.Chunk = int(chunk)
+	small, err := parseBytes(o.small)
+	if err != nil {
+		return fmt.Errorf("--small-bytes: %w", err)
+	}
+	o.spec.Small = int(small)
+	o.spec.Trace = os.Getenv("MIGCTL_TRACE")
 	o.spec.Check = o.check != 0
 	o.spec.GPUs = nil
 	for _, g := range strings.Split(o.gpus, ",") {

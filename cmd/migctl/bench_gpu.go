@@ -15,6 +15,10 @@ import (
 // across real processes on a machine without a GPU. Ranks inherit it.
 const fakeCUDAEnv = "MIGCTL_CUDA_FAKE"
 
+// smallH2DEnv picks how small host-to-device copies are queued
+// (comm.H2DMode: plain, 2d, 2drows, dtod, pad). Ranks inherit it.
+const smallH2DEnv = "MIGCTL_H2D"
+
 // openGPUDevice opens the CUDA device a bench rank runs on (ordinal as CUDA
 // numbers the devices visible to this process): the real driver through
 // dlopen, with the embedded reduction kernels. The result also implements
@@ -31,7 +35,11 @@ func openGPUDevice(ordinal int) (comm.Device, error) {
 			return nil, fmt.Errorf("opening the CUDA driver: %w", err)
 		}
 	}
-	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: ordinal, PTX: kernels.PTX})
+	mode, err := comm.ParseH2DMode(os.Getenv(smallH2DEnv))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", smallH2DEnv, err)
+	}
+	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: ordinal, PTX: kernels.PTX, SmallH2D: mode})
 	if err != nil {
 		return nil, err
 	}

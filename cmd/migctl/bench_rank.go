@@ -124,6 +124,7 @@ func chooseAlgorithm(spec benchSpec, dev comm.Device, top rendezvous.Topology) (
 // runRank runs one rank of a benchmark. Rank 0 returns the merged report;
 // the other ranks return nil.
 func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, progress io.Writer) (rep *benchReport, err error) {
+	errOut := progress
 	if spec.Quiet {
 		progress = io.Discard
 	}
@@ -169,7 +170,14 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
-	opts := allreduce.Options{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth, ReduceWorkers: spec.Workers, EventSpin: spec.Spin}
+	opts := allreduce.Options{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth, ReduceWorkers: spec.Workers, EventSpin: spec.Spin,
+		SmallBytes: spec.Small}
+	if spec.Small <= 0 {
+		opts.SmallBytes = -1
+	}
+	if spec.Trace != "" && spec.Trace != "0" && (rank == 0 || spec.Trace == "all") {
+		opts.Trace = errOut
+	}
 	layout := shm.Layout{World: n, Flags: n * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(n, spec.Chunk, spec.Slots)}
 	job, err := comm.JoinShm(setup, client, rank, spec.Job, spec.ShmRoot, layout)
 	if err != nil {

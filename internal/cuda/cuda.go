@@ -139,6 +139,10 @@ type Interface interface {
 	MemcpyHtoDAsync(dst DevicePtr, src unsafe.Pointer, n uint64, s Stream) error
 	MemcpyDtoHAsync(dst unsafe.Pointer, src DevicePtr, n uint64, s Stream) error
 	MemcpyDtoDAsync(dst, src DevicePtr, n uint64, s Stream) error
+	// Memcpy2DHtoDAsync queues a 2D copy (cuMemcpy2DAsync_v2) of height rows
+	// of width bytes from host memory (rows spitch apart) to device memory
+	// (rows dpitch apart).
+	Memcpy2DHtoDAsync(dst DevicePtr, dpitch uint64, src unsafe.Pointer, spitch, width, height uint64, s Stream) error
 
 	StreamCreate(flags uint32) (Stream, error)
 	StreamDestroy(s Stream) error

@@ -51,6 +51,13 @@ static CUresult (*p_cuMemcpyDtoH_v2)(void *, unsigned long long, size_t);
 static CUresult (*p_cuMemcpyHtoDAsync_v2)(unsigned long long, const void *, size_t, void *);
 static CUresult (*p_cuMemcpyDtoHAsync_v2)(void *, unsigned long long, size_t, void *);
 static CUresult (*p_cuMemcpyDtoDAsync_v2)(unsigned long long, unsigned long long, size_t, void *);
+// CUDA_MEMCPY2D, field for field (memory types: 1 host, 2 device).
+typedef struct {
+	size_t srcXInBytes, srcY; int srcMemoryType; const void *srcHost; unsigned long long srcDevice; void *srcArray; size_t srcPitch;
+	size_t dstXInBytes, dstY; int dstMemoryType; void *dstHost; unsigned long long dstDevice; void *dstArray; size_t dstPitch;
+	size_t WidthInBytes, Height;
+} mig_memcpy2d;
+static CUresult (*p_cuMemcpy2DAsync_v2)(const mig_memcpy2d *, void *);
 static CUresult (*p_cuStreamCreate)(void **, unsigned int);
 static CUresult (*p_cuStreamDestroy_v2)(void *);
 static CUresult (*p_cuStreamQuery)(void *);
@@ -86,7 +93,7 @@ static int mig_open(const char *path) {
 	SYM(cuMemAlloc_v2); SYM(cuMemFree_v2); SYM(cuMemGetInfo_v2); SYM(cuMemsetD8_v2); SYM(cuMemsetD8Async);
 	SYM(cuMemHostRegister_v2); SYM(cuMemHostUnregister); SYM(cuMemHostGetDevicePointer_v2);
 	SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuMemcpyHtoDAsync_v2); SYM(cuMemcpyDtoHAsync_v2);
-	SYM(cuMemcpyDtoDAsync_v2); SYM(cuStreamCreate); SYM(cuStreamDestroy_v2); SYM(cuStreamQuery);
+	SYM(cuMemcpyDtoDAsync_v2); SYM(cuMemcpy2DAsync_v2); SYM(cuStreamCreate); SYM(cuStreamDestroy_v2); SYM(cuStreamQuery);
 	SYM(cuStreamSynchronize); SYM(cuStreamWaitEvent); SYM(cuEventCreate); SYM(cuEventDestroy_v2);
 	SYM(cuEventRecord); SYM(cuEventQuery); SYM(cuEventSynchronize); SYM(cuIpcGetMemHandle);
 	SYM(cuIpcOpenMemHandle_v2); SYM(cuIpcCloseMemHandle); SYM(cuIpcGetEventHandle);
@@ -128,6 +135,14 @@ static int w_dtoh(void *d, unsigned long long s, size_t n) { return CALL(cuMemcp
 static int w_htodAsync(unsigned long long d, void *s, size_t n, uintptr_t st) { return CALL(cuMemcpyHtoDAsync_v2, d, s, n, P(st)); }
 static int w_dtohAsync(void *d, unsigned long long s, size_t n, uintptr_t st) { return CALL(cuMemcpyDtoHAsync_v2, d, s, n, P(st)); }
 static int w_dtodAsync(unsigned long long d, unsigned long long s, size_t n, uintptr_t st) { return CALL(cuMemcpyDtoDAsync_v2, d, s, n, P(st)); }
+static int w_htod2dAsync(unsigned long long d, size_t dp, const void *s, size_t sp, size_t w, size_t h, uintptr_t st) {
+	mig_memcpy2d c;
+	memset(&c, 0, sizeof c);
+	c.srcMemoryType = 1; c.srcHost = s; c.srcPitch = sp;
+	c.dstMemoryType = 2; c.dstDevice = d; c.dstPitch = dp;
+	c.WidthInBytes = w; c.Height = h;
+	return CALL(cuMemcpy2DAsync_v2, &c, P(st));
+}
 static int w_streamCreate(uintptr_t *s, unsigned int f) { void *x = 0; int r = CALL(cuStreamCreate, &x, f); *s = (uintptr_t)x; return r; }
 static int w_streamDestroy(uintptr_t s) { return CALL(cuStreamDestroy_v2, P(s)); }
 static int w_streamQuery(uintptr_t s) { return CALL(cuStreamQuery, P(s)); }
@@ -339,6 +354,10 @@ func (driver) MemcpyDtoHAsync(dst unsafe.Pointer, src DevicePtr, n uint64, s Str
 
 func (driver) MemcpyDtoDAsync(dst, src DevicePtr, n uint64, s Stream) error {
 	return r(C.w_dtodAsync(C.ulonglong(dst), C.ulonglong(src), C.size_t(n), C.uintptr_t(s)))
+}
+
+func (driver) Memcpy2DHtoDAsync(dst DevicePtr, dpitch uint64, src unsafe.Pointer, spitch, width, height uint64, s Stream) error {
+	return r(C.w_htod2dAsync(C.ulonglong(dst), C.size_t(dpitch), src, C.size_t(spitch), C.size_t(width), C.size_t(height), C.uintptr_t(s)))
 }
 
 func (driver) StreamCreate(flags uint32) (Stream, error) {

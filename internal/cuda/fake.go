@@ -633,6 +633,26 @@ func (f *Fake) MemcpyDtoHAsync(dst unsafe.Pointer, src DevicePtr, n uint64, s St
 	})
 }
 
+func (f *Fake) Memcpy2DHtoDAsync(dst DevicePtr, dpitch uint64, src unsafe.Pointer, spitch, width, height uint64, s Stream) error {
+	if width > dpitch || width > spitch || height == 0 {
+		return ErrInvalidValue
+	}
+	h, err := host(src, spitch*(height-1)+width)
+	if err != nil {
+		return err
+	}
+	return f.enqueue("Memcpy2DHtoDAsync", s, func() error {
+		d, err := f.Memory(dst, dpitch*(height-1)+width)
+		if err != nil {
+			return err
+		}
+		for y := range height {
+			copy(d[y*dpitch:y*dpitch+width], h[y*spitch:y*spitch+width])
+		}
+		return nil
+	})
+}
+
 func (f *Fake) MemcpyDtoDAsync(dst, src DevicePtr, n uint64, s Stream) error {
 	return f.enqueue("MemcpyDtoDAsync", s, func() error {
 		d, err := f.Memory(dst, n)
