@@ -17,6 +17,11 @@
 //     ranks' CPU threads reduce one part each into a result slot, and every
 //     rank copies the result back: about n·S each way over a shared link
 //     instead of 2(n-1)·S, the right choice for ranks on one physical GPU.
+//   - HostStagedSmall: the host-staged all-reduce for small messages (the
+//     Communicator picks it up to Options.SmallBytes): every rank stages its
+//     whole buffer, reduces every rank's input itself and copies the result
+//     back; one copy each way and one flag round. Consecutive small calls
+//     alternate input areas (Params.Parity).
 //
 // The Executor runs a schedule for one rank over a Transport (shared flags,
 // arena, liveness, abort) and a comm.Device: lanes run concurrently, each
@@ -25,4 +30,7 @@
 // context; any failure on any rank (error, deadline, dead peer) raises the
 // job's abort flag so that every rank returns an error rather than hang or
 // report a partial result.
+//
+// Options.Trace (migctl bench: MIGCTL_TRACE=1) makes the executor time every
+// step of every call and write a summary when it closes (trace.go).
 package allreduce

@@ -46,6 +46,7 @@ type Options struct {
 	// SmallBytes is the largest host-staged all-reduce that takes the
 	// small-message schedule (HostStagedSmall), capped by what the arena
 	// holds (SmallCapacity); default DefaultSmallBytes, negative: never.
+	// Like Chunk and Slots, it must be the same on every rank.
 	SmallBytes int
 	// Trace, when set, receives a summary of per-step timings of every call
 	// at Close (see trace.go). Nil costs nothing.

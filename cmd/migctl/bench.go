@@ -85,13 +85,22 @@ needed); --backend gpu puts every rank's buffers on a CUDA device (by default al
 so N ranks share one GPU, which is how the MIG path is measured on a GPU without MIG).
 
 With -c 1 every element of every rank's result is compared with the exactly predictable
-expected value; the command exits non-zero if any is wrong or any rank fails.`
+expected value; the command exits non-zero if any is wrong or any rank fails.
+
+All-reduces up to --small-bytes take the small-message path (every rank reduces every
+input itself: one copy each way, one flag round). MIGCTL_TRACE=1 in the environment makes
+rank 0 print, at the end, where the time of each size went: per step, the wait for other
+ranks' flags, the time to issue it and the device's time to complete it (MIGCTL_TRACE=all:
+every rank).`
 
 const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results checked element by element
   migctl bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
 
   # the MIG path measured on one GPU: 7 processes on CUDA device 0 through shared host memory
   migctl bench allreduce --np 7 --backend gpu --transport shm -b 256M -e 256M -n 10 -w 3
+
+  # where the time of an 8 KiB all-reduce goes, step by step (printed by rank 0)
+  MIGCTL_TRACE=1 migctl bench allreduce --np 7 --backend gpu --transport shm -b 8K -e 8K -n 1000
 
   # other collectives, other types and ops
   migctl bench reducescatter --np 3 --backend host --dtype bf16 --op max -c 1

@@ -54,6 +54,7 @@ func TestBenchFlagsValidated(t *testing.T) {
 		{"root outside", []string{"bench", "broadcast", "--np", "2", "--root", "2"}},
 		{"joining without a token", []string{"bench", "allreduce", "--rendezvous", "127.0.0.1:1"}},
 		{"chunk too small", []string{"bench", "allreduce", "--chunk", "1K"}},
+		{"small-bytes not a size", []string{"bench", "allreduce", "--small-bytes", "lots"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
