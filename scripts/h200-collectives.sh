@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # h200-collectives.sh — one call on the GPU machine for issues 2 and 3: the read-only
 # simulator-vs-H200 conformance test, the collectives benchmark beside gloo (scripts/bench-h200.sh),
-# and, where two GPUs are present, torch's NCCL all-reduce across them as the IPC ring's peer.
+# where two GPUs are present, torch's NCCL all-reduce across them as the IPC ring's peer, and
+# scripts/gpu-collectives-check.sh (every collective checked element by element on the GPU).
 # Everything it needs is built here first:
 #   make build && go test -c -trimpath -ldflags='-s -w' -o bin/migsim.test ./mig/migsim \
 #     && cp ../shared/bench/gloo_allreduce.py bin/
 # Results go to $OUT as at most 8 files (the device tool brings back no more): conformance.txt,
-# bench-table.md, nccl2.txt, logs.tgz (every log), summary.txt.
+# bench-table.md, nccl2.txt, gpu-check.txt, logs.tgz (every log), summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${OUT:-./h200-out}
@@ -33,5 +34,9 @@ OUT="$W/bench" timeout 430 scripts/bench-h200.sh > "$W/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$W/rc.txt"
 cp "$W/bench/table.md" "$R/bench-table.md" 2>/dev/null
 cat "$R/bench-table.md" 2>/dev/null || tail -30 "$W/bench.log"
+echo "== every collective, dtype and op checked on the GPU"
+OUT="$W/check" timeout 240 scripts/gpu-collectives-check.sh > "$R/gpu-check.txt" 2>&1
+echo "gpu-check rc=$?" | tee -a "$W/rc.txt"
+tail -1 "$R/gpu-check.txt"
 tar czf "$R/logs.tgz" -C "$W" . 2>/dev/null
 { cat "$W/rc.txt"; echo "wall $(( $(date +%s) - t0 ))s"; } | tee "$R/summary.txt"
