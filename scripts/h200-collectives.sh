@@ -30,7 +30,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
 fi
 
 echo "== collectives bench beside gloo"
-OUT="$W/bench" timeout 430 scripts/bench-h200.sh > "$W/bench.log" 2>&1
+NCCL2="$R/nccl2.txt" OUT="$W/bench" timeout 430 scripts/bench-h200.sh > "$W/bench.log" 2>&1
 echo "bench rc=$?" | tee -a "$W/rc.txt"
 cp "$W/bench/table.md" "$R/bench-table.md" 2>/dev/null
 cat "$R/bench-table.md" 2>/dev/null || tail -30 "$W/bench.log"
