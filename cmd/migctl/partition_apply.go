@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -16,8 +15,7 @@ type partitionApplyOptions struct {
 	target targetFlags
 	dryRun bool
 	force  bool
-	output func() (printer.Format, error)
-	format printer.Format
+	outputOption
 }
 
 func newPartitionApplyCmd(s streams) *cobra.Command {
@@ -61,15 +59,8 @@ pending). GPUs applied before a failure keep their new layout; the rest are unto
 	o.target.add(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print the plan and change nothing")
 	cmd.Flags().BoolVar(&o.force, "force", false, "allow destroying instances that have processes")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionApplyOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 // Validate checks the flag combination.

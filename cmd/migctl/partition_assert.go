@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -18,8 +17,7 @@ type partitionAssertOptions struct {
 	streams
 	node   nodeFlags
 	target targetFlags
-	output func() (printer.Format, error)
-	format printer.Format
+	outputOption
 }
 
 func newPartitionAssertCmd(s streams) *cobra.Command {
@@ -46,15 +44,8 @@ each GPU that differs.`,
 	}
 	o.node.add(cmd)
 	o.target.add(cmd)
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionAssertOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 // Validate checks the flag combination.

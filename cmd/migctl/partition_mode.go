@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -19,8 +18,7 @@ type partitionModeOptions struct {
 	gpus   string
 	enable bool
 	force  bool
-	output func() (printer.Format, error)
-	format printer.Format
+	outputOption
 }
 
 func newPartitionModeCmd(s streams) *cobra.Command {
@@ -89,15 +87,8 @@ reported as for enable.`
 	if !enable {
 		cmd.Flags().BoolVar(&o.force, "force", false, "allow destroying instances that have processes")
 	}
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionModeOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 type modeView struct {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -16,8 +15,7 @@ type partitionPlanOptions struct {
 	node   nodeFlags
 	target targetFlags
 	force  bool
-	output func() (printer.Format, error)
-	format printer.Format
+	outputOption
 }
 
 func newPartitionPlanCmd(s streams) *cobra.Command {
@@ -49,15 +47,8 @@ that were free; a bad layout fails naming the entry (and line, for files).`,
 	o.node.add(cmd)
 	o.target.add(cmd)
 	cmd.Flags().BoolVar(&o.force, "force", false, "plan to destroy instances that have processes")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionPlanOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 // Validate checks the flag combination.

@@ -8,16 +8,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
 type partitionProfilesOptions struct {
 	streams
-	node   nodeFlags
-	gpus   string
-	output func() (printer.Format, error)
-	format printer.Format
+	node nodeFlags
+	gpus string
+	outputOption
 }
 
 func newPartitionProfilesCmd(s streams) *cobra.Command {
@@ -42,15 +40,8 @@ GPUs of the same model share one block.`,
 	}
 	o.node.add(cmd)
 	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs to list: 'all' (default) or indices, UUIDs or PCI bus ids")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionProfilesOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 // profileGroup is one GPU model and its profiles.

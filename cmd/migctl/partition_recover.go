@@ -7,15 +7,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
 type partitionRecoverOptions struct {
 	streams
-	node   nodeFlags
-	output func() (printer.Format, error)
-	format printer.Format
+	node nodeFlags
+	outputOption
 }
 
 func newPartitionRecoverCmd(s streams) *cobra.Command {
@@ -38,15 +36,8 @@ this first, so it is only needed to repair a node without applying anything new.
 		},
 	}
 	o.node.add(cmd)
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionRecoverOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 type recoverView struct {

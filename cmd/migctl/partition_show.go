@@ -14,10 +14,9 @@ import (
 
 type partitionShowOptions struct {
 	streams
-	node   nodeFlags
-	gpus   string
-	output func() (printer.Format, error)
-	format printer.Format
+	node nodeFlags
+	gpus string
+	outputOption
 }
 
 func newPartitionShowCmd(s streams) *cobra.Command {
@@ -42,15 +41,8 @@ processes NVML reports on them.`,
 	}
 	o.node.add(cmd)
 	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs to show: 'all' (default) or indices, UUIDs or PCI bus ids")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-// Complete parses the output format.
-func (o *partitionShowOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 type showView struct {

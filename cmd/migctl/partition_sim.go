@@ -11,7 +11,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -28,8 +27,7 @@ type partitionSimOptions struct {
 	bytes string
 	mig   string // attach: a MIG device UUID instead of --gpus/--gi/--ci
 
-	output func() (printer.Format, error)
-	format printer.Format
+	outputOption
 }
 
 // simEvent is what one sim verb did to one GPU.
@@ -116,11 +114,9 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := o.output()
-			if err != nil {
+			if err := o.Complete(); err != nil {
 				return err
 			}
-			o.format = f
 			if err := o.Validate(verb, cmd); err != nil {
 				return err
 			}
@@ -138,7 +134,7 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 		cmd.Flags().StringVar(&o.bytes, "bytes", "1G", "GPU memory the process uses (K, M, G suffixes)")
 		cmd.Flags().StringVar(&o.mig, "mig", "", "MIG device UUID to attach to (instead of --gpus/--gi/--ci)")
 	}
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
 }
 
