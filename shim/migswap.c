@@ -1011,18 +1011,20 @@ static CUresult endcap_ptsz_body(endcap_ptsz_t real, CUstream s, CUgraph *g) { r
 
 /* -------------------------------------------------------------- lifecycle */
 
+/* Lock order: mode_mu before the control locks (ensure_mode holds mode_mu
+ * while ms_control_connect sends the hello under write_mu), then ms_table_mu. */
 static void atfork_prepare(void)
 {
-	ms_control_atfork_prepare();
 	pthread_mutex_lock(&mode_mu);
+	ms_control_atfork_prepare();
 	pthread_mutex_lock(&ms_table_mu);
 }
 
 static void atfork_parent(void)
 {
 	pthread_mutex_unlock(&ms_table_mu);
-	pthread_mutex_unlock(&mode_mu);
 	ms_control_atfork_parent();
+	pthread_mutex_unlock(&mode_mu);
 }
 
 /* The child shares nothing with the parent's control connection or CUDA
