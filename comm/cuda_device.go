@@ -282,6 +282,27 @@ func (d *CUDADevice) bind() error {
 
 func (d *CUDADevice) unbind() { runtime.UnlockOSThread() }
 
+// enter locks the device for driver calls: it fails with ErrClosed once the
+// device is closed, else holds d.mu and binds the context until leave.
+func (d *CUDADevice) enter() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return fmt.Errorf("cuda device: %w", ErrClosed)
+	}
+	if err := d.bind(); err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// leave undoes enter.
+func (d *CUDADevice) leave() {
+	d.unbind()
+	d.mu.Unlock()
+}
+
 func (d *CUDADevice) isClosed() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -298,15 +319,10 @@ func (d *CUDADevice) Register(mem []byte) error {
 	if len(mem) == 0 {
 		return fmt.Errorf("registering an empty range: %w", ErrInvalid)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return err
 	}
-	defer d.unbind()
+	defer d.leave()
 	p := unsafe.Pointer(unsafe.SliceData(mem))
 	if err := d.api.MemHostRegister(p, uint64(len(mem)), cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap); err != nil {
 		return fmt.Errorf("registering %d bytes of host memory: %w", len(mem), err)
@@ -388,15 +404,10 @@ func (d *CUDADevice) Alloc(n int) (Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("allocating %d bytes: %w", n, ErrInvalid)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, err
 	}
-	defer d.unbind()
+	defer d.leave()
 	p, err := d.api.MemAlloc(uint64(n))
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d bytes of device memory: %w", n, err)
@@ -450,15 +461,10 @@ func (d *CUDADevice) buffer(buf Buffer) (*CUDABuffer, error) {
 // NewStream returns a non-blocking CUDA stream (it does not synchronise with
 // the legacy default stream).
 func (d *CUDADevice) NewStream() (Stream, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, err
 	}
-	defer d.unbind()
+	defer d.leave()
 	s, err := d.api.StreamCreate(cuda.StreamNonBlocking)
 	if err != nil {
 		return nil, fmt.Errorf("creating a CUDA stream: %w", err)

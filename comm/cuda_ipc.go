@@ -105,15 +105,10 @@ func (d *CUDADevice) OpenPeerBuffer(handle []byte) (Buffer, error) {
 	var h cuda.IPCMemHandle
 	copy(h[:], handle)
 	n := binary.LittleEndian.Uint64(handle[64:])
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, err
 	}
-	defer d.unbind()
+	defer d.leave()
 	p, err := d.api.IPCOpenMemHandle(h, cuda.IPCMemLazyEnablePeerAccess)
 	if err != nil {
 		return nil, fmt.Errorf("opening a peer's %d-byte buffer: %w", n, err)
@@ -137,15 +132,10 @@ func (d *CUDADevice) ClosePeerBuffer(buf Buffer) error {
 
 // NewSharedEvent implements IPCDevice.
 func (d *CUDADevice) NewSharedEvent() (Event, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, err
 	}
-	defer d.unbind()
+	defer d.leave()
 	e, err := d.api.EventCreate(cuda.EventDisableTiming | cuda.EventInterprocess)
 	if err != nil {
 		return nil, fmt.Errorf("creating an interprocess CUDA event: %w", err)
@@ -178,15 +168,10 @@ func (d *CUDADevice) OpenPeerEvent(handle []byte) (Event, error) {
 	}
 	var h cuda.IPCEventHandle
 	copy(h[:], handle)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	if err := d.bind(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, err
 	}
-	defer d.unbind()
+	defer d.leave()
 	e, err := d.api.IPCOpenEventHandle(h)
 	if err != nil {
 		return nil, fmt.Errorf("opening a peer's CUDA event: %w", err)
