@@ -152,6 +152,19 @@ func (f *nodeFlags) open() (*openedNode, error) {
 	return &openedNode{lib: lib, journal: j, close: func() { lib.Shutdown() }}, nil
 }
 
+// discover reads the node and resolves a --gpus selection on it.
+func (o *openedNode) discover(gpus string) (*mig.Node, []int, error) {
+	node, err := mig.Discover(o.lib)
+	if err != nil {
+		return nil, nil, err
+	}
+	sel, err := mig.SelectGPUs(gpus, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return node, sel, nil
+}
+
 // manager builds a mig.Manager with the journal, progress on errOut and
 // the crash hook when its environment variable is set.
 func (o *openedNode) manager(errOut io.Writer) (*mig.Manager, error) {

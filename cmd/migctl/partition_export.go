@@ -78,11 +78,7 @@ func (o *partitionExportOptions) Validate() error {
 // Run exports.
 func (o *partitionExportOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
-		node, err := mig.Discover(on.lib)
-		if err != nil {
-			return err
-		}
-		gpus, err := mig.SelectGPUs(o.gpus, node)
+		node, gpus, err := on.discover(o.gpus)
 		if err != nil {
 			return err
 		}

@@ -86,11 +86,7 @@ func intList(xs []int) string {
 // Run lists the profiles.
 func (o *partitionProfilesOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
-		node, err := mig.Discover(on.lib)
-		if err != nil {
-			return err
-		}
-		gpus, err := mig.SelectGPUs(o.gpus, node)
+		node, gpus, err := on.discover(o.gpus)
 		if err != nil {
 			return err
 		}

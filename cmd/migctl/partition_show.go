@@ -93,11 +93,7 @@ func procList(ps []mig.Process) string {
 func (o *partitionShowOptions) Run(ctx context.Context) error {
 	return withNode(ctx, &o.node, func(ctx context.Context, on *openedNode) error {
 		noteInterrupted(o.ErrOut, on)
-		node, err := mig.Discover(on.lib)
-		if err != nil {
-			return err
-		}
-		gpus, err := mig.SelectGPUs(o.gpus, node)
+		node, gpus, err := on.discover(o.gpus)
 		if err != nil {
 			return err
 		}
