@@ -370,7 +370,6 @@ int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progres
 	}
 	drv.cuCtxSetCurrent(v[0]->ctx);
 	CUresult r;
-	size_t created = 0;
 	uint64_t total = 0;
 	unsigned char *mine = calloc(n, 1);
 	if (!mine) {
@@ -400,7 +399,6 @@ int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progres
 		}
 		a->handle = h;
 		mine[i] = 1;
-		created++;
 		continue;
 	undo:
 		/* give back what this attempt took; stay swapped out and blocked */
@@ -414,17 +412,13 @@ int ms_swap_in(char *err, size_t errlen, uint64_t *bytes, ms_progress_fn progres
 		free(v);
 		free(mine);
 		atomic_store(&ms_state, MIGSWAP_STATE_SWAPPED_OUT);
-		uint64_t need = 0;
-		pthread_mutex_lock(&ms_table_mu);
-		need = atomic_load(&ms_live_bytes);
-		pthread_mutex_unlock(&ms_table_mu);
+		uint64_t need = atomic_load(&ms_live_bytes);
 		char what[256];
 		snprintf(what, sizeof what,
 			 "cannot get %llu bytes of device memory back; the process stays swapped out and blocked",
 			 (unsigned long long)need);
 		return fail(err, errlen, what, r);
 	}
-	(void)created;
 	free(mine);
 	if ((r = ensure_streams(v[0]->ctx)) || (r = copy_all(v, n, 0, total, progress, arg))) {
 		free(v);
