@@ -58,6 +58,19 @@ func (s *faultState) do(op string, call func() nvml.Return) nvml.Return {
 	return got
 }
 
+// doValue is do for a call that also returns a value (the handle a Create
+// makes, the activation status of SetMigMode): the value is whatever the call
+// left, or T's zero value when a Before fault kept it from running.
+func doValue[T any](s *faultState, op string, call func() (T, nvml.Return)) (T, nvml.Return) {
+	var v T
+	r := s.do(op, func() nvml.Return {
+		var r nvml.Return
+		v, r = call()
+		return r
+	})
+	return v, r
+}
+
 type faultyLib struct {
 	nvml.Interface
 	fs *faultState
@@ -76,15 +89,10 @@ type faultyDevice struct {
 	fs *faultState
 }
 
-// SetMigMode returns (activation status, return code), in go-nvml's order.
+// SetMigMode returns (activation status, return code), in go-nvml's order;
+// a Before fault leaves the activation status at its zero value, SUCCESS.
 func (d *faultyDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
-	act := nvml.SUCCESS
-	r := d.fs.do("SetMigMode", func() nvml.Return {
-		var r nvml.Return
-		act, r = d.Device.SetMigMode(mode)
-		return r
-	})
-	return act, r
+	return doValue(d.fs, "SetMigMode", func() (nvml.Return, nvml.Return) { return d.Device.SetMigMode(mode) })
 }
 
 func (d *faultyDevice) wrapGI(gi nvml.GpuInstance, r nvml.Return) (nvml.GpuInstance, nvml.Return) {
@@ -95,23 +103,15 @@ func (d *faultyDevice) wrapGI(gi nvml.GpuInstance, r nvml.Return) (nvml.GpuInsta
 }
 
 func (d *faultyDevice) CreateGpuInstance(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
-	var gi nvml.GpuInstance
-	r := d.fs.do("CreateGpuInstance", func() nvml.Return {
-		var r nvml.Return
-		gi, r = d.Device.CreateGpuInstance(info)
-		return r
-	})
-	return d.wrapGI(gi, r)
+	return d.wrapGI(doValue(d.fs, "CreateGpuInstance", func() (nvml.GpuInstance, nvml.Return) {
+		return d.Device.CreateGpuInstance(info)
+	}))
 }
 
 func (d *faultyDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-	var gi nvml.GpuInstance
-	r := d.fs.do("CreateGpuInstanceWithPlacement", func() nvml.Return {
-		var r nvml.Return
-		gi, r = d.Device.CreateGpuInstanceWithPlacement(info, pl)
-		return r
-	})
-	return d.wrapGI(gi, r)
+	return d.wrapGI(doValue(d.fs, "CreateGpuInstanceWithPlacement", func() (nvml.GpuInstance, nvml.Return) {
+		return d.Device.CreateGpuInstanceWithPlacement(info, pl)
+	}))
 }
 
 func (d *faultyDevice) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
@@ -143,23 +143,15 @@ func (g *faultyGI) wrapCI(ci nvml.ComputeInstance, r nvml.Return) (nvml.ComputeI
 }
 
 func (g *faultyGI) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
-	var ci nvml.ComputeInstance
-	r := g.fs.do("CreateComputeInstance", func() nvml.Return {
-		var r nvml.Return
-		ci, r = g.GpuInstance.CreateComputeInstance(info)
-		return r
-	})
-	return g.wrapCI(ci, r)
+	return g.wrapCI(doValue(g.fs, "CreateComputeInstance", func() (nvml.ComputeInstance, nvml.Return) {
+		return g.GpuInstance.CreateComputeInstance(info)
+	}))
 }
 
 func (g *faultyGI) CreateComputeInstanceWithPlacement(info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
-	var ci nvml.ComputeInstance
-	r := g.fs.do("CreateComputeInstanceWithPlacement", func() nvml.Return {
-		var r nvml.Return
-		ci, r = g.GpuInstance.CreateComputeInstanceWithPlacement(info, pl)
-		return r
-	})
-	return g.wrapCI(ci, r)
+	return g.wrapCI(doValue(g.fs, "CreateComputeInstanceWithPlacement", func() (nvml.ComputeInstance, nvml.Return) {
+		return g.GpuInstance.CreateComputeInstanceWithPlacement(info, pl)
+	}))
 }
 
 func (g *faultyGI) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
