@@ -192,7 +192,8 @@ func (h *gpuInstance) GetComputeInstanceRemainingCapacity(info *nvml.ComputeInst
 func (h *gpuInstance) createCI(info *nvml.ComputeInstanceProfileInfo, pl *nvml.ComputeInstancePlacement) (nvml.ComputeInstance, nvml.Return) {
 	h.n.mu.Lock()
 	defer h.n.mu.Unlock()
-	if _, r := h.resolve(); r != nvml.SUCCESS {
+	gi, r := h.resolve()
+	if r != nvml.SUCCESS {
 		return nil, r
 	}
 	c, r := h.ciFromInfo(info)
@@ -204,7 +205,6 @@ func (h *gpuInstance) createCI(info *nvml.ComputeInstanceProfileInfo, pl *nvml.C
 	}
 	var out nvml.ComputeInstance
 	r = h.n.mutate(func() nvml.Return {
-		gi, _ := h.resolve()
 		starts := c.Starts
 		if pl != nil {
 			starts = []int{int(pl.Start)}
