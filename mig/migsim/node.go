@@ -108,7 +108,8 @@ func (n *Node) AttachProcess(gpu, giID, ciID int, pid uint32, usedBytes uint64) 
 	return n.persist()
 }
 
-// DetachProcess removes process pid from wherever it runs on GPU gpu.
+// DetachProcess removes process pid from wherever it runs on GPU gpu. The
+// state file is written only when the process was there.
 func (n *Node) DetachProcess(gpu int, pid uint32) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -116,23 +117,29 @@ func (n *Node) DetachProcess(gpu int, pid uint32) error {
 		return fmt.Errorf("GPU %d: %w", gpu, ErrNoInstance)
 	}
 	g := &n.st.GPUs[gpu]
-	g.Procs = dropPID(g.Procs, pid)
+	dropped := dropPID(&g.Procs, pid)
 	for i := range g.GIs {
 		for j := range g.GIs[i].CIs {
-			g.GIs[i].CIs[j].Procs = dropPID(g.GIs[i].CIs[j].Procs, pid)
+			dropped = dropPID(&g.GIs[i].CIs[j].Procs, pid) || dropped
 		}
+	}
+	if !dropped {
+		return nil
 	}
 	return n.persist()
 }
 
-func dropPID(ps []procState, pid uint32) []procState {
-	out := ps[:0]
-	for _, p := range ps {
+// dropPID removes pid from *ps and reports whether it was there.
+func dropPID(ps *[]procState, pid uint32) bool {
+	out := (*ps)[:0]
+	for _, p := range *ps {
 		if p.PID != pid {
 			out = append(out, p)
 		}
 	}
-	return out
+	dropped := len(out) < len(*ps)
+	*ps = out
+	return dropped
 }
 
 // Reset stands for the admin resetting GPU gpu: a pending MIG mode takes
