@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -143,8 +142,6 @@ func launchBench(ctx context.Context, spec benchSpec, listen, token string, loca
 		return nil, fmt.Errorf("bench %s failed: %w", spec.Coll, err)
 	}
 	var rep benchReport
-	sc := bufio.NewScanner(&procs[0].out)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	if err := json.Unmarshal(procs[0].out.Bytes(), &rep); err != nil {
 		return nil, fmt.Errorf("reading rank 0's report: %w", err)
 	}
