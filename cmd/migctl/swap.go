@@ -77,6 +77,21 @@ func (c *swapConn) dial(ctx context.Context) (ctlpb.ControlClient, func(), error
 	return ctlpb.NewControlClient(conn), func() { conn.Close() }, nil
 }
 
+// client dials the daemon with a context bounded by --timeout; done closes
+// the connection and releases the context.
+func (c *swapConn) client(ctx context.Context) (context.Context, ctlpb.ControlClient, func(), error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	cl, closeConn, err := c.dial(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, cl, func() { closeConn(); cancel() }, nil
+}
+
 // explain turns a control API error into a message for people.
 func (c *swapConn) explain(err error) error {
 	st, ok := status.FromError(err)

@@ -114,16 +114,11 @@ func (v reserveView) Rows() [][]string {
 }
 
 func (o *swapReserveOptions) Run(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.conn.timeout)
-	defer cancel()
-	cl, closeConn, err := o.conn.dial(ctx)
+	ctx, cl, done, err := o.conn.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer done()
 	r, err := cl.Reserve(ctx, &ctlpb.ReserveRequest{Device: o.device, Bytes: o.bytes, Priority: int32(o.priority),
 		HoldSeconds: o.hold.Seconds()})
 	if err != nil {

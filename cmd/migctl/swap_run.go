@@ -69,16 +69,11 @@ func (r swapResults) Rows() [][]string {
 }
 
 func (o *swapMoveOptions) Run(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.conn.timeout)
-	defer cancel()
-	cl, closeConn, err := o.conn.dial(ctx)
+	ctx, cl, done, err := o.conn.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer done()
 	stream, err := cl.Swap(ctx, &ctlpb.SwapRequest{Direction: o.dir, Pid: int32(o.pid), Job: o.job})
 	if err != nil {
 		return o.conn.explain(err)

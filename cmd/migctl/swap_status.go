@@ -119,16 +119,11 @@ func unixNano(n int64) time.Time {
 }
 
 func (o *swapStatusOptions) Run(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.conn.timeout)
-	defer cancel()
-	cl, closeConn, err := o.conn.dial(ctx)
+	ctx, cl, done, err := o.conn.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer done()
 	st, err := cl.Status(ctx, &ctlpb.StatusRequest{})
 	if err != nil {
 		return o.conn.explain(err)
