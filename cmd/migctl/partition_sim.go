@@ -25,6 +25,7 @@ type partitionSimOptions struct {
 	ci    int
 	pid   uint32
 	bytes string
+	used  uint64 // attach: --bytes, parsed by Validate
 	mig   string // attach: a MIG device UUID instead of --gpus/--gi/--ci
 
 	outputOption
@@ -138,7 +139,8 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 	return cmd
 }
 
-// Validate checks that a simulated node is named and a process given.
+// Validate checks that a simulated node is named and a process given, and
+// parses --bytes.
 func (o *partitionSimOptions) Validate(verb string, cmd *cobra.Command) error {
 	if o.node.sim == "" {
 		return errors.New("partition sim acts on simulated nodes only: give --sim (or set " + envSim + ")")
@@ -152,6 +154,13 @@ func (o *partitionSimOptions) Validate(verb string, cmd *cobra.Command) error {
 				return fmt.Errorf("--mig names the MIG device; leave out --%s", f)
 			}
 		}
+	}
+	if verb == "attach" {
+		n, err := parseBytes(o.bytes)
+		if err != nil {
+			return err
+		}
+		o.used = uint64(n)
 	}
 	return nil
 }
@@ -186,11 +195,7 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 				}
 				v.Events = append(v.Events, simEvent{GPU: g, Action: "reset"})
 			case "attach":
-				n, err := parseBytes(o.bytes)
-				if err != nil {
-					return err
-				}
-				if err := on.sim.AttachProcess(g, o.gi, o.ci, o.pid, uint64(n)); err != nil {
+				if err := on.sim.AttachProcess(g, o.gi, o.ci, o.pid, o.used); err != nil {
 					return err
 				}
 				e := simEvent{GPU: g, Action: "attached", PID: o.pid}
