@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/ctlpb"
@@ -25,6 +26,27 @@ type swapMoveOptions struct {
 	output func() (printer.Format, error)
 	format printer.Format
 	s      streams
+}
+
+// newSwapMoveCmd completes cmd (its texts set by the caller) as 'swap out'
+// or 'swap in' (dir): arguments, flags and the run.
+func newSwapMoveCmd(s streams, c *swapConn, dir ctlpb.Direction, cmd *cobra.Command) *cobra.Command {
+	o := &swapMoveOptions{conn: c, dir: dir, s: s}
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := o.Complete(); err != nil {
+			return err
+		}
+		if err := o.Validate(); err != nil {
+			return err
+		}
+		return o.Run(cmd.Context())
+	}
+	cmd.Flags().IntVar(&o.pid, "pid", 0, "process id of a shimmed process")
+	cmd.Flags().StringVar(&o.job, "job", "", "job name (MIGSWAP_JOB) of shimmed processes")
+	cmd.Flags().BoolVarP(&o.quiet, "quiet", "q", false, "no progress bar")
+	o.output = outputFlag(cmd)
+	return cmd
 }
 
 func (o *swapMoveOptions) Complete() error {
