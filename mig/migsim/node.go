@@ -43,28 +43,35 @@ func Open(path string, m Model, n int) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening simulator lock: %w", err)
 	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-		lf.Close()
-		return nil, fmt.Errorf("locking simulator state: %w", err)
-	}
-	st, ok, err := load(path)
+	st, err := lockAndLoad(lf, path, m, n)
 	if err != nil {
 		lf.Close()
 		return nil, err
 	}
-	if ok && (st.Model != m.Key || len(st.GPUs) != n) {
-		lf.Close()
-		return nil, fmt.Errorf("simulator state %s holds %d x %s, not %d x %s (use another --sim-state)", path, len(st.GPUs), st.Model, n, m.Key)
+	return &Node{model: m, st: st, path: path, lock: lf}, nil
+}
+
+// lockAndLoad takes the exclusive lock on lf, then loads the state at path,
+// or saves a fresh one of n GPUs of m when there is none.
+func lockAndLoad(lf *os.File, path string, m Model, n int) (state, error) {
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		return state{}, fmt.Errorf("locking simulator state: %w", err)
 	}
-	node := &Node{model: m, st: st, path: path, lock: lf}
-	if !ok {
-		node.st = freshState(m, n)
-		if err := save(path, &node.st); err != nil {
-			lf.Close()
-			return nil, err
+	st, ok, err := load(path)
+	if err != nil {
+		return state{}, err
+	}
+	if ok {
+		if st.Model != m.Key || len(st.GPUs) != n {
+			return state{}, fmt.Errorf("simulator state %s holds %d x %s, not %d x %s (use another --sim-state)", path, len(st.GPUs), st.Model, n, m.Key)
 		}
+		return st, nil
 	}
-	return node, nil
+	st = freshState(m, n)
+	if err := save(path, &st); err != nil {
+		return state{}, err
+	}
+	return st, nil
 }
 
 // Close releases the state lock. The state itself is already on disk.
