@@ -20,11 +20,10 @@ type swapReserveOptions struct {
 	size     string
 	priority int
 	hold     time.Duration
-	output   func() (printer.Format, error)
+	outputOption
 
-	bytes  int64
-	format printer.Format
-	s      streams
+	bytes int64
+	s     streams
 }
 
 func newSwapReserveCmd(s streams, c *swapConn) *cobra.Command {
@@ -58,17 +57,16 @@ DEV is how the shims name the device: a GPU/MIG UUID or a CUDA ordinal (see
 	cmd.Flags().StringVar(&o.size, "bytes", "", "memory to make room for, e.g. 40GiB")
 	cmd.Flags().IntVar(&o.priority, "priority", 0, "priority of the job (only lower priorities are swapped out)")
 	cmd.Flags().DurationVar(&o.hold, "hold", time.Minute, "how long the freed memory is kept from the daemon's swap-ins")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
 }
 
 func (o *swapReserveOptions) Complete() error {
-	f, err := o.output()
-	if err != nil {
+	if err := o.outputOption.Complete(); err != nil {
 		return err
 	}
-	o.format = f
 	if o.size != "" {
+		var err error
 		if o.bytes, err = parseByteSize(o.size); err != nil {
 			return err
 		}

@@ -18,14 +18,13 @@ import (
 
 // swapMoveOptions are the options of 'swap out' and 'swap in'.
 type swapMoveOptions struct {
-	conn   *swapConn
-	dir    ctlpb.Direction
-	pid    int
-	job    string
-	quiet  bool
-	output func() (printer.Format, error)
-	format printer.Format
-	s      streams
+	conn  *swapConn
+	dir   ctlpb.Direction
+	pid   int
+	job   string
+	quiet bool
+	outputOption
+	s streams
 }
 
 // newSwapMoveCmd completes cmd (its texts set by the caller) as 'swap out'
@@ -45,14 +44,8 @@ func newSwapMoveCmd(s streams, c *swapConn, dir ctlpb.Direction, cmd *cobra.Comm
 	cmd.Flags().IntVar(&o.pid, "pid", 0, "process id of a shimmed process")
 	cmd.Flags().StringVar(&o.job, "job", "", "job name (MIGSWAP_JOB) of shimmed processes")
 	cmd.Flags().BoolVarP(&o.quiet, "quiet", "q", false, "no progress bar")
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-func (o *swapMoveOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 func (o *swapMoveOptions) Validate() error {

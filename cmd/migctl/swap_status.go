@@ -13,10 +13,9 @@ import (
 )
 
 type swapStatusOptions struct {
-	conn   *swapConn
-	output func() (printer.Format, error)
-	format printer.Format
-	s      streams
+	conn *swapConn
+	outputOption
+	s streams
 }
 
 func newSwapStatusCmd(s streams, c *swapConn) *cobra.Command {
@@ -45,14 +44,8 @@ HOLD marks a manual 'swap out' that the daemon will not undo on its own.`,
 			return o.Run(cmd.Context())
 		},
 	}
-	o.output = outputFlag(cmd)
+	o.addOutput(cmd)
 	return cmd
-}
-
-func (o *swapStatusOptions) Complete() error {
-	f, err := o.output()
-	o.format = f
-	return err
 }
 
 func (o *swapStatusOptions) Validate() error { return nil }
