@@ -68,9 +68,7 @@ type benchOptions struct {
 	local     int
 	output    func() (printer.Format, error)
 	format    printer.Format
-	collType  allreduce.Coll
 	dt        comm.DType
-	op        comm.Op
 	streams   streams
 	launchNew bool
 }
@@ -127,7 +125,7 @@ func newBenchCmd(s streams) *cobra.Command {
 }
 
 func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
-	o := &benchOptions{streams: s, collType: coll}
+	o := &benchOptions{streams: s}
 	o.spec.Coll = coll.String()
 	c := &cobra.Command{
 		Use:     coll.String(),
@@ -189,7 +187,7 @@ func (o *benchOptions) Complete() error {
 		return err
 	}
 	o.spec.DType = dtypeName(o.dt)
-	if o.op, err = parseOp(o.spec.Op); err != nil {
+	if _, err = parseOp(o.spec.Op); err != nil {
 		return err
 	}
 	if o.spec.MinBytes, err = parseBytes(o.sizeMin); err != nil {

@@ -219,7 +219,7 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 		return nil, err
 	}
 	defer stream.Close()
-	r := &rankRunner{spec: spec, cm: cm, dev: dev, stream: stream, send: send, recv: recv, coll: coll, dt: dt, op: op, rank: rank, n: n}
+	r := &rankRunner{spec: spec, cm: cm, stream: stream, send: send, recv: recv, coll: coll, dt: dt, op: op, rank: rank, n: n}
 	if alg == allreduce.RingIPC {
 		ipc := dev.(comm.IPCDevice) // chooseAlgorithm checked
 		peers, err := comm.ExchangeIPC(setup, client, ipc, rank, n, "bench", send, recv)
@@ -258,8 +258,7 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 	rep = &benchReport{Coll: spec.Coll, NP: n, Backend: spec.Backend, Transport: transport, Algorithm: alg.String(),
 		InPlace: spec.InPlace, Iters: spec.Iters}
 	for i, size := range sizes {
-		per, total := geometry(coll, size, es, n)
-		_ = per
+		_, total := geometry(coll, size, es, n)
 		bytes := total * int64(es)
 		rep.Results = append(rep.Results, benchRow{Bytes: bytes, Count: total, Type: spec.DType, Op: spec.Op, Root: spec.Root, Wrong: -1})
 		if spec.Check {
@@ -299,7 +298,6 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 type rankRunner struct {
 	spec       benchSpec
 	cm         *allreduce.Communicator
-	dev        comm.Device
 	stream     comm.Stream
 	send, recv comm.Buffer
 	coll       allreduce.Coll
