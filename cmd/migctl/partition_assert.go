@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -84,14 +85,9 @@ func (o *partitionAssertOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		idx := make([]int, 0, len(reqs))
-		for i := range reqs {
-			idx = append(idx, i)
-		}
-		sort.Ints(idx)
 		var v assertView
 		var bad []string
-		for _, i := range idx {
+		for _, i := range slices.Sorted(maps.Keys(reqs)) {
 			g := &node.GPUs[i]
 			r := assertRow{GPU: i, OK: true, Layout: g.Layout().String()}
 			if !g.MIGEnabled {
