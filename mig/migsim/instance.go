@@ -2,6 +2,7 @@ package migsim
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -145,11 +146,7 @@ func (h *gpuInstance) GetComputeInstancePossiblePlacements(info *nvml.ComputeIns
 
 // ciFits reports whether a CI of c fits at start in gi (SUCCESS if so).
 func ciFits(gi *giState, c ciProfile, start int) nvml.Return {
-	allowed := false
-	for _, s := range c.Starts {
-		allowed = allowed || s == start
-	}
-	if !allowed {
+	if !slices.Contains(c.Starts, start) {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	var mask uint16

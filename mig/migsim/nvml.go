@@ -1,6 +1,7 @@
 package migsim
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -250,11 +251,7 @@ func (d *device) countOf(p GIProfile) int {
 
 // fits reports why a GI of p at start cannot be created now (SUCCESS if it can).
 func (d *device) fits(p GIProfile, start int) nvml.Return {
-	allowed := false
-	for _, s := range p.Starts {
-		allowed = allowed || s == start
-	}
-	if !allowed {
+	if !slices.Contains(p.Starts, start) {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	mask, slices := d.occupancy()
