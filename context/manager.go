@@ -425,7 +425,7 @@ func (m *Manager) eligible(dir Direction, t Target) ([]int, error) {
 	busy := false
 	for _, p := range match {
 		switch {
-		case dir == SwapOut && p.State == Running, dir == SwapIn && (p.State == Out || p.State == Blocked):
+		case canStart(dir, p.State):
 			pids = append(pids, p.PID)
 		case dir == SwapOut && p.State == SwappingIn, dir == SwapIn && p.State == SwappingOut:
 			busy = true
@@ -442,6 +442,14 @@ func (m *Manager) eligible(dir Direction, t Target) ([]int, error) {
 	default:
 		return nil, fmt.Errorf("%s: %w", t, ErrAlreadyIn)
 	}
+}
+
+// canStart reports whether a process in state s can start swap dir.
+func canStart(dir Direction, s State) bool {
+	if dir == SwapOut {
+		return s == Running
+	}
+	return s == Out || s == Blocked
 }
 
 // swapAll starts dir on every pid at once and waits for all of them (or ctx).
@@ -481,23 +489,18 @@ func (m *Manager) startSwap(dir Direction, pid int, manual bool) (*op, error) {
 		m.mu.Unlock()
 		return nil, fmt.Errorf("pid %d: %w", pid, ErrNoSuchProcess)
 	}
-	msg := swapproto.Message{Type: swapproto.TypeSwapOut}
-	switch {
-	case dir == SwapOut && p.State == Running:
-		p.State = SwappingOut
-		if manual {
-			p.Hold = true
-		}
-	case dir == SwapIn && (p.State == Out || p.State == Blocked):
-		p.State = SwappingIn
-		msg.Type = swapproto.TypeSwapIn
-		if manual {
-			p.Hold = false
-		}
-	default:
+	if !canStart(dir, p.State) {
 		st := p.State
 		m.mu.Unlock()
 		return nil, fmt.Errorf("pid %d is %s: %w", pid, st, ErrBusy)
+	}
+	msg := swapproto.Message{Type: swapproto.TypeSwapOut}
+	p.State = SwappingOut
+	if dir == SwapIn {
+		msg.Type, p.State = swapproto.TypeSwapIn, SwappingIn
+	}
+	if manual {
+		p.Hold = dir == SwapOut // a manual swap-out holds; a manual swap-in clears the hold
 	}
 	p.nextID++
 	msg.ID = swapproto.IntID(p.nextID)
