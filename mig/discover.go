@@ -86,7 +86,7 @@ func discoverGPU(i int, dev nvml.Device) (GPU, error) {
 	if !g.MIGEnabled {
 		return g, nil
 	}
-	insts, err := discoverInstances(dev, g.MemoryBytes, profs)
+	insts, err := discoverInstances(dev, profs)
 	if err != nil {
 		return g, err
 	}
@@ -141,7 +141,7 @@ type migDev struct {
 	procs []Process
 }
 
-func discoverInstances(dev nvml.Device, memBytes uint64, profs []GIProfile) ([]Instance, error) {
+func discoverInstances(dev nvml.Device, profs []GIProfile) ([]Instance, error) {
 	// MIG devices: (gi, ci) -> uuid, processes
 	devs := map[[2]int]migDev{}
 	max, ret := dev.GetMaxMigDeviceCount()
@@ -217,6 +217,5 @@ func discoverInstances(dev nvml.Device, memBytes uint64, profs []GIProfile) ([]I
 		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Placement.Start < out[b].Placement.Start })
-	_ = memBytes
 	return out, nil
 }
