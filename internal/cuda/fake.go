@@ -260,6 +260,21 @@ func (f *Fake) device(d Device) (*FakeDevice, error) {
 	return &f.devices[d], nil
 }
 
+// fakeDeviceInfo is a device query: it counts the call, needs Init and a
+// valid d, and reports what get reads from d's description.
+func fakeDeviceInfo[T any](f *Fake, method string, d Device, get func(*FakeDevice) T) (T, error) {
+	defer f.mu.Unlock()
+	var zero T
+	if err := f.enter(method, false); err != nil {
+		return zero, err
+	}
+	dev, err := f.device(d)
+	if err != nil {
+		return zero, err
+	}
+	return get(dev), nil
+}
+
 func (f *Fake) DeviceGet(ordinal int) (Device, error) {
 	defer f.mu.Unlock()
 	if err := f.enter("DeviceGet", false); err != nil {
@@ -272,51 +287,19 @@ func (f *Fake) DeviceGet(ordinal int) (Device, error) {
 }
 
 func (f *Fake) DeviceGetName(d Device) (string, error) {
-	defer f.mu.Unlock()
-	if err := f.enter("DeviceGetName", false); err != nil {
-		return "", err
-	}
-	dev, err := f.device(d)
-	if err != nil {
-		return "", err
-	}
-	return dev.Name, nil
+	return fakeDeviceInfo(f, "DeviceGetName", d, func(dev *FakeDevice) string { return dev.Name })
 }
 
 func (f *Fake) DeviceGetUUID(d Device) (UUID, error) {
-	defer f.mu.Unlock()
-	if err := f.enter("DeviceGetUUID", false); err != nil {
-		return UUID{}, err
-	}
-	dev, err := f.device(d)
-	if err != nil {
-		return UUID{}, err
-	}
-	return dev.UUID, nil
+	return fakeDeviceInfo(f, "DeviceGetUUID", d, func(dev *FakeDevice) UUID { return dev.UUID })
 }
 
 func (f *Fake) DeviceGetUUIDv1(d Device) (UUID, error) {
-	defer f.mu.Unlock()
-	if err := f.enter("DeviceGetUUIDv1", false); err != nil {
-		return UUID{}, err
-	}
-	dev, err := f.device(d)
-	if err != nil {
-		return UUID{}, err
-	}
-	return dev.ParentUUID, nil
+	return fakeDeviceInfo(f, "DeviceGetUUIDv1", d, func(dev *FakeDevice) UUID { return dev.ParentUUID })
 }
 
 func (f *Fake) DeviceGetPCIBusID(d Device) (string, error) {
-	defer f.mu.Unlock()
-	if err := f.enter("DeviceGetPCIBusID", false); err != nil {
-		return "", err
-	}
-	dev, err := f.device(d)
-	if err != nil {
-		return "", err
-	}
-	return dev.PCIBusID, nil
+	return fakeDeviceInfo(f, "DeviceGetPCIBusID", d, func(dev *FakeDevice) string { return dev.PCIBusID })
 }
 
 func (f *Fake) DeviceGetAttribute(attr DeviceAttribute, d Device) (int, error) {
@@ -344,15 +327,7 @@ func (f *Fake) DeviceGetAttribute(attr DeviceAttribute, d Device) (int, error) {
 }
 
 func (f *Fake) DeviceTotalMem(d Device) (uint64, error) {
-	defer f.mu.Unlock()
-	if err := f.enter("DeviceTotalMem", false); err != nil {
-		return 0, err
-	}
-	dev, err := f.device(d)
-	if err != nil {
-		return 0, err
-	}
-	return dev.TotalMem, nil
+	return fakeDeviceInfo(f, "DeviceTotalMem", d, func(dev *FakeDevice) uint64 { return dev.TotalMem })
 }
 
 func (f *Fake) DeviceCanAccessPeer(d, peer Device) (bool, error) {
