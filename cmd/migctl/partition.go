@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
-	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 	"github.com/migctl/migctl/mig/migsim"
 )
@@ -182,19 +180,6 @@ func (o *openedNode) manager(errOut io.Writer) (*mig.Manager, error) {
 		}))
 	}
 	return mig.NewManager(o.lib, opts...), nil
-}
-
-// printOnce renders v and writes it with one write: a reader that stops
-// early ('migctl partition show | head', under 'set -o pipefail') then sees
-// the command succeed instead of killing it with SIGPIPE halfway through a
-// table written cell by cell.
-func printOnce(w io.Writer, f printer.Format, v any) error {
-	var buf bytes.Buffer
-	if err := printer.Print(&buf, f, v); err != nil {
-		return err
-	}
-	_, err := w.Write(buf.Bytes())
-	return err
 }
 
 // noteInterrupted tells the admin, on w, that the journal holds an apply a

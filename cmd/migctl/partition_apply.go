@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -113,13 +114,13 @@ func (o *partitionApplyOptions) Run(ctx context.Context) error {
 		simResetHint(o.ErrOut, on, err)
 		if err != nil {
 			if res != nil && len(res.GPUs) > 0 {
-				_ = printOnce(o.Out, o.format, applyView{res})
+				_ = printer.Print(o.Out, o.format, applyView{res})
 			}
 			return err
 		}
 		if o.dryRun {
-			return printOnce(o.Out, o.format, planView{res.Plan})
+			return printer.Print(o.Out, o.format, planView{res.Plan})
 		}
-		return printOnce(o.Out, o.format, applyView{res})
+		return printer.Print(o.Out, o.format, applyView{res})
 	})
 }

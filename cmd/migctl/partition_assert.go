@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -105,7 +106,7 @@ func (o *partitionAssertOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, r)
 		}
-		if err := printOnce(o.Out, o.format, v); err != nil {
+		if err := printer.Print(o.Out, o.format, v); err != nil {
 			return err
 		}
 		if len(bad) > 0 {

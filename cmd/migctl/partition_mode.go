@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -133,7 +134,7 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 					break
 				}
 			}
-			return printOnce(o.Out, o.format, modeView{res})
+			return printer.Print(o.Out, o.format, modeView{res})
 		}
 		reqs := map[int]mig.Request{}
 		for _, i := range gpus {
@@ -157,7 +158,7 @@ func (o *partitionModeOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, r)
 		}
-		if err := printOnce(o.Out, o.format, v); err != nil {
+		if err := printer.Print(o.Out, o.format, v); err != nil {
 			return err
 		}
 		return applyErr

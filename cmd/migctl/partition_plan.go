@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -95,6 +96,6 @@ func (o *partitionPlanOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return printOnce(o.Out, o.format, planView{plan})
+		return printer.Print(o.Out, o.format, planView{plan})
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -107,6 +108,6 @@ func (o *partitionProfilesOptions) Run(ctx context.Context) error {
 				v.Models = append(v.Models, profileGroup{Name: g.Name, GPUs: []int{i}, Profiles: g.Profiles})
 			}
 		}
-		return printOnce(o.Out, o.format, v)
+		return printer.Print(o.Out, o.format, v)
 	})
 }

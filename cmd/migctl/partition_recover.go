@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -70,6 +71,6 @@ func (o *partitionRecoverOptions) Run(ctx context.Context) error {
 			fmt.Fprintf(o.ErrOut, "note: GPUs the interrupted apply had not reached yet are as they were; "+
 				"run the same apply again to finish them (what is already right is kept)\n")
 		}
-		return printOnce(o.Out, o.format, recoverView{res})
+		return printer.Print(o.Out, o.format, recoverView{res})
 	})
 }

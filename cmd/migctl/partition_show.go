@@ -105,6 +105,6 @@ func (o *partitionShowOptions) Run(ctx context.Context) error {
 			}
 			v.GPUs = append(v.GPUs, g)
 		}
-		return printOnce(o.Out, o.format, v)
+		return printer.Print(o.Out, o.format, v)
 	})
 }

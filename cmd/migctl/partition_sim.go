@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -211,7 +212,7 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 				v.Events = append(v.Events, simEvent{GPU: g, Action: "detached", PID: o.pid})
 			}
 		}
-		return printOnce(o.Out, o.format, v)
+		return printer.Print(o.Out, o.format, v)
 	})
 }
 

@@ -1,6 +1,7 @@
 package printer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -44,7 +45,22 @@ type Tabler interface {
 
 // Print writes v to w in format f. Values printed as tables must implement
 // Tabler; any value can be printed as JSON or YAML.
+//
+// The output is rendered first and written with one Write, and nothing is
+// written when rendering fails: a reader that stops early ('migctl partition
+// show | head', under 'set -o pipefail') then sees the command succeed
+// instead of killing it with SIGPIPE halfway through a table written cell by
+// cell.
 func Print(w io.Writer, f Format, v any) error {
+	var buf bytes.Buffer
+	if err := render(&buf, f, v); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+func render(w io.Writer, f Format, v any) error {
 	switch f {
 	case JSON:
 		enc := json.NewEncoder(w)

@@ -64,3 +64,29 @@ func TestPrintRoundTrips(t *testing.T) {
 
 	require.ErrorContains(t, Print(&b, Table, 42), "cannot be printed as a table")
 }
+
+// writeCounter records each Write separately.
+type writeCounter struct{ writes []string }
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes = append(w.writes, string(p))
+	return len(p), nil
+}
+
+func TestPrintWritesOnce(t *testing.T) {
+	v := gpus{{0, "NVIDIA H200"}, {1, "NVIDIA H200"}}
+	for _, f := range []Format{Table, JSON, YAML} {
+		t.Run(string(f), func(t *testing.T) {
+			var want bytes.Buffer
+			require.NoError(t, Print(&want, f, v))
+			var w writeCounter
+			require.NoError(t, Print(&w, f, v))
+			require.Equal(t, []string{want.String()}, w.writes)
+		})
+	}
+	t.Run("nothing written when rendering fails", func(t *testing.T) {
+		var w writeCounter
+		require.Error(t, Print(&w, Table, 42))
+		require.Empty(t, w.writes)
+	})
+}
