@@ -63,9 +63,9 @@ struct ms_alloc {
 };
 
 /* The allocation table: a hash of ms_alloc by ptr, under ms_table_mu. */
+#define MS_TABLE_NBUCKETS 4096 /* bucket_of takes the top 12 bits of a hash */
 MS_HIDDEN extern pthread_mutex_t ms_table_mu;
-MS_HIDDEN extern struct ms_alloc **ms_table;
-MS_HIDDEN extern size_t ms_table_nbuckets;
+MS_HIDDEN extern struct ms_alloc *ms_table[MS_TABLE_NBUCKETS];
 MS_HIDDEN extern atomic_ullong ms_live_allocs, ms_live_bytes;
 
 /* Things that make a swap unsafe (counts of live objects). */

@@ -41,8 +41,7 @@ atomic_int ms_mode;
 atomic_int ms_state;
 struct migswap_stats ms_stats_counters;
 pthread_mutex_t ms_table_mu = PTHREAD_MUTEX_INITIALIZER;
-struct ms_alloc **ms_table;
-size_t ms_table_nbuckets = 4096;
+struct ms_alloc *ms_table[MS_TABLE_NBUCKETS];
 atomic_ullong ms_live_allocs, ms_live_bytes;
 atomic_long ms_ipc_exported, ms_managed_live, ms_async_live, ms_app_vmm_live, ms_captures;
 
@@ -228,14 +227,12 @@ static void ensure_mode(void)
 
 static size_t bucket_of(CUdeviceptr p)
 {
-	return (size_t)(((p >> 16) * 0x9E3779B97F4A7C15ULL) >> 52) & (ms_table_nbuckets - 1);
+	return (size_t)(((p >> 16) * 0x9E3779B97F4A7C15ULL) >> 52) & (MS_TABLE_NBUCKETS - 1);
 }
 
 static void table_insert(struct ms_alloc *a)
 {
 	pthread_mutex_lock(&ms_table_mu);
-	if (!ms_table)
-		ms_table = calloc(ms_table_nbuckets, sizeof(*ms_table));
 	size_t b = bucket_of(a->ptr);
 	a->next = ms_table[b];
 	ms_table[b] = a;
@@ -250,28 +247,25 @@ static struct ms_alloc *table_find(CUdeviceptr p, int remove)
 {
 	struct ms_alloc *found = NULL;
 	pthread_mutex_lock(&ms_table_mu);
-	if (ms_table) {
-		struct ms_alloc **pp = &ms_table[bucket_of(p)];
-		for (; *pp; pp = &(*pp)->next) {
-			if ((*pp)->ptr == p) {
-				found = *pp;
-				if (remove) {
-					*pp = found->next;
-					atomic_fetch_sub(&ms_live_allocs, 1);
-					atomic_fetch_sub(&ms_live_bytes, found->mapsize);
-				}
-				break;
+	for (struct ms_alloc **pp = &ms_table[bucket_of(p)]; *pp; pp = &(*pp)->next) {
+		if ((*pp)->ptr == p) {
+			found = *pp;
+			if (remove) {
+				*pp = found->next;
+				atomic_fetch_sub(&ms_live_allocs, 1);
+				atomic_fetch_sub(&ms_live_bytes, found->mapsize);
 			}
+			break;
 		}
-		if (!found && !remove) {
-			/* an interior pointer: scan (rare: only cuIpcGetMemHandle) */
-			for (size_t i = 0; i < ms_table_nbuckets && !found; i++)
-				for (struct ms_alloc *a = ms_table[i]; a; a = a->next)
-					if (p >= a->ptr && p < a->ptr + a->mapsize) {
-						found = a;
-						break;
-					}
-		}
+	}
+	if (!found && !remove) {
+		/* an interior pointer: scan (rare: only cuIpcGetMemHandle) */
+		for (size_t i = 0; i < MS_TABLE_NBUCKETS && !found; i++)
+			for (struct ms_alloc *a = ms_table[i]; a; a = a->next)
+				if (p >= a->ptr && p < a->ptr + a->mapsize) {
+					found = a;
+					break;
+				}
 	}
 	pthread_mutex_unlock(&ms_table_mu);
 	if (found && remove)
@@ -1036,16 +1030,14 @@ static void atfork_child(void)
 	pthread_mutex_init(&gate_mu, NULL);
 	pthread_cond_init(&gate_cv, NULL);
 	pthread_mutex_init(&slot_mu, NULL);
-	if (ms_table) {
-		for (size_t i = 0; i < ms_table_nbuckets; i++) {
-			struct ms_alloc *a = ms_table[i];
-			while (a) {
-				struct ms_alloc *n = a->next;
-				free(a);
-				a = n;
-			}
-			ms_table[i] = NULL;
+	for (size_t i = 0; i < MS_TABLE_NBUCKETS; i++) {
+		struct ms_alloc *a = ms_table[i];
+		while (a) {
+			struct ms_alloc *n = a->next;
+			free(a);
+			a = n;
 		}
+		ms_table[i] = NULL;
 	}
 	atomic_store(&ms_live_allocs, 0);
 	atomic_store(&ms_live_bytes, 0);

@@ -146,8 +146,8 @@ static struct ms_alloc **snapshot(size_t *n)
 	pthread_mutex_lock(&ms_table_mu);
 	size_t cap = atomic_load(&ms_live_allocs), k = 0;
 	struct ms_alloc **v = calloc(cap ? cap : 1, sizeof *v);
-	if (v && ms_table)
-		for (size_t i = 0; i < ms_table_nbuckets; i++)
+	if (v)
+		for (size_t i = 0; i < MS_TABLE_NBUCKETS; i++)
 			for (struct ms_alloc *a = ms_table[i]; a && k < cap; a = a->next)
 				v[k++] = a;
 	pthread_mutex_unlock(&ms_table_mu);
@@ -489,7 +489,7 @@ void ms_swap_prepin(void)
 		return;
 	CUcontext ctx = NULL;
 	pthread_mutex_lock(&ms_table_mu);
-	for (size_t i = 0; ms_table && i < ms_table_nbuckets && !ctx; i++)
+	for (size_t i = 0; i < MS_TABLE_NBUCKETS && !ctx; i++)
 		if (ms_table[i])
 			ctx = ms_table[i]->ctx;
 	pthread_mutex_unlock(&ms_table_mu);
