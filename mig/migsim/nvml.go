@@ -255,11 +255,17 @@ func (d *device) fits(p GIProfile, start int) nvml.Return {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	mask, slices := d.occupancy()
-	want := uint16((1<<p.Size)-1) << start
-	if mask&want != 0 || slices+p.Slices > 7 || d.countOf(p) >= p.Count {
+	if !room(p, start, mask, slices, d.countOf(p)) {
 		return nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	return nvml.SUCCESS
+}
+
+// room reports whether a GI of p fits at start beside GIs that take the
+// memory units in mask, slices compute slices and count GIs of p.
+func room(p GIProfile, start int, mask uint16, slices, count int) bool {
+	want := uint16((1<<p.Size)-1) << start
+	return mask&want == 0 && slices+p.Slices <= 7 && count < p.Count
 }
 
 func (d *device) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
@@ -273,11 +279,11 @@ func (d *device) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfileIn
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
 	mask, slices := d.occupancy()
+	count := d.countOf(p)
 	n := 0
 	for _, s := range p.Starts {
-		want := uint16((1<<p.Size)-1) << s
-		if mask&want == 0 && slices+p.Slices <= 7 && d.countOf(p)+n < p.Count {
-			mask |= want
+		if room(p, s, mask, slices, count+n) {
+			mask |= uint16((1<<p.Size)-1) << s
 			slices += p.Slices
 			n++
 		}
