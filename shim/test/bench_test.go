@@ -32,9 +32,7 @@ func TestLaunchOverhead(t *testing.T) {
 	}
 	bare := newEnv(t)
 	bare.shim = false
-	e := newEnv(t)
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(t)
 	go func() { d.waitConn(t) }()
 	const n = 2_000_000
 	base := launchCost(t, bare, n)
@@ -47,9 +45,7 @@ func BenchmarkLaunchOverhead(b *testing.B) {
 	needBin(b)
 	bare := newEnv(b)
 	bare.shim = false
-	e := newEnv(b)
-	d := startDaemon(b, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(b)
 	go func() { d.waitConn(b) }()
 	n := b.N
 	if n < 100000 {

@@ -121,6 +121,14 @@ func newEnv(t testing.TB) *env {
 	return &env{dir: d, stats: filepath.Join(d, "stats"), shim: true}
 }
 
+// newEnvWithDaemon is newEnv whose programs connect to a fresh fake daemon.
+func newEnvWithDaemon(t testing.TB) (*env, *fakeDaemon) {
+	e := newEnv(t)
+	d := startDaemon(t, e.dir)
+	e.socket = d.path
+	return e, d
+}
+
 func (e *env) environ() []string {
 	v := os.Environ()
 	out := v[:0:0]

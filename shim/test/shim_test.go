@@ -29,9 +29,7 @@ func TestInterpositionPaths(t *testing.T) {
 		{"cuGetProcAddress per-thread default stream", "ptsz"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			e := newEnv(t)
-			d := startDaemon(t, e.dir)
-			e.socket = d.path
+			e, d := newEnvWithDaemon(t)
 			p := e.start(t, tc.resolve, "basic")
 			c := d.waitConn(t)
 			require.Equal(t, p.cmd.Process.Pid, c.pid())
@@ -113,9 +111,7 @@ func TestSwapCyclesKeepDataAndReleaseMemory(t *testing.T) {
 		{"launches via direct symbols", "direct", 10},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			e := newEnv(t)
-			d := startDaemon(t, e.dir)
-			e.socket = d.path
+			e, d := newEnvWithDaemon(t)
 			const nbuf, size = 4, 3<<20 + 4096
 			p := e.start(t, tc.resolve, "loop", "4", "3149824")
 			c := d.waitConn(t)
@@ -164,9 +160,7 @@ func TestSwapRefusedWithReason(t *testing.T) {
 		{"managed", "managed memory"},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
-			e := newEnv(t)
-			d := startDaemon(t, e.dir)
-			e.socket = d.path
+			e, d := newEnvWithDaemon(t)
 			p := e.start(t, "gpa", "refuse", tc.kind)
 			c := d.waitConn(t)
 			ready := p.waitLine(t, "READY", 20*time.Second)
@@ -194,9 +188,7 @@ func TestSwapRefusedWithReason(t *testing.T) {
 // swapping normally.
 func TestForkSafety(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(t)
 	p := e.start(t, "gpa", "loop", "2", "1048576", "fork")
 	parent := d.waitConn(t)
 	require.Equal(t, p.cmd.Process.Pid, parent.pid())
@@ -236,10 +228,8 @@ func TestNeedGrantedRetry(t *testing.T) {
 		{"denied", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			e := newEnv(t)
+			e, d := newEnvWithDaemon(t)
 			e.extra = []string{"FAKECUDA_MEM_BYTES=67108864"} // one shared 64 MiB device
-			d := startDaemon(t, e.dir)
-			e.socket = d.path
 			victimProc := e.start(t, "gpa", "loop", "2", "16777216")
 			victim := d.waitConn(t)
 			victimProc.waitLine(t, "READY", 20*time.Second)
@@ -280,10 +270,8 @@ func TestNeedGrantedRetry(t *testing.T) {
 // a later swap-in succeeds and nothing is lost.
 func TestSwapInWithoutMemoryStaysBlocked(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
+	e, d := newEnvWithDaemon(t)
 	e.extra = []string{"FAKECUDA_MEM_BYTES=33554432"}
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
 	p := e.start(t, "gpa", "loop", "2", "8388608")
 	c := d.waitConn(t)
 	p.waitLine(t, "READY", 20*time.Second)
@@ -312,9 +300,7 @@ func TestSwapInWithoutMemoryStaysBlocked(t *testing.T) {
 // the memory back by itself and the program continues.
 func TestDaemonGoneSwapsBackIn(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(t)
 	p := e.start(t, "gpa", "loop", "2", "1048576")
 	c := d.waitConn(t)
 	p.waitLine(t, "READY", 20*time.Second)
@@ -332,9 +318,7 @@ func TestDaemonGoneSwapsBackIn(t *testing.T) {
 // Unknown message types are answered with an error and otherwise ignored.
 func TestProtocolUnknownType(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(t)
 	p := e.start(t, "gpa", "loop", "1", "65536")
 	c := d.waitConn(t)
 	p.waitLine(t, "READY", 20*time.Second)
@@ -362,10 +346,8 @@ func TestProtocolUnknownType(t *testing.T) {
 // checksum error, and the program stays blocked.
 func TestCorruptSwapInStaysBlocked(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
+	e, d := newEnvWithDaemon(t)
 	e.extra = []string{"FAKECUDA_CORRUPT_HTOD_ASYNC=2"}
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
 	p := e.start(t, "gpa", "loop", "2", "1048576")
 	c := d.waitConn(t)
 	p.waitLine(t, "READY", 20*time.Second)
@@ -393,12 +375,10 @@ func TestPrepinGrowsArenaAhead(t *testing.T) {
 		{"without it the arena waits for the first swap-out", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			e := newEnv(t)
+			e, d := newEnvWithDaemon(t)
 			if tc.prepin {
 				e.extra = []string{"MIGSWAP_PREPIN=1"}
 			}
-			d := startDaemon(t, e.dir)
-			e.socket = d.path
 			p := e.start(t, "gpa", "loop", "3", "3145728")
 			c := d.waitConn(t)
 			ready := p.waitLine(t, "READY_STATS", 20*time.Second)
@@ -465,9 +445,7 @@ func TestDlsymRTLDNextUnchanged(t *testing.T) {
 // stops them all, and every thread's buffer comes back intact.
 func TestSwapWithConcurrentLaunchingThreads(t *testing.T) {
 	needBin(t)
-	e := newEnv(t)
-	d := startDaemon(t, e.dir)
-	e.socket = d.path
+	e, d := newEnvWithDaemon(t)
 	p := e.start(t, "ptsz", "loop", "6", "1048576", "threads")
 	c := d.waitConn(t)
 	p.waitLine(t, "READY", 20*time.Second)
