@@ -85,11 +85,19 @@ func (s *Server) Stop() {
 	}
 }
 
+// auth checks the token and that the job is not aborted.
 func (s *Server) auth(token string) error {
+	if err := s.checkToken(token); err != nil {
+		return err
+	}
+	return s.abortErr()
+}
+
+func (s *Server) checkToken(token string) error {
 	if subtle.ConstantTimeCompare([]byte(token), []byte(s.token)) != 1 {
 		return status.Error(codes.PermissionDenied, "wrong job token")
 	}
-	return s.abortErr()
+	return nil
 }
 
 func (s *Server) abortErr() error {
@@ -129,8 +137,8 @@ func (s *Server) wait(ctx context.Context, ch <-chan struct{}) error {
 
 // Abort implements the service.
 func (s *Server) Abort(_ context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
-	if subtle.ConstantTimeCompare([]byte(req.GetToken()), []byte(s.token)) != 1 {
-		return nil, status.Error(codes.PermissionDenied, "wrong job token")
+	if err := s.checkToken(req.GetToken()); err != nil {
+		return nil, err
 	}
 	s.AbortJob(fmt.Sprintf("rank %d: %s", req.GetRank(), req.GetReason()))
 	return &pb.AbortResponse{}, nil
@@ -258,11 +266,7 @@ func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.Barri
 		return nil, status.Errorf(codes.InvalidArgument, "rank %d of a %d-rank job", req.GetRank(), s.world)
 	}
 	s.mu.Lock()
-	b, ok := s.barriers[req.GetName()]
-	if !ok {
-		b = &barrier{in: map[int32]bool{}, done: make(chan struct{})}
-		s.barriers[req.GetName()] = b
-	}
+	b := s.barrierLocked(req.GetName())
 	if !b.in[req.GetRank()] {
 		b.in[req.GetRank()] = true
 		if len(b.in) == s.world {
@@ -280,11 +284,17 @@ func (s *Server) Barrier(ctx context.Context, req *pb.BarrierRequest) (*pb.Barri
 // (the host's way to learn that joined ranks are done) or ctx ends.
 func (s *Server) WaitBarrier(ctx context.Context, name string) error {
 	s.mu.Lock()
+	b := s.barrierLocked(name)
+	s.mu.Unlock()
+	return s.wait(ctx, b.done)
+}
+
+// barrierLocked returns the barrier called name, creating it; s.mu is held.
+func (s *Server) barrierLocked(name string) *barrier {
 	b, ok := s.barriers[name]
 	if !ok {
 		b = &barrier{in: map[int32]bool{}, done: make(chan struct{})}
 		s.barriers[name] = b
 	}
-	s.mu.Unlock()
-	return s.wait(ctx, b.done)
+	return b
 }
