@@ -266,7 +266,7 @@ func (m *Manager) onNeed(ctx context.Context, pid int, msg swapproto.Message) {
 	req := Request{PID: pid, Device: p.Device, Bytes: msg.Bytes, Priority: p.Priority}
 	c := p.conn
 	m.mu.Unlock()
-	err := m.makeRoom(ctx, req)
+	_, err := m.makeRoom(ctx, req, m.opts.ReservationTTL)
 	if errors.Is(err, context.Canceled) {
 		return // the shim is gone or the daemon stops
 	}
@@ -279,25 +279,21 @@ func (m *Manager) onNeed(ctx context.Context, pid int, msg swapproto.Message) {
 	_ = c.send(swapproto.Message{Type: swapproto.TypeGranted, ID: msg.ID})
 }
 
-// makeRoom runs the need policy for req, swaps the victims out and, when req
-// then fits, reserves its bytes (until the requester's next usage report, or
-// ReservationTTL) and returns nil. Otherwise it returns ErrDenied with the
-// reason. It blocks until the victims' swaps end (each bounded by SwapTimeout).
-func (m *Manager) makeRoom(ctx context.Context, req Request) error {
-	_, err := m.makeRoomFor(ctx, req, m.opts.ReservationTTL)
-	return err
-}
-
 // Reserve makes room for bytes on device for a job that does not run under
 // the shim (req.PID 0): like a need, but the granted memory is kept from the
 // policy for hold. It returns the policy's decision (victims, free memory
 // before), or an error wrapping ErrDenied. It blocks until the victims are out.
 func (m *Manager) Reserve(ctx context.Context, req Request, hold time.Duration) (Decision, error) {
 	req.PID = 0
-	return m.makeRoomFor(ctx, req, hold)
+	return m.makeRoom(ctx, req, hold)
 }
 
-func (m *Manager) makeRoomFor(ctx context.Context, req Request, hold time.Duration) (Decision, error) {
+// makeRoom runs the need policy for req, swaps the victims out and, when req
+// then fits, reserves its bytes (until the requester's next usage report, or
+// hold) and returns the decision and nil. Otherwise it returns ErrDenied with
+// the reason. It blocks until the victims' swaps end (each bounded by
+// SwapTimeout).
+func (m *Manager) makeRoom(ctx context.Context, req Request, hold time.Duration) (Decision, error) {
 	if err := m.lockPolicy(ctx); err != nil {
 		return Decision{}, err
 	}
