@@ -122,7 +122,6 @@ type Interface interface {
 	CtxSetCurrent(c Context) error
 	CtxGetCurrent() (Context, error)
 	CtxSynchronize() error
-	CtxEnablePeerAccess(peer Context, flags uint32) error
 
 	MemAlloc(n uint64) (DevicePtr, error)
 	MemFree(p DevicePtr) error

@@ -37,7 +37,6 @@ static CUresult (*p_cuDevicePrimaryCtxRelease_v2)(int);
 static CUresult (*p_cuCtxSetCurrent)(void *);
 static CUresult (*p_cuCtxGetCurrent)(void **);
 static CUresult (*p_cuCtxSynchronize)(void);
-static CUresult (*p_cuCtxEnablePeerAccess)(void *, unsigned int);
 static CUresult (*p_cuMemAlloc_v2)(unsigned long long *, size_t);
 static CUresult (*p_cuMemFree_v2)(unsigned long long);
 static CUresult (*p_cuMemGetInfo_v2)(size_t *, size_t *);
@@ -89,7 +88,7 @@ static int mig_open(const char *path) {
 	SYM(cuDeviceGetName); SYM(cuDeviceGetUuid_v2); SYM(cuDeviceGetUuid);
 	SYM(cuDeviceGetPCIBusId); SYM(cuDeviceGetAttribute); SYM(cuDeviceTotalMem_v2);
 	SYM(cuDeviceCanAccessPeer); SYM(cuDevicePrimaryCtxRetain); SYM(cuDevicePrimaryCtxRelease_v2);
-	SYM(cuCtxSetCurrent); SYM(cuCtxGetCurrent); SYM(cuCtxSynchronize); SYM(cuCtxEnablePeerAccess);
+	SYM(cuCtxSetCurrent); SYM(cuCtxGetCurrent); SYM(cuCtxSynchronize);
 	SYM(cuMemAlloc_v2); SYM(cuMemFree_v2); SYM(cuMemGetInfo_v2); SYM(cuMemsetD8_v2); SYM(cuMemsetD8Async);
 	SYM(cuMemHostRegister_v2); SYM(cuMemHostUnregister); SYM(cuMemHostGetDevicePointer_v2);
 	SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuMemcpyHtoDAsync_v2); SYM(cuMemcpyDtoHAsync_v2);
@@ -121,7 +120,6 @@ static int w_primaryRelease(int d) { return CALL(cuDevicePrimaryCtxRelease_v2, d
 static int w_ctxSetCurrent(uintptr_t c) { return CALL(cuCtxSetCurrent, P(c)); }
 static int w_ctxGetCurrent(uintptr_t *c) { void *x = 0; int r = CALL(cuCtxGetCurrent, &x); *c = (uintptr_t)x; return r; }
 static int w_ctxSynchronize(void) { return p_cuCtxSynchronize ? p_cuCtxSynchronize() : MIG_MISSING; }
-static int w_ctxEnablePeer(uintptr_t c, unsigned int f) { return CALL(cuCtxEnablePeerAccess, P(c), f); }
 static int w_memAlloc(unsigned long long *p, size_t n) { return CALL(cuMemAlloc_v2, p, n); }
 static int w_memFree(unsigned long long p) { return CALL(cuMemFree_v2, p); }
 static int w_memInfo(size_t *f, size_t *t) { return CALL(cuMemGetInfo_v2, f, t); }
@@ -297,10 +295,6 @@ func (driver) CtxGetCurrent() (Context, error) {
 }
 
 func (driver) CtxSynchronize() error { return r(C.w_ctxSynchronize()) }
-
-func (driver) CtxEnablePeerAccess(peer Context, flags uint32) error {
-	return r(C.w_ctxEnablePeer(C.uintptr_t(peer), C.uint(flags)))
-}
 
 func (driver) MemAlloc(n uint64) (DevicePtr, error) {
 	var p C.ulonglong

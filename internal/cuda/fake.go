@@ -410,17 +410,6 @@ func (f *Fake) CtxSynchronize() error {
 	}
 }
 
-func (f *Fake) CtxEnablePeerAccess(peer Context, flags uint32) error {
-	defer f.mu.Unlock()
-	if err := f.enter("CtxEnablePeerAccess", true); err != nil {
-		return err
-	}
-	if flags != 0 || f.ctxRefs[peer] == 0 {
-		return ErrInvalidValue
-	}
-	return nil
-}
-
 func (f *Fake) MemAlloc(n uint64) (DevicePtr, error) {
 	defer f.mu.Unlock()
 	if err := f.enter("MemAlloc", true); err != nil {

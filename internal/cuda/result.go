@@ -47,7 +47,7 @@ const (
 	ErrIllegalAddress Result = 700
 	// ErrLaunchOutOfResources: a launch asked for too many resources.
 	ErrLaunchOutOfResources Result = 701
-	// ErrPeerAccessAlreadyEnabled: CtxEnablePeerAccess was already called.
+	// ErrPeerAccessAlreadyEnabled: cuCtxEnablePeerAccess was already called.
 	ErrPeerAccessAlreadyEnabled Result = 704
 	// ErrHostMemoryAlreadyRegistered: the range is already registered.
 	ErrHostMemoryAlreadyRegistered Result = 712
