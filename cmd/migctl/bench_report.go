@@ -75,8 +75,8 @@ func (r *benchReport) verdict() error {
 
 // busFactor is nccl-tests' bus bandwidth factor.
 func busFactor(coll string, n int) float64 {
-	if n <= 1 {
-		return map[bool]float64{true: 1, false: 0}[coll == "broadcast"]
+	if n <= 1 && coll != "broadcast" {
+		return 0 // one rank moves nothing
 	}
 	switch coll {
 	case "allreduce":
