@@ -303,12 +303,6 @@ func (d *CUDADevice) leave() {
 	d.mu.Unlock()
 }
 
-func (d *CUDADevice) isClosed() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.closed
-}
-
 func hostAddr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // Register page-locks mem (portable, mapped into the device's address space)
