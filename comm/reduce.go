@@ -97,41 +97,13 @@ func reduceBlock(dst []byte, srcs [][]byte, off int, dt DType, op Op, div int) {
 	src := func(i int) []byte { return srcs[i][off : off+n] }
 	switch dt {
 	case Float32:
-		d := asSlice[float32](dst)
-		foldNative(d, asSlice[float32](src(0)), srcs, off, op)
-		if div > 1 {
-			fd := float32(div)
-			for i := range d {
-				d[i] /= fd
-			}
-		}
+		foldDivide[float32](dst, srcs, off, n, op, div)
 	case Float64:
-		d := asSlice[float64](dst)
-		foldNative(d, asSlice[float64](src(0)), srcs, off, op)
-		if div > 1 {
-			fd := float64(div)
-			for i := range d {
-				d[i] /= fd
-			}
-		}
+		foldDivide[float64](dst, srcs, off, n, op, div)
 	case Int32:
-		d := asSlice[int32](dst)
-		foldNative(d, asSlice[int32](src(0)), srcs, off, op)
-		if div > 1 {
-			v := int32(div)
-			for i := range d {
-				d[i] /= v
-			}
-		}
+		foldDivide[int32](dst, srcs, off, n, op, div)
 	case Int64:
-		d := asSlice[int64](dst)
-		foldNative(d, asSlice[int64](src(0)), srcs, off, op)
-		if div > 1 {
-			v := int64(div)
-			for i := range d {
-				d[i] /= v
-			}
-		}
+		foldDivide[int64](dst, srcs, off, n, op, div)
 	case Uint8:
 		if op == Avg || div > 1 {
 			// Accumulate wide so that avg is exact (a sum wraps mod 256).
@@ -144,6 +116,19 @@ func reduceBlock(dst []byte, srcs [][]byte, off int, dt DType, op Op, div int) {
 		reduceHalf(dst, srcs, off, op, div, false)
 	case BFloat16:
 		reduceHalf(dst, srcs, off, op, div, true)
+	}
+}
+
+// foldDivide reduces the block into dst as T and, for div > 1, divides
+// every element by div (the last step of an average).
+func foldDivide[T ~float32 | ~float64 | ~int32 | ~int64](dst []byte, srcs [][]byte, off, n int, op Op, div int) {
+	d := asSlice[T](dst)
+	foldNative(d, asSlice[T](srcs[0][off:off+n]), srcs, off, op)
+	if div > 1 {
+		v := T(div)
+		for i := range d {
+			d[i] /= v
+		}
 	}
 }
 
