@@ -30,6 +30,9 @@ func (d *declaredMemory) Free(_ context.Context, device string) (int64, error) {
 	return d.capacity - d.used(device), nil
 }
 
+// Total is the declared capacity (0: none declared) of any device.
+func (d *declaredMemory) Total(context.Context, string) (int64, error) { return d.capacity, nil }
+
 // nvmlMemory reads free memory from NVML.
 type nvmlMemory struct {
 	lib nvml.Interface
@@ -46,6 +49,17 @@ var _ MemoryInfo = (*nvmlMemory)(nil)
 func NewNVMLMemory(lib nvml.Interface) MemoryInfo { return &nvmlMemory{lib: lib} }
 
 func (n *nvmlMemory) Free(_ context.Context, device string) (int64, error) {
+	mem, err := n.info(device)
+	return int64(mem.Free), err
+}
+
+// Total returns the device's total memory; an error for a device NVML does not know.
+func (n *nvmlMemory) Total(_ context.Context, device string) (int64, error) {
+	mem, err := n.info(device)
+	return int64(mem.Total), err
+}
+
+func (n *nvmlMemory) info(device string) (nvml.Memory, error) {
 	var dev nvml.Device
 	var ret nvml.Return
 	if strings.HasPrefix(device, "GPU-") || strings.HasPrefix(device, "MIG-") {
@@ -56,16 +70,16 @@ func (n *nvmlMemory) Free(_ context.Context, device string) (int64, error) {
 	} else {
 		idx, err := strconv.Atoi(device)
 		if err != nil {
-			return 0, fmt.Errorf("device %q is neither a UUID nor an ordinal", device)
+			return nvml.Memory{}, fmt.Errorf("device %q is neither a UUID nor an ordinal", device)
 		}
 		dev, ret = n.lib.DeviceGetHandleByIndex(idx)
 	}
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("finding device %q: %s", device, n.lib.ErrorString(ret))
+		return nvml.Memory{}, fmt.Errorf("finding device %q: %s", device, n.lib.ErrorString(ret))
 	}
 	mem, ret := dev.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return 0, fmt.Errorf("reading memory of device %q: %s", device, n.lib.ErrorString(ret))
+		return nvml.Memory{}, fmt.Errorf("reading memory of device %q: %s", device, n.lib.ErrorString(ret))
 	}
-	return int64(mem.Free), nil
+	return mem, nil
 }
