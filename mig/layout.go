@@ -415,10 +415,14 @@ func ParseLayout(s string) (Request, error) {
 }
 
 // SelectGPUs parses --gpus: "all", or comma-separated indices, UUIDs or PCI
-// bus ids. Errors name the entry and the node's range.
+// bus ids. An empty selection (or an empty entry) is an error: only "all"
+// means every GPU. Errors name the entry and the node's range.
 func SelectGPUs(s string, node *Node) ([]int, error) {
 	s = strings.TrimSpace(s)
-	if s == "" || s == "all" {
+	if s == "" {
+		return nil, fmt.Errorf("%w: --gpus is empty: give 'all' or GPU indices, UUIDs or PCI bus ids, comma-separated", ErrBadConfig)
+	}
+	if s == "all" {
 		out := make([]int, len(node.GPUs))
 		for i := range node.GPUs {
 			out[i] = node.GPUs[i].Index
@@ -429,6 +433,9 @@ func SelectGPUs(s string, node *Node) ([]int, error) {
 	var out []int
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, fmt.Errorf("%w: --gpus %q: empty entry: give 'all' or GPU indices, UUIDs or PCI bus ids, comma-separated", ErrBadConfig, s)
+		}
 		i, err := strconv.Atoi(p)
 		if err == nil {
 			if i < 0 || i >= len(node.GPUs) {

@@ -183,6 +183,19 @@ func TestSelectGPUs(t *testing.T) {
 	require.ErrorIs(t, err, mig.ErrBadConfig)
 }
 
+// TestSelectGPUsEmptyIsAnError: only "all" selects every GPU; an empty
+// selection or an empty entry is a mistake, never "all".
+func TestSelectGPUsEmptyIsAnError(t *testing.T) {
+	node := node8(t)
+	for _, s := range []string{"", "  ", ",", "0,,1", "0,"} {
+		got, err := mig.SelectGPUs(s, node)
+		require.ErrorIs(t, err, mig.ErrBadConfig, "--gpus %q", s)
+		require.ErrorContains(t, err, "empty", "--gpus %q", s)
+		require.ErrorContains(t, err, "'all'", "the error says how to select every GPU")
+		require.Nil(t, got)
+	}
+}
+
 // TestLayoutErrorsNameTheEntry: errors about a --layout entry quote the entry
 // as typed, and an infeasible layout says what it adds up to.
 func TestLayoutErrorsNameTheEntry(t *testing.T) {

@@ -201,6 +201,8 @@ type targetFlags struct {
 	config string
 	layout string
 	gpus   string
+	// gpusSet says whether --gpus was given (its default is "all").
+	gpusSet func() bool
 }
 
 func (f *targetFlags) add(cmd *cobra.Command) {
@@ -208,7 +210,14 @@ func (f *targetFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.config, "config", "c", "", "configuration name in the file (may be omitted when the file has one)")
 	cmd.Flags().StringVar(&f.layout, "layout", "",
 		"layout shorthand, MIG enabled: PROFILE=COUNT or PROFILE@START, comma-separated, e.g. '1g.18gb=2,3g.71gb@4'; 'none' for no instances")
-	cmd.Flags().StringVar(&f.gpus, "gpus", "", "GPUs for --layout: 'all' (default) or indices, UUIDs or PCI bus ids, comma-separated")
+	gpusFlag(cmd, &f.gpus, "GPUs for --layout")
+	f.gpusSet = func() bool { return cmd.Flags().Changed("gpus") }
+}
+
+// gpusFlag registers --gpus on cmd. Its default is "all"; an empty value is
+// an error (mig.SelectGPUs), so a stray --gpus "$EMPTY" never means every GPU.
+func gpusFlag(cmd *cobra.Command, v *string, what string) {
+	cmd.Flags().StringVar(v, "gpus", "all", what+": 'all' or GPU indices, UUIDs or PCI bus ids, comma-separated")
 }
 
 func (f *targetFlags) validate() error {
@@ -217,7 +226,7 @@ func (f *targetFlags) validate() error {
 		return errors.New("give either -f FILE or --layout, not both")
 	case f.file == "" && f.layout == "":
 		return errors.New("give a layout: -f FILE [-c NAME], or --layout '1g.18gb=2,3g.71gb=1' [--gpus 0,1|all]")
-	case f.file != "" && f.gpus != "":
+	case f.file != "" && f.gpusSet != nil && f.gpusSet():
 		return errors.New("--gpus goes with --layout; a file selects its devices itself")
 	}
 	return nil

@@ -53,7 +53,7 @@ mig-parted and migctl also read.`,
 		},
 	}
 	o.node.add(cmd)
-	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs to export: 'all' (default) or indices, UUIDs or PCI bus ids")
+	gpusFlag(cmd, &o.gpus, "GPUs to export")
 	cmd.Flags().StringVar(&o.name, "name", "current", "configuration name in the written file")
 	cmd.Flags().BoolVar(&o.migParted, "mig-parted", false, "strict mig-parted v1: leave out mig-placements, which nvidia-mig-parted refuses")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "yaml", "output format: yaml (the mig-parted file) or json (the same document)")

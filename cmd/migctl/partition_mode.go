@@ -84,7 +84,7 @@ reported as for enable.`
 		},
 	}
 	o.node.add(cmd)
-	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs: 'all' (default) or indices, UUIDs or PCI bus ids")
+	gpusFlag(cmd, &o.gpus, "GPUs")
 	if !enable {
 		cmd.Flags().BoolVar(&o.force, "force", false, "allow destroying instances that have processes")
 	}

@@ -40,7 +40,7 @@ GPUs of the same model share one block.`,
 		},
 	}
 	o.node.add(cmd)
-	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs to list: 'all' (default) or indices, UUIDs or PCI bus ids")
+	gpusFlag(cmd, &o.gpus, "GPUs to list")
 	o.addOutput(cmd)
 	return cmd
 }

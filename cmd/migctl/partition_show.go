@@ -40,7 +40,7 @@ processes NVML reports on them.`,
 		},
 	}
 	o.node.add(cmd)
-	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs to show: 'all' (default) or indices, UUIDs or PCI bus ids")
+	gpusFlag(cmd, &o.gpus, "GPUs to show")
 	o.addOutput(cmd)
 	return cmd
 }

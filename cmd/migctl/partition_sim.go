@@ -126,7 +126,7 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 		},
 	}
 	o.node.add(cmd)
-	cmd.Flags().StringVar(&o.gpus, "gpus", "", "GPUs: 'all' (default) or indices, UUIDs or PCI bus ids")
+	gpusFlag(cmd, &o.gpus, "GPUs")
 	if verb != "reset" {
 		cmd.Flags().Uint32Var(&o.pid, "pid", 0, "process id")
 	}
@@ -174,12 +174,14 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 			return err
 		}
 		if o.mig != "" {
+			found := false
 			for _, d := range node.MIGDevices() {
 				if strings.EqualFold(d.UUID, o.mig) {
 					o.gpus, o.gi, o.ci = strconv.Itoa(d.GPU), d.GIID, d.CIID
+					found = true
 				}
 			}
-			if o.gpus == "" {
+			if !found {
 				return fmt.Errorf("--mig %s: no such MIG device on this node ('migctl partition show' lists them)", o.mig)
 			}
 		}

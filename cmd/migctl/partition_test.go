@@ -345,3 +345,51 @@ func TestPartitionOutputIsOneWrite(t *testing.T) {
 		require.Equal(t, 1, out.writes, "%v: output in %d writes", args, out.writes)
 	}
 }
+
+// TestPartitionEmptyGPUsIsAnError: every partition command that takes --gpus
+// refuses an empty selection (a shell variable that expanded to nothing) and
+// changes nothing; only 'all' (or leaving the flag out) means every GPU.
+func TestPartitionEmptyGPUsIsAnError(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	_, _, err := runPartition(t, append([]string{"apply", "--gpus", "0", "--layout", "2g.35gb=1"}, sim...)...)
+	require.NoError(t, err)
+	before, err := os.ReadFile(state)
+	require.NoError(t, err)
+
+	layout := []string{"--layout", "1g.18gb=1"}
+	tests := [][]string{
+		{"profiles"},
+		{"show"},
+		{"export"},
+		append([]string{"plan"}, layout...),
+		append([]string{"apply"}, layout...),
+		append([]string{"assert"}, layout...),
+		{"mode", "enable"},
+		{"mode", "disable", "--force"},
+		{"sim", "reset"},
+		{"sim", "attach", "--pid", "42", "--gi", "-1"},
+		{"sim", "detach", "--pid", "42"},
+	}
+	for _, args := range tests {
+		for _, empty := range []string{"", " ", "0,,1"} {
+			t.Run(strings.Join(args[:min(2, len(args))], " ")+"/"+empty, func(t *testing.T) {
+				_, _, err := runPartition(t, append(append(args, "--gpus", empty), sim...)...)
+				require.ErrorIs(t, err, mig.ErrBadConfig)
+				require.ErrorContains(t, err, "empty")
+				after, err := os.ReadFile(state)
+				require.NoError(t, err)
+				require.Equal(t, string(before), string(after), "an empty --gpus must change nothing")
+			})
+		}
+	}
+	// leaving the flag out still means every GPU
+	out, _, err := runPartition(t, append([]string{"profiles", "-o", "json"}, sim...)...)
+	require.NoError(t, err)
+	require.Contains(t, out, `"gpus": [`)
+	_, _, err = runPartition(t, append([]string{"plan", "--layout", "1g.18gb=1"}, sim...)...)
+	require.NoError(t, err)
+	// and --gpus still does not go with -f, even as 'all'
+	_, _, err = runPartition(t, append([]string{"plan", "-f", state, "--gpus", "all"}, sim...)...)
+	require.ErrorContains(t, err, "--gpus goes with --layout")
+}
