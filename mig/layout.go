@@ -2,7 +2,10 @@ package mig
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"sort"
+	"syscall"
 	"strconv"
 	"strings"
 
@@ -53,6 +56,73 @@ func (c *Config) Names() []string { return append([]string(nil), c.order...) }
 
 func (c *Config) errf(n *yaml.Node, format string, args ...any) error {
 	return fmt.Errorf("%w: %s:%d: %s", ErrBadConfig, c.File, n.Line, fmt.Sprintf(format, args...))
+}
+
+// MaxConfigBytes is the largest layout file ReadConfigFile reads. Real
+// layout files are a few KiB; the cap keeps "-f /dev/zero" or a wrong
+// multi-gigabyte file from exhausting memory.
+const MaxConfigBytes = 1 << 20
+
+// ReadConfigFile reads a layout file for [ParseConfig]: a regular file of at
+// most MaxConfigBytes, or stdin when path is "-" (the same cap). Devices,
+// FIFOs and directories are refused before anything is read: opening never
+// blocks on a FIFO. Errors wrap ErrBadConfig and say what to give instead.
+func ReadConfigFile(path string, stdin io.Reader) ([]byte, error) {
+	if path == "-" {
+		if stdin == nil {
+			return nil, fmt.Errorf("%w: -f -: no standard input to read", ErrBadConfig)
+		}
+		return readCapped(stdin, "standard input")
+	}
+	// O_NONBLOCK: a FIFO opens at once (and is refused below) instead of
+	// waiting for a writer; it changes nothing for regular files.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading layout: %v", ErrBadConfig, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading layout: %v", ErrBadConfig, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s): give a layout file, or -f - to read standard input",
+			ErrBadConfig, path, fileKind(st.Mode()))
+	}
+	if st.Size() > MaxConfigBytes {
+		return nil, fmt.Errorf("%w: %s is %d bytes, over the %d-byte (1 MiB) limit for a layout file: is it the right file?",
+			ErrBadConfig, path, st.Size(), MaxConfigBytes)
+	}
+	return readCapped(f, path) // the size may change under us: cap the read too
+}
+
+// readCapped reads r to its end, failing once it passes MaxConfigBytes.
+func readCapped(r io.Reader, name string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxConfigBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading layout from %s: %v", ErrBadConfig, name, err)
+	}
+	if len(data) > MaxConfigBytes {
+		return nil, fmt.Errorf("%w: %s holds more than %d bytes (1 MiB), the limit for a layout file: is it the right input?",
+			ErrBadConfig, name, MaxConfigBytes)
+	}
+	return data, nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return "mode " + m.String()
 }
 
 // ParseConfig parses a mig-parted v1 file; file names the source in errors,

@@ -1,9 +1,14 @@
 package mig_test
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -222,6 +227,69 @@ func TestLayoutErrorsNameTheEntry(t *testing.T) {
 				require.Contains(t, err.Error(), w)
 			}
 			require.NotContains(t, err.Error(), "placed: empty")
+		})
+	}
+}
+
+// TestReadConfigFileBounded: a layout file is read only when it is a regular
+// file (or stdin) of at most 1 MiB; /dev/zero, a FIFO or a directory fail at
+// once with a reason instead of reading without end or blocking.
+func TestReadConfigFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	small := filepath.Join(dir, "small.yaml")
+	body := []byte("version: v1\n")
+	require.NoError(t, os.WriteFile(small, body, 0o644))
+	limit := filepath.Join(dir, "limit.yaml")
+	require.NoError(t, os.WriteFile(limit, bytes.Repeat([]byte{'#'}, mig.MaxConfigBytes), 0o644))
+	big := filepath.Join(dir, "big.yaml")
+	require.NoError(t, os.WriteFile(big, bytes.Repeat([]byte{'#'}, mig.MaxConfigBytes+1), 0o644))
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+
+	tests := []struct {
+		name  string
+		path  string
+		stdin string
+		want  string // error substring; "" = no error
+	}{
+		{"regular file", small, "", ""},
+		{"exactly 1 MiB", limit, "", ""},
+		{"over 1 MiB", big, "", "over the 1048576-byte (1 MiB) limit"},
+		{"character device", "/dev/zero", "", "not a regular file (a character device)"},
+		{"directory", dir, "", "not a regular file (a directory)"},
+		{"named pipe", fifo, "", "not a regular file (a named pipe)"},
+		{"missing", filepath.Join(dir, "nope.yaml"), "", "no such file"},
+		{"stdin", "-", string(body), ""},
+		{"stdin over 1 MiB", "-", strings.Repeat("#", mig.MaxConfigBytes+1), "more than 1048576 bytes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			type result struct {
+				data []byte
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				data, err := mig.ReadConfigFile(tc.path, strings.NewReader(tc.stdin))
+				done <- result{data, err}
+			}()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("ReadConfigFile(%s) still running after 10s", tc.path)
+			}
+			if tc.want != "" {
+				require.ErrorIs(t, r.err, mig.ErrBadConfig)
+				require.ErrorContains(t, r.err, tc.want)
+				require.Nil(t, r.data)
+				return
+			}
+			require.NoError(t, r.err)
+			require.LessOrEqual(t, len(r.data), mig.MaxConfigBytes)
+			if tc.path == small || tc.path == "-" {
+				require.Equal(t, body, r.data)
+			}
 		})
 	}
 }

@@ -203,10 +203,11 @@ type targetFlags struct {
 	gpus   string
 	// gpusSet says whether --gpus was given (its default is "all").
 	gpusSet func() bool
+	data    []byte // -f's contents, read by validate
 }
 
 func (f *targetFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&f.file, "file", "f", "", "mig-parted v1 layout file")
+	cmd.Flags().StringVarP(&f.file, "file", "f", "", "mig-parted v1 layout file ('-': standard input; at most 1 MiB)")
 	cmd.Flags().StringVarP(&f.config, "config", "c", "", "configuration name in the file (may be omitted when the file has one)")
 	cmd.Flags().StringVar(&f.layout, "layout", "",
 		"layout shorthand, MIG enabled: PROFILE=COUNT or PROFILE@START, comma-separated, e.g. '1g.18gb=2,3g.71gb@4'; 'none' for no instances")
@@ -220,7 +221,9 @@ func gpusFlag(cmd *cobra.Command, v *string, what string) {
 	cmd.Flags().StringVar(v, "gpus", "all", what+": 'all' or GPU indices, UUIDs or PCI bus ids, comma-separated")
 }
 
-func (f *targetFlags) validate() error {
+// validate checks the flag combination and reads -f (from in for "-"), so
+// an unreadable or oversized file fails before the node is opened.
+func (f *targetFlags) validate(in io.Reader) error {
 	switch {
 	case f.file != "" && f.layout != "":
 		return errors.New("give either -f FILE or --layout, not both")
@@ -228,6 +231,13 @@ func (f *targetFlags) validate() error {
 		return errors.New("give a layout: -f FILE [-c NAME], or --layout '1g.18gb=2,3g.71gb=1' [--gpus 0,1|all]")
 	case f.file != "" && f.gpusSet != nil && f.gpusSet():
 		return errors.New("--gpus goes with --layout; a file selects its devices itself")
+	}
+	if f.file != "" {
+		data, err := mig.ReadConfigFile(f.file, in)
+		if err != nil {
+			return err
+		}
+		f.data = data
 	}
 	return nil
 }
@@ -249,23 +259,23 @@ func (f *targetFlags) requests(node *mig.Node) (map[int]mig.Request, error) {
 		}
 		return out, nil
 	}
-	data, err := os.ReadFile(f.file)
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading layout: %v", mig.ErrBadConfig, err)
+	name := f.file
+	if name == "-" {
+		name = "<stdin>"
 	}
-	cfg, err := mig.ParseConfig(data, f.file)
+	cfg, err := mig.ParseConfig(f.data, name)
 	if err != nil {
 		return nil, err
 	}
-	name := f.config
-	if name == "" {
+	config := f.config
+	if config == "" {
 		if names := cfg.Names(); len(names) == 1 {
-			name = names[0]
+			config = names[0]
 		} else {
-			return nil, fmt.Errorf("%w: %s has %d configurations; pick one with -c (%v)", mig.ErrBadConfig, f.file, len(names), names)
+			return nil, fmt.Errorf("%w: %s has %d configurations; pick one with -c (%v)", mig.ErrBadConfig, name, len(names), names)
 		}
 	}
-	reqs, err := cfg.Requests(name, node)
+	reqs, err := cfg.Requests(config, node)
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +291,7 @@ func (f *targetFlags) requests(node *mig.Node) (map[int]mig.Request, error) {
 			}
 		}
 		return nil, fmt.Errorf("%w: %s: configuration %q selects no GPU of this node (check its devices and device-filter; this node has %s)",
-			mig.ErrBadConfig, f.file, name, strings.Join(have, ", "))
+			mig.ErrBadConfig, name, config, strings.Join(have, ", "))
 	}
 	return reqs, nil
 }

@@ -64,8 +64,8 @@ pending). GPUs applied before a failure keep their new layout; the rest are unto
 	return cmd
 }
 
-// Validate checks the flag combination.
-func (o *partitionApplyOptions) Validate() error { return o.target.validate() }
+// Validate checks the flag combination and reads -f.
+func (o *partitionApplyOptions) Validate() error { return o.target.validate(o.In) }
 
 type applyView struct {
 	*mig.ApplyResult `yaml:",inline"`

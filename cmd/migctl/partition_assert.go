@@ -50,8 +50,8 @@ each GPU that differs.`,
 	return cmd
 }
 
-// Validate checks the flag combination.
-func (o *partitionAssertOptions) Validate() error { return o.target.validate() }
+// Validate checks the flag combination and reads -f.
+func (o *partitionAssertOptions) Validate() error { return o.target.validate(o.In) }
 
 type assertRow struct {
 	GPU    int    `json:"gpu" yaml:"gpu"`

@@ -52,8 +52,8 @@ that were free; a bad layout fails naming the entry (and line, for files).`,
 	return cmd
 }
 
-// Validate checks the flag combination.
-func (o *partitionPlanOptions) Validate() error { return o.target.validate() }
+// Validate checks the flag combination and reads -f.
+func (o *partitionPlanOptions) Validate() error { return o.target.validate(o.In) }
 
 type planView struct {
 	*mig.Plan `yaml:",inline"`

@@ -393,3 +393,27 @@ func TestPartitionEmptyGPUsIsAnError(t *testing.T) {
 	_, _, err = runPartition(t, append([]string{"plan", "-f", state, "--gpus", "all"}, sim...)...)
 	require.ErrorContains(t, err, "--gpus goes with --layout")
 }
+
+// TestPartitionFileMustBeARegularFile: -f /dev/zero fails at once (before,
+// it read until the OOM killer came), and -f - reads the layout from stdin.
+func TestPartitionFileMustBeARegularFile(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	for _, cmd := range []string{"plan", "apply", "assert"} {
+		_, _, err := runPartition(t, append([]string{cmd, "-f", "/dev/zero"}, sim...)...)
+		require.ErrorIs(t, err, mig.ErrBadConfig, cmd)
+		require.ErrorContains(t, err, "/dev/zero is not a regular file")
+	}
+
+	layout := "version: v1\nmig-configs:\n  x:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"2g.35gb\": 3\n"
+	var out, errOut bytes.Buffer
+	root := newRootCmd(streams{In: strings.NewReader(layout), Out: &out, ErrOut: &errOut})
+	root.SetArgs(append([]string{"partition", "apply", "-f", "-"}, sim...))
+	require.NoError(t, root.Execute(), errOut.String())
+	_, _, err := runPartition(t, append([]string{"assert", "--gpus", "0", "--layout", "2g.35gb=3"}, sim...)...)
+	require.NoError(t, err, "the layout read from stdin was applied")
+
+	root = newRootCmd(streams{In: strings.NewReader(strings.Repeat("#", mig.MaxConfigBytes+1)), Out: &out, ErrOut: &errOut})
+	root.SetArgs(append([]string{"partition", "plan", "-f", "-"}, sim...))
+	require.ErrorContains(t, root.Execute(), "standard input holds more than 1048576 bytes")
+}
