@@ -5,9 +5,9 @@ import (
 	"io"
 	"os"
 	"sort"
-	"syscall"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"go.yaml.in/yaml/v3"
 )
