@@ -37,6 +37,7 @@ type Config struct {
 // ConfigEntry is one item of a named configuration.
 type ConfigEntry struct {
 	Line         int
+	DevicesLine  int // line of the devices key's value
 	AllDevices   bool
 	Devices      []DeviceSelector
 	DeviceFilter []uint32
@@ -207,9 +208,11 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 			}
 			e.DeviceFilter = f
 		case "mig-enabled":
+			// a YAML boolean, as mig-parted (which decodes into a bool)
+			// requires: not "true" in quotes, not 1
 			b, err := strconv.ParseBool(v.Value)
-			if err != nil || v.Kind != yaml.ScalarNode {
-				return e, c.errf(v, "%s: mig-enabled must be true or false, got %q", name, v.Value)
+			if err != nil || v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
+				return e, c.errf(v, "%s: mig-enabled must be true or false (unquoted), got %s", name, yamlValue(v))
 			}
 			e.MIGEnabled = b
 		case "mig-devices":
@@ -226,6 +229,7 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 	if !seen["mig-enabled"] {
 		return e, c.errf(n, "%s: entry has no mig-enabled", name)
 	}
+	e.DevicesLine = devices.Line
 	switch {
 	case devices.Kind == yaml.ScalarNode && devices.Value == "all":
 		e.AllDevices = true
@@ -259,9 +263,12 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 			if _, err := ParseProfileName(k.Value); err != nil {
 				return e, fmt.Errorf("%s: %w", src, err)
 			}
+			// an unquoted YAML integer: mig-parted decodes counts into
+			// int and refuses "3" in quotes, so migctl does too
 			cnt, err := strconv.Atoi(v.Value)
-			if err != nil || v.Kind != yaml.ScalarNode || cnt < 0 {
-				return e, c.errf(v, "%s: mig-devices %q: count must be a non-negative integer, got %q", name, k.Value, v.Value)
+			if err != nil || v.Kind != yaml.ScalarNode || v.Tag != "!!int" || cnt < 0 {
+				return e, c.errf(v, "%s: mig-devices %q: count must be a non-negative integer without quotes (as mig-parted requires), got %s",
+					name, k.Value, yamlValue(v))
 			}
 			for _, d := range e.MIGDevices {
 				if d.Profile == k.Value {
@@ -293,8 +300,9 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 			}
 			for _, s := range items {
 				st, err := strconv.Atoi(s.Value)
-				if err != nil || st < 0 || st >= MemoryUnits {
-					return e, c.errf(s, "%s: mig-placements %q: start must be 0..%d, got %q", name, k.Value, MemoryUnits-1, s.Value)
+				if err != nil || s.Kind != yaml.ScalarNode || s.Tag != "!!int" || st < 0 || st >= MemoryUnits {
+					return e, c.errf(s, "%s: mig-placements %q: start must be an integer 0..%d without quotes, got %s",
+						name, k.Value, MemoryUnits-1, yamlValue(s))
 				}
 				starts = append(starts, st)
 			}
@@ -303,6 +311,18 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 		}
 	}
 	return e, nil
+}
+
+// yamlValue shows a scalar as written: quoted when the file quoted it, so
+// an error about "3" in quotes shows the quotes.
+func yamlValue(n *yaml.Node) string {
+	switch {
+	case n.Kind != yaml.ScalarNode:
+		return "a " + map[yaml.Kind]string{yaml.SequenceNode: "list", yaml.MappingNode: "mapping", yaml.AliasNode: "alias"}[n.Kind]
+	case n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0:
+		return strconv.Quote(n.Value) + " (a quoted string)"
+	}
+	return n.Value
 }
 
 func (c *Config) parseFilter(name string, v *yaml.Node) ([]uint32, error) {
@@ -335,12 +355,14 @@ func (c *Config) Requests(name string, node *Node) (map[int]Request, error) {
 		return nil, fmt.Errorf("%w: %s: no configuration %q (have: %s)", ErrBadConfig, c.File, name, strings.Join(c.order, ", "))
 	}
 	out := map[int]Request{}
-	by := map[int]int{} // gpu -> line of the entry that selected it
-	for _, e := range entries {
-		var sel []int
+	type selected struct{ gpu, line int }
+	type origin struct{ entry, line int }
+	by := map[int]origin{} // gpu -> the entry (index) and line that selected it
+	for ei, e := range entries {
+		var sel []selected
 		if e.AllDevices {
 			for _, g := range node.GPUs {
-				sel = append(sel, g.Index)
+				sel = append(sel, selected{g.Index, e.DevicesLine})
 			}
 		}
 		for _, d := range e.Devices {
@@ -349,23 +371,29 @@ func (c *Config) Requests(name string, node *Node) (map[int]Request, error) {
 					return nil, fmt.Errorf("%w: %s:%d: %s: device %d out of range (the node has %d GPUs: 0..%d)",
 						ErrBadConfig, c.File, d.Line, name, d.Index, len(node.GPUs), len(node.GPUs)-1)
 				}
-				sel = append(sel, d.Index)
+				sel = append(sel, selected{d.Index, d.Line})
 				continue
 			}
 			i, ok := node.Find(d.Key)
 			if !ok {
 				return nil, fmt.Errorf("%w: %s:%d: %s: device %q matches no GPU's UUID or PCI bus id", ErrBadConfig, c.File, d.Line, name, d.Key)
 			}
-			sel = append(sel, i)
+			sel = append(sel, selected{i, d.Line})
 		}
-		for _, i := range sel {
+		for _, s := range sel {
+			i := s.gpu
 			if len(e.DeviceFilter) > 0 && !containsID(e.DeviceFilter, node.GPUs[i].PCIDeviceID) {
 				continue
 			}
-			if l, dup := by[i]; dup {
-				return nil, fmt.Errorf("%w: %s:%d: %s: GPU %d is already selected by the entry at line %d", ErrBadConfig, c.File, e.Line, name, i, l)
+			if prev, dup := by[i]; dup {
+				if prev.entry == ei {
+					return nil, fmt.Errorf("%w: %s:%d: %s: GPU %d is listed twice in this entry's devices (first at %s:%d, perhaps by index and by UUID or bus id): list it once",
+						ErrBadConfig, c.File, s.line, name, i, c.File, prev.line)
+				}
+				return nil, fmt.Errorf("%w: %s:%d: %s: GPU %d is already selected by the entry at %s:%d: a GPU may be in one entry only",
+					ErrBadConfig, c.File, s.line, name, i, c.File, prev.line)
 			}
-			by[i] = e.Line
+			by[i] = origin{ei, s.line}
 			out[i] = Request{MIGEnabled: e.MIGEnabled, Devices: append([]DeviceRequest(nil), e.MIGDevices...)}
 		}
 	}

@@ -99,6 +99,16 @@ func TestConfigErrorsNameTheLine(t *testing.T) {
 		{"entry key", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      migdevices: {}\n", []string{"f.yaml:6", "migdevices"}},
 		{"no devices", "version: v1\nmig-configs:\n  a:\n    - mig-enabled: true\n", []string{"f.yaml:4", "no devices"}},
 		{"bad count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": two\n", []string{"f.yaml:7", "1g.18gb", "count"}},
+		// mig-parted decodes counts into int: "3" in quotes is refused there
+		// and here, never read as 3
+		{"quoted count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": \"3\"\n", []string{"f.yaml:7", "1g.18gb", `got "3" (a quoted string)`}},
+		{"single-quoted count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": '3'\n", []string{"f.yaml:7", "without quotes"}},
+		{"float count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 3.0\n", []string{"f.yaml:7", "got 3.0"}},
+		{"negative count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": -1\n", []string{"f.yaml:7", "non-negative"}},
+		{"list count", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": [3]\n", []string{"f.yaml:7", "got a list"}},
+		{"quoted mig-enabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: \"true\"\n", []string{"f.yaml:5", "mig-enabled", `"true" (a quoted string)`}},
+		{"numeric mig-enabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: 1\n", []string{"f.yaml:5", "mig-enabled must be true or false"}},
+		{"quoted start", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"1g.18gb\": [\"2\"]\n", []string{"f.yaml:9", "without quotes"}},
 		{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1x.18gb\": 1\n", []string{"f.yaml:7", "1x.18gb"}},
 		{"placement without device", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"2g.35gb\": [0]\n", []string{"f.yaml:9", "not in mig-devices"}},
 		{"start out of range", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"1g.18gb\": [9]\n", []string{"f.yaml:9", "0..7"}},
@@ -128,7 +138,16 @@ func TestConfigSelectionErrors(t *testing.T) {
 	}{
 		{"index out of range", "version: v1\nmig-configs:\n  a:\n    - devices: [1, 8]\n      mig-enabled: false\n", []string{"f.yaml:4", "device 8 out of range"}},
 		{"unknown uuid", "version: v1\nmig-configs:\n  a:\n    - devices: [\"GPU-nope\"]\n      mig-enabled: false\n", []string{"f.yaml:4", "GPU-nope"}},
-		{"selected twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n    - devices: [2]\n      mig-enabled: false\n", []string{"f.yaml:6", "GPU 2", "line 4"}},
+		{"selected twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n    - devices: [2]\n      mig-enabled: false\n",
+			[]string{"f.yaml:6: a: GPU 2 is already selected by the entry at f.yaml:4"}},
+		{"selected twice, block list", "version: v1\nmig-configs:\n  a:\n    - devices:\n        - 1\n        - 2\n      mig-enabled: false\n    - devices:\n        - 3\n        - 2\n      mig-enabled: false\n",
+			[]string{"f.yaml:10: a: GPU 2 is already selected by the entry at f.yaml:6"}},
+		// the same GPU twice in one entry: the message points at the first
+		// listing, not at the entry itself
+		{"twice in one entry", "version: v1\nmig-configs:\n  a:\n    - devices:\n        - 2\n        - 2\n      mig-enabled: false\n",
+			[]string{"f.yaml:6: a: GPU 2 is listed twice in this entry's devices (first at f.yaml:5"}},
+		{"index and bus id in one entry", "version: v1\nmig-configs:\n  a:\n    - devices:\n        - 0\n        - \"0000:18:00.0\"\n      mig-enabled: false\n",
+			[]string{"f.yaml:6: a: GPU 0 is listed twice in this entry's devices (first at f.yaml:5"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
