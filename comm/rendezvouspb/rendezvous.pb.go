@@ -118,8 +118,13 @@ type RegisterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// Requested rank, or -1 for the next free one.
-	Rank          int32 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	Self          *Peer `protobuf:"bytes,3,opt,name=self,proto3" json:"self,omitempty"`
+	Rank int32 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Self *Peer `protobuf:"bytes,3,opt,name=self,proto3" json:"self,omitempty"`
+	// World size the rank expects; 0 takes the server's.
+	World int32 `protobuf:"varint,4,opt,name=world,proto3" json:"world,omitempty"`
+	// What every rank of the job must share (collective plan, dtype, sizes,
+	// ...): compared with the first registrant's.
+	Settings      map[string]string `protobuf:"bytes,5,rep,name=settings,proto3" json:"settings,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +176,20 @@ func (x *RegisterRequest) GetRank() int32 {
 func (x *RegisterRequest) GetSelf() *Peer {
 	if x != nil {
 		return x.Self
+	}
+	return nil
+}
+
+func (x *RegisterRequest) GetWorld() int32 {
+	if x != nil {
+		return x.World
+	}
+	return 0
+}
+
+func (x *RegisterRequest) GetSettings() map[string]string {
+	if x != nil {
+		return x.Settings
 	}
 	return nil
 }
@@ -239,11 +258,13 @@ func (x *Topology) GetAnyMig() bool {
 }
 
 type RegisterResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	World         int32                  `protobuf:"varint,2,opt,name=world,proto3" json:"world,omitempty"`
-	Peers         []*Peer                `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
-	Topology      *Topology              `protobuf:"bytes,4,opt,name=topology,proto3" json:"topology,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Rank     int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	World    int32                  `protobuf:"varint,2,opt,name=world,proto3" json:"world,omitempty"`
+	Peers    []*Peer                `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
+	Topology *Topology              `protobuf:"bytes,4,opt,name=topology,proto3" json:"topology,omitempty"`
+	// The job's generation (restart count) the rank joined.
+	Generation    int32 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,11 +327,20 @@ func (x *RegisterResponse) GetTopology() *Topology {
 	return nil
 }
 
+func (x *RegisterResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type PutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Value         []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// Generation from RegisterResponse; unset before Register.
+	Generation    *int32 `protobuf:"varint,4,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +396,13 @@ func (x *PutRequest) GetValue() []byte {
 	return nil
 }
 
+func (x *PutRequest) GetGeneration() int32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
 type PutResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -403,9 +440,11 @@ func (*PutResponse) Descriptor() ([]byte, []int) {
 }
 
 type GetRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Generation from RegisterResponse; unset before Register.
+	Generation    *int32 `protobuf:"varint,3,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -454,6 +493,13 @@ func (x *GetRequest) GetKey() string {
 	return ""
 }
 
+func (x *GetRequest) GetGeneration() int32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
 type GetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Value         []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
@@ -499,10 +545,12 @@ func (x *GetResponse) GetValue() []byte {
 }
 
 type BarrierRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Rank          int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Rank  int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// Generation from RegisterResponse; unset before Register.
+	Generation    *int32 `protobuf:"varint,4,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -558,6 +606,13 @@ func (x *BarrierRequest) GetRank() int32 {
 	return 0
 }
 
+func (x *BarrierRequest) GetGeneration() int32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
 type BarrierResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -595,10 +650,12 @@ func (*BarrierResponse) Descriptor() ([]byte, []int) {
 }
 
 type AbortRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Rank          int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Rank   int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Generation from RegisterResponse; unset before Register.
+	Generation    *int32 `protobuf:"varint,4,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -654,6 +711,13 @@ func (x *AbortRequest) GetReason() string {
 	return ""
 }
 
+func (x *AbortRequest) GetGeneration() int32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
 type AbortResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -690,6 +754,190 @@ func (*AbortResponse) Descriptor() ([]byte, []int) {
 	return file_rendezvous_proto_rawDescGZIP(), []int{11}
 }
 
+type LeaveRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Token      string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Generation *int32                 `protobuf:"varint,2,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
+	Rank       int32                  `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// done: the rank finished its work (a clean Close); else why it leaves.
+	Done          bool   `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_rendezvous_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rendezvous_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_rendezvous_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LeaveRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetGeneration() int32 {
+	if x != nil && x.Generation != nil {
+		return *x.Generation
+	}
+	return 0
+}
+
+func (x *LeaveRequest) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *LeaveRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *LeaveRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type LeaveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_rendezvous_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rendezvous_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_rendezvous_proto_rawDescGZIP(), []int{13}
+}
+
+// AbortInfo is attached to codes.Aborted statuses: who failed the job.
+type AbortInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rank at fault (-1: none known, e.g. the launcher aborted).
+	Rank       int32  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Reason     string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Generation int32  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The ranks disagreed on the job's settings or world size.
+	Mismatch      bool `protobuf:"varint,4,opt,name=mismatch,proto3" json:"mismatch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortInfo) Reset() {
+	*x = AbortInfo{}
+	mi := &file_rendezvous_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortInfo) ProtoMessage() {}
+
+func (x *AbortInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_rendezvous_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortInfo.ProtoReflect.Descriptor instead.
+func (*AbortInfo) Descriptor() ([]byte, []int) {
+	return file_rendezvous_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AbortInfo) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *AbortInfo) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AbortInfo) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AbortInfo) GetMismatch() bool {
+	if x != nil {
+		return x.Mismatch
+	}
+	return false
+}
+
 var File_rendezvous_proto protoreflect.FileDescriptor
 
 const file_rendezvous_proto_rawDesc = "" +
@@ -701,49 +949,91 @@ const file_rendezvous_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x19\n" +
 	"\bgpu_uuid\x18\x04 \x01(\tR\agpuUuid\x12&\n" +
 	"\x0fparent_gpu_uuid\x18\x05 \x01(\tR\rparentGpuUuid\x12\x10\n" +
-	"\x03mig\x18\x06 \x01(\bR\x03mig\"k\n" +
+	"\x03mig\x18\x06 \x01(\bR\x03mig\"\x8f\x02\n" +
 	"\x0fRegisterRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12.\n" +
-	"\x04self\x18\x03 \x01(\v2\x1a.migctl.rendezvous.v1.PeerR\x04self\"[\n" +
+	"\x04self\x18\x03 \x01(\v2\x1a.migctl.rendezvous.v1.PeerR\x04self\x12\x14\n" +
+	"\x05world\x18\x04 \x01(\x05R\x05world\x12O\n" +
+	"\bsettings\x18\x05 \x03(\v23.migctl.rendezvous.v1.RegisterRequest.SettingsEntryR\bsettings\x1a;\n" +
+	"\rSettingsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"[\n" +
 	"\bTopology\x12\x1b\n" +
 	"\tsame_host\x18\x01 \x01(\bR\bsameHost\x12\x19\n" +
 	"\bsame_gpu\x18\x02 \x01(\bR\asameGpu\x12\x17\n" +
-	"\aany_mig\x18\x03 \x01(\bR\x06anyMig\"\xaa\x01\n" +
+	"\aany_mig\x18\x03 \x01(\bR\x06anyMig\"\xca\x01\n" +
 	"\x10RegisterResponse\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x14\n" +
 	"\x05world\x18\x02 \x01(\x05R\x05world\x120\n" +
 	"\x05peers\x18\x03 \x03(\v2\x1a.migctl.rendezvous.v1.PeerR\x05peers\x12:\n" +
-	"\btopology\x18\x04 \x01(\v2\x1e.migctl.rendezvous.v1.TopologyR\btopology\"J\n" +
+	"\btopology\x18\x04 \x01(\v2\x1e.migctl.rendezvous.v1.TopologyR\btopology\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x05R\n" +
+	"generation\"~\n" +
 	"\n" +
 	"PutRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\fR\x05value\"\r\n" +
-	"\vPutResponse\"4\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12#\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x05H\x00R\n" +
+	"generation\x88\x01\x01B\r\n" +
+	"\v_generation\"\r\n" +
+	"\vPutResponse\"h\n" +
 	"\n" +
 	"GetRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"#\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05H\x00R\n" +
+	"generation\x88\x01\x01B\r\n" +
+	"\v_generation\"#\n" +
 	"\vGetResponse\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\fR\x05value\"N\n" +
+	"\x05value\x18\x01 \x01(\fR\x05value\"\x82\x01\n" +
 	"\x0eBarrierRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
-	"\x04rank\x18\x03 \x01(\x05R\x04rank\"\x11\n" +
-	"\x0fBarrierResponse\"P\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12#\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x05H\x00R\n" +
+	"generation\x88\x01\x01B\r\n" +
+	"\v_generation\"\x11\n" +
+	"\x0fBarrierResponse\"\x84\x01\n" +
 	"\fAbortRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x0f\n" +
-	"\rAbortResponse2\xa9\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12#\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x05H\x00R\n" +
+	"generation\x88\x01\x01B\r\n" +
+	"\v_generation\"\x0f\n" +
+	"\rAbortResponse\"\x98\x01\n" +
+	"\fLeaveRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12#\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x05H\x00R\n" +
+	"generation\x88\x01\x01\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reasonB\r\n" +
+	"\v_generation\"\x0f\n" +
+	"\rLeaveResponse\"s\n" +
+	"\tAbortInfo\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x1a\n" +
+	"\bmismatch\x18\x04 \x01(\bR\bmismatch2\xfb\x03\n" +
 	"\n" +
 	"Rendezvous\x12Y\n" +
 	"\bRegister\x12%.migctl.rendezvous.v1.RegisterRequest\x1a&.migctl.rendezvous.v1.RegisterResponse\x12J\n" +
 	"\x03Put\x12 .migctl.rendezvous.v1.PutRequest\x1a!.migctl.rendezvous.v1.PutResponse\x12J\n" +
 	"\x03Get\x12 .migctl.rendezvous.v1.GetRequest\x1a!.migctl.rendezvous.v1.GetResponse\x12V\n" +
 	"\aBarrier\x12$.migctl.rendezvous.v1.BarrierRequest\x1a%.migctl.rendezvous.v1.BarrierResponse\x12P\n" +
-	"\x05Abort\x12\".migctl.rendezvous.v1.AbortRequest\x1a#.migctl.rendezvous.v1.AbortResponseB,Z*github.com/migctl/migctl/comm/rendezvouspbb\x06proto3"
+	"\x05Abort\x12\".migctl.rendezvous.v1.AbortRequest\x1a#.migctl.rendezvous.v1.AbortResponse\x12P\n" +
+	"\x05Leave\x12\".migctl.rendezvous.v1.LeaveRequest\x1a#.migctl.rendezvous.v1.LeaveResponseB,Z*github.com/migctl/migctl/comm/rendezvouspbb\x06proto3"
 
 var (
 	file_rendezvous_proto_rawDescOnce sync.Once
@@ -757,7 +1047,7 @@ func file_rendezvous_proto_rawDescGZIP() []byte {
 	return file_rendezvous_proto_rawDescData
 }
 
-var file_rendezvous_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_rendezvous_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_rendezvous_proto_goTypes = []any{
 	(*Peer)(nil),             // 0: migctl.rendezvous.v1.Peer
 	(*RegisterRequest)(nil),  // 1: migctl.rendezvous.v1.RegisterRequest
@@ -771,26 +1061,33 @@ var file_rendezvous_proto_goTypes = []any{
 	(*BarrierResponse)(nil),  // 9: migctl.rendezvous.v1.BarrierResponse
 	(*AbortRequest)(nil),     // 10: migctl.rendezvous.v1.AbortRequest
 	(*AbortResponse)(nil),    // 11: migctl.rendezvous.v1.AbortResponse
+	(*LeaveRequest)(nil),     // 12: migctl.rendezvous.v1.LeaveRequest
+	(*LeaveResponse)(nil),    // 13: migctl.rendezvous.v1.LeaveResponse
+	(*AbortInfo)(nil),        // 14: migctl.rendezvous.v1.AbortInfo
+	nil,                      // 15: migctl.rendezvous.v1.RegisterRequest.SettingsEntry
 }
 var file_rendezvous_proto_depIdxs = []int32{
 	0,  // 0: migctl.rendezvous.v1.RegisterRequest.self:type_name -> migctl.rendezvous.v1.Peer
-	0,  // 1: migctl.rendezvous.v1.RegisterResponse.peers:type_name -> migctl.rendezvous.v1.Peer
-	2,  // 2: migctl.rendezvous.v1.RegisterResponse.topology:type_name -> migctl.rendezvous.v1.Topology
-	1,  // 3: migctl.rendezvous.v1.Rendezvous.Register:input_type -> migctl.rendezvous.v1.RegisterRequest
-	4,  // 4: migctl.rendezvous.v1.Rendezvous.Put:input_type -> migctl.rendezvous.v1.PutRequest
-	6,  // 5: migctl.rendezvous.v1.Rendezvous.Get:input_type -> migctl.rendezvous.v1.GetRequest
-	8,  // 6: migctl.rendezvous.v1.Rendezvous.Barrier:input_type -> migctl.rendezvous.v1.BarrierRequest
-	10, // 7: migctl.rendezvous.v1.Rendezvous.Abort:input_type -> migctl.rendezvous.v1.AbortRequest
-	3,  // 8: migctl.rendezvous.v1.Rendezvous.Register:output_type -> migctl.rendezvous.v1.RegisterResponse
-	5,  // 9: migctl.rendezvous.v1.Rendezvous.Put:output_type -> migctl.rendezvous.v1.PutResponse
-	7,  // 10: migctl.rendezvous.v1.Rendezvous.Get:output_type -> migctl.rendezvous.v1.GetResponse
-	9,  // 11: migctl.rendezvous.v1.Rendezvous.Barrier:output_type -> migctl.rendezvous.v1.BarrierResponse
-	11, // 12: migctl.rendezvous.v1.Rendezvous.Abort:output_type -> migctl.rendezvous.v1.AbortResponse
-	8,  // [8:13] is the sub-list for method output_type
-	3,  // [3:8] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	15, // 1: migctl.rendezvous.v1.RegisterRequest.settings:type_name -> migctl.rendezvous.v1.RegisterRequest.SettingsEntry
+	0,  // 2: migctl.rendezvous.v1.RegisterResponse.peers:type_name -> migctl.rendezvous.v1.Peer
+	2,  // 3: migctl.rendezvous.v1.RegisterResponse.topology:type_name -> migctl.rendezvous.v1.Topology
+	1,  // 4: migctl.rendezvous.v1.Rendezvous.Register:input_type -> migctl.rendezvous.v1.RegisterRequest
+	4,  // 5: migctl.rendezvous.v1.Rendezvous.Put:input_type -> migctl.rendezvous.v1.PutRequest
+	6,  // 6: migctl.rendezvous.v1.Rendezvous.Get:input_type -> migctl.rendezvous.v1.GetRequest
+	8,  // 7: migctl.rendezvous.v1.Rendezvous.Barrier:input_type -> migctl.rendezvous.v1.BarrierRequest
+	10, // 8: migctl.rendezvous.v1.Rendezvous.Abort:input_type -> migctl.rendezvous.v1.AbortRequest
+	12, // 9: migctl.rendezvous.v1.Rendezvous.Leave:input_type -> migctl.rendezvous.v1.LeaveRequest
+	3,  // 10: migctl.rendezvous.v1.Rendezvous.Register:output_type -> migctl.rendezvous.v1.RegisterResponse
+	5,  // 11: migctl.rendezvous.v1.Rendezvous.Put:output_type -> migctl.rendezvous.v1.PutResponse
+	7,  // 12: migctl.rendezvous.v1.Rendezvous.Get:output_type -> migctl.rendezvous.v1.GetResponse
+	9,  // 13: migctl.rendezvous.v1.Rendezvous.Barrier:output_type -> migctl.rendezvous.v1.BarrierResponse
+	11, // 14: migctl.rendezvous.v1.Rendezvous.Abort:output_type -> migctl.rendezvous.v1.AbortResponse
+	13, // 15: migctl.rendezvous.v1.Rendezvous.Leave:output_type -> migctl.rendezvous.v1.LeaveResponse
+	10, // [10:16] is the sub-list for method output_type
+	4,  // [4:10] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_rendezvous_proto_init() }
@@ -798,13 +1095,18 @@ func file_rendezvous_proto_init() {
 	if File_rendezvous_proto != nil {
 		return
 	}
+	file_rendezvous_proto_msgTypes[4].OneofWrappers = []any{}
+	file_rendezvous_proto_msgTypes[6].OneofWrappers = []any{}
+	file_rendezvous_proto_msgTypes[8].OneofWrappers = []any{}
+	file_rendezvous_proto_msgTypes[10].OneofWrappers = []any{}
+	file_rendezvous_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rendezvous_proto_rawDesc), len(file_rendezvous_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	Rendezvous_Get_FullMethodName      = "/migctl.rendezvous.v1.Rendezvous/Get"
 	Rendezvous_Barrier_FullMethodName  = "/migctl.rendezvous.v1.Rendezvous/Barrier"
 	Rendezvous_Abort_FullMethodName    = "/migctl.rendezvous.v1.Rendezvous/Abort"
+	Rendezvous_Leave_FullMethodName    = "/migctl.rendezvous.v1.Rendezvous/Leave"
 )
 
 // RendezvousClient is the client API for Rendezvous service.
@@ -46,6 +47,9 @@ type RendezvousClient interface {
 	// Abort fails every blocked and future call of the job (codes.Aborted):
 	// a rank that cannot go on releases the others.
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*AbortResponse, error)
+	// Leave takes a rank out of the job: before the world formed its rank is
+	// free again; after, a rank that leaves without done aborts the job.
+	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
 }
 
 type rendezvousClient struct {
@@ -106,6 +110,16 @@ func (c *rendezvousClient) Abort(ctx context.Context, in *AbortRequest, opts ...
 	return out, nil
 }
 
+func (c *rendezvousClient) Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveResponse)
+	err := c.cc.Invoke(ctx, Rendezvous_Leave_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RendezvousServer is the server API for Rendezvous service.
 // All implementations must embed UnimplementedRendezvousServer
 // for forward compatibility.
@@ -121,6 +135,9 @@ type RendezvousServer interface {
 	// Abort fails every blocked and future call of the job (codes.Aborted):
 	// a rank that cannot go on releases the others.
 	Abort(context.Context, *AbortRequest) (*AbortResponse, error)
+	// Leave takes a rank out of the job: before the world formed its rank is
+	// free again; after, a rank that leaves without done aborts the job.
+	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
 	mustEmbedUnimplementedRendezvousServer()
 }
 
@@ -145,6 +162,9 @@ func (UnimplementedRendezvousServer) Barrier(context.Context, *BarrierRequest) (
 }
 func (UnimplementedRendezvousServer) Abort(context.Context, *AbortRequest) (*AbortResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Abort not implemented")
+}
+func (UnimplementedRendezvousServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
 }
 func (UnimplementedRendezvousServer) mustEmbedUnimplementedRendezvousServer() {}
 func (UnimplementedRendezvousServer) testEmbeddedByValue()                    {}
@@ -257,6 +277,24 @@ func _Rendezvous_Abort_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rendezvous_Leave_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RendezvousServer).Leave(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rendezvous_Leave_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RendezvousServer).Leave(ctx, req.(*LeaveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rendezvous_ServiceDesc is the grpc.ServiceDesc for Rendezvous service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -283,6 +321,10 @@ var Rendezvous_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Abort",
 			Handler:    _Rendezvous_Abort_Handler,
+		},
+		{
+			MethodName: "Leave",
+			Handler:    _Rendezvous_Leave_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
