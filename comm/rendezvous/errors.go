@@ -89,7 +89,9 @@ func (e *UnreachableError) Is(target error) bool { return target == ErrUnreachab
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
 // GRPCStatus is codes.Unavailable.
-func (e *UnreachableError) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
+func (e *UnreachableError) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, e.Error())
+}
 
 // callError is a failed call's status as an error with a readable message
 // that matches its sentinel.

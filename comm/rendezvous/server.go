@@ -174,7 +174,7 @@ func (c connTracker) HandleConn(ctx context.Context, st stats.ConnStats) {
 }
 
 func (connTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-func (connTracker) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (connTracker) HandleRPC(context.Context, stats.RPCStats)                       {}
 
 func connID(ctx context.Context) uint64 {
 	id, _ := ctx.Value(connKey{}).(uint64)
