@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,7 +40,15 @@ func (d deadlineWriter) Write(b []byte) (int, error) {
 	return d.c.Write(b)
 }
 
+// maxProtocolErrors is how many bad lines (over-long, malformed, unknown or
+// daemon-only types, results for unknown ids) a shim may send before it is
+// disconnected: a few are answered and forgiven, a flood is not.
+const maxProtocolErrors = 16
+
 // serveConn runs one shim connection: hello, then messages until it closes.
+// A message whose fields break the limits (swapproto.Message.Validate, the
+// device's memory, the peer's pid) ends the connection: the shim is told why
+// and the daemon logs it.
 func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 	sc := newShimConn(c)
 	defer sc.close()
@@ -47,61 +59,59 @@ func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
 		if !errors.Is(err, io.EOF) {
-			_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: fmt.Sprintf("reading hello: %v", err)})
+			peer, _ := peerOf(c)
+			m.refuseShim(sc, peer.pid, 0, fmt.Sprintf("reading hello: %v", err))
 		}
 		return
 	}
-	if hello.Type != swapproto.TypeHello {
-		_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: fmt.Sprintf("expected hello, got %q", hello.Type)})
+	peer, peerErr := peerOf(c)
+	p, limit, reason := m.admit(ctx, peer, peerErr, hello)
+	if reason != "" {
+		m.refuseShim(sc, peer.pid, hello.PID, reason)
 		return
 	}
-	if hello.Version != swapproto.Version {
-		_ = sc.send(swapproto.Message{Type: swapproto.TypeError,
-			Reason: fmt.Sprintf("unsupported protocol version %d (this daemon speaks %d)", hello.Version, swapproto.Version)})
-		return
-	}
-	pid, peer := hello.PID, 0
-	if uc, ok := c.(*net.UnixConn); ok {
-		if cred, err := PeerCred(uc); err == nil {
-			peer = int(cred.Pid)
-		}
-	}
-	if pid <= 0 {
-		pid = peer
-	}
-	if pid <= 0 {
-		_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: "hello without a pid"})
-		return
-	}
-	p := &proc{conn: sc, ops: map[swapproto.ID]*op{}}
-	p.Process = Process{PID: pid, Job: hello.Job, Priority: hello.Priority, Device: string(hello.Device),
-		Bytes: hello.Bytes, State: Running, Started: m.opts.Now()}
-	if peer != pid {
-		p.PeerPID = peer
-	}
-	if p.Job == "" {
-		p.Job = fmt.Sprintf("pid-%d", pid)
-	}
+	pid := p.PID
+	p.conn = sc
 	if err := m.register(p); err != nil {
-		_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: err.Error()})
+		m.refuseShim(sc, peer.pid, pid, err.Error())
 		return
 	}
 	defer m.forget(p)
 	if err := sc.send(swapproto.Message{Type: swapproto.TypeWelcome, Version: swapproto.Version}); err != nil {
 		return
 	}
-	m.log.Info("shim connected", "pid", pid, "job", p.Job, "priority", p.Priority, "device", p.Device, "bytes", p.Bytes)
+	m.log.Info("shim connected", "pid", pid, "peer_pid", p.PeerPID, "job", p.Job, "priority", p.Priority, "device", p.Device, "bytes", p.Bytes)
 
 	var needs sync.WaitGroup
 	needCtx, cancelNeeds := context.WithCancel(ctx)
 	defer func() { cancelNeeds(); needs.Wait() }()
+	protocolErrors := 0
+	protocolError := func(reason string) bool {
+		protocolErrors++
+		if protocolErrors > maxProtocolErrors {
+			m.dropShim(sc, p, fmt.Sprintf("%s (more than %d protocol errors)", reason, maxProtocolErrors))
+			return false
+		}
+		_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: reason})
+		return true
+	}
 	for {
 		msg, err := r.Read()
 		switch {
 		case errors.Is(err, swapproto.ErrLineTooLong), errors.Is(err, swapproto.ErrMalformed):
-			_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: err.Error()})
+			if !protocolError(err.Error()) {
+				return
+			}
 			continue
 		case err != nil:
+			return
+		}
+		if err := msg.Validate(); err != nil {
+			m.dropShim(sc, p, err.Error())
+			return
+		}
+		if reason := overLimit(msg, limit, p.Device); reason != "" {
+			m.dropShim(sc, p, reason)
 			return
 		}
 		switch msg.Type {
@@ -110,10 +120,15 @@ func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 		case swapproto.TypeProgress:
 			m.onProgress(pid, msg)
 		case swapproto.TypeResult:
-			if err := m.onResult(pid, msg); err != nil {
-				_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: err.Error()})
+			if err := m.onResult(pid, msg); err != nil && !protocolError(err.Error()) {
+				return
 			}
 		case swapproto.TypeNeed:
+			if msg.Bytes > limit {
+				_ = sc.send(swapproto.Message{Type: swapproto.TypeDenied, ID: msg.ID,
+					Reason: fmt.Sprintf("need %s exceeds device %q's %s of memory", FormatBytes(msg.Bytes), p.Device, FormatBytes(limit))})
+				continue
+			}
 			m.setWaiting(pid, 1)
 			needs.Add(1)
 			go func() {
@@ -126,9 +141,105 @@ func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 			if msg.Known() {
 				reason = fmt.Sprintf("unexpected message type %q from a shim", msg.Type)
 			}
-			_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: reason})
+			if !protocolError(reason) {
+				return
+			}
 		}
 	}
+}
+
+// admit checks a hello and returns the process it registers and the most
+// bytes any of its messages may name (the device's memory), or the reason it
+// is refused.
+func (m *Manager) admit(ctx context.Context, peer peerProc, peerErr error, hello swapproto.Message) (*proc, int64, string) {
+	if hello.Type != swapproto.TypeHello {
+		return nil, 0, fmt.Sprintf("expected hello, got %q", hello.Type)
+	}
+	if err := hello.Validate(); err != nil {
+		return nil, 0, err.Error()
+	}
+	if peerErr != nil {
+		return nil, 0, fmt.Sprintf("cannot verify the shim's pid: %v", peerErr)
+	}
+	pid, peerPID, err := shimPID(hello.PID, peer, os.Getpid())
+	if err != nil {
+		return nil, 0, err.Error()
+	}
+	device := string(hello.Device)
+	limit, err := m.deviceLimit(ctx, device)
+	if err != nil {
+		return nil, 0, err.Error()
+	}
+	if hello.Bytes > limit {
+		return nil, 0, fmt.Sprintf("hello: bytes %d exceed device %q's %s of memory", hello.Bytes, device, FormatBytes(limit))
+	}
+	p := &proc{ops: map[swapproto.ID]*op{}}
+	p.Process = Process{PID: pid, PeerPID: peerPID, Job: hello.Job, Priority: hello.Priority, Device: device,
+		Bytes: hello.Bytes, State: Running, Started: m.opts.Now()}
+	if p.Job == "" {
+		p.Job = fmt.Sprintf("pid-%d", pid)
+	}
+	return p, limit, ""
+}
+
+// overLimit says which byte count of msg exceeds the device's memory limit
+// ("" when none does). A need over it is answered denied, not dropped: a
+// program may ask for more than the device has.
+func overLimit(msg swapproto.Message, limit int64, device string) string {
+	check := func(field string, v int64) string {
+		if v > limit {
+			return fmt.Sprintf("%s: %s %d exceeds device %q's %s of memory", msg.Type, field, v, device, FormatBytes(limit))
+		}
+		return ""
+	}
+	switch msg.Type {
+	case swapproto.TypeUsage, swapproto.TypeResult:
+		return check("bytes", msg.Bytes)
+	case swapproto.TypeProgress:
+		return check("total", msg.Total)
+	}
+	return ""
+}
+
+// capacityInfo is the optional ability of a MemoryInfo to report a device's
+// total memory (NVML's and the declared memory have it).
+type capacityInfo interface {
+	Total(ctx context.Context, device string) (int64, error)
+}
+
+// deviceLimit returns the device's memory, the most bytes a shim on it may
+// report, or an error when the memory source does not know the device. With
+// no declared capacity the limit is swapproto.MaxBytes.
+func (m *Manager) deviceLimit(ctx context.Context, device string) (int64, error) {
+	var total int64
+	var err error
+	if ci, ok := m.mem.(capacityInfo); ok {
+		total, err = ci.Total(ctx, device)
+	} else {
+		_, err = m.mem.Free(ctx, device)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("unknown device %q: %w", device, err)
+	}
+	if total <= 0 || total > swapproto.MaxBytes {
+		total = swapproto.MaxBytes
+	}
+	return total, nil
+}
+
+// refuseShim answers a refused hello with an error and logs why.
+func (m *Manager) refuseShim(sc *shimConn, peerPID, claimed int, reason string) {
+	m.log.Warn("shim refused", "peer_pid", peerPID, "claimed_pid", claimed, "reason", reason)
+	_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: reason})
+}
+
+// dropShim disconnects a registered shim that broke the protocol's limits:
+// the shim is told why, the daemon logs it, and the deferred forget fails the
+// shim's swaps in flight.
+func (m *Manager) dropShim(sc *shimConn, p *proc, reason string) {
+	m.log.Warn("shim disconnected for a protocol violation", "pid", p.PID, "peer_pid", p.PeerPID, "job", p.Job, "reason", reason)
+	_ = sc.send(swapproto.Message{Type: swapproto.TypeError, Reason: reason + "; disconnecting"})
+	sc.close()
 }
 
 func (m *Manager) register(p *proc) error {
@@ -340,4 +451,73 @@ func (m *Manager) makeRoom(ctx context.Context, req Request, hold time.Duration)
 	m.mu.Unlock()
 	time.AfterFunc(hold+10*time.Millisecond, m.Kick) // the expiry is a memory-freeing event (snapshot counts it)
 	return d, nil
+}
+
+// peerProc is the process at the other end of a shim connection, as the
+// kernel reports it.
+type peerProc struct {
+	pid   int // SO_PEERCRED: the pid in the daemon's namespace
+	nspid int // the pid in the peer's own namespace (NSpid); = pid outside containers
+}
+
+// procRoot is where peerOf reads /proc/<pid>/status.
+const procRoot = "/proc"
+
+// peerOf reads the peer's pid (SO_PEERCRED) and its pid in its own namespace
+// (the last NSpid of /proc/<pid>/status; the pid itself when the kernel does
+// not say).
+func peerOf(c net.Conn) (peerProc, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return peerProc{}, fmt.Errorf("%T is not a Unix socket", c)
+	}
+	cred, err := PeerCred(uc)
+	if err != nil {
+		return peerProc{}, err
+	}
+	p := peerProc{pid: int(cred.Pid), nspid: int(cred.Pid)}
+	if b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(p.pid), "status")); err == nil {
+		if ns, ok := innermostNSpid(string(b)); ok {
+			p.nspid = ns
+		}
+	}
+	return p, nil
+}
+
+// innermostNSpid returns the last pid of the "NSpid:" line of a
+// /proc/<pid>/status text: the pid in the process's own namespace.
+func innermostNSpid(status string) (int, bool) {
+	for _, line := range strings.Split(status, "\n") {
+		rest, ok := strings.CutPrefix(line, "NSpid:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0, false
+		}
+		n, err := strconv.Atoi(f[len(f)-1])
+		return n, err == nil && n > 0
+	}
+	return 0, false
+}
+
+// shimPID decides a shim's registry pid from the pid its hello claims and the
+// kernel's view of the peer (self is the daemon's pid). The claim is only a
+// label that must name the peer: its pid (0 means that too) gives (pid, 0);
+// its pid in its own namespace (a shim in a container) gives (claim,
+// peer.pid), the peer's pid kept as PeerPID; anything else is refused. A peer
+// in the daemon's own process (tests' fakeshim, code embedding the daemon) may
+// claim any pid: it could call the Manager directly anyway.
+func shimPID(claim int, peer peerProc, self int) (pid, peerPID int, err error) {
+	switch {
+	case claim == 0 || claim == peer.pid:
+		return peer.pid, 0, nil
+	case claim == peer.nspid || peer.pid == self:
+		return claim, peer.pid, nil
+	case peer.nspid != peer.pid:
+		return 0, 0, fmt.Errorf("hello claims pid %d, but the connecting process is pid %d (pid %d in its own namespace)", claim, peer.pid, peer.nspid)
+	default:
+		return 0, 0, fmt.Errorf("hello claims pid %d, but the connecting process is pid %d", claim, peer.pid)
+	}
 }
