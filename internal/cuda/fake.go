@@ -641,8 +641,8 @@ func (f *Fake) enqueue(method string, s Stream, op func() error) error {
 	if f.sticky != nil {
 		return f.sticky
 	}
-	st, ok := f.streams[s]
-	if !ok || st.gone {
+	st, ok := f.streamLocked(s)
+	if !ok {
 		return ErrInvalidHandle
 	}
 	st.queue = append(st.queue, func() {
@@ -826,6 +826,19 @@ func (f *Fake) EventRecord(e Event, s Stream) error {
 	return err
 }
 
+// streamLocked returns stream s if it exists and is not destroyed. The
+// legacy default stream (0) exists in every context; it is made on first
+// use. Caller holds f.mu.
+func (f *Fake) streamLocked(s Stream) (*fakeStream, bool) {
+	st, ok := f.streams[s]
+	if !ok && s == 0 {
+		st, ok = &fakeStream{}, true
+		f.streams[0] = st
+		go f.run(st)
+	}
+	return st, ok && !st.gone
+}
+
 // enqueueLocked is enqueue with a hook run under the lock at enqueue time.
 func (f *Fake) enqueueLocked(method string, s Stream, atEnqueue func(), op func() error) error {
 	defer f.mu.Unlock()
@@ -835,8 +848,8 @@ func (f *Fake) enqueueLocked(method string, s Stream, atEnqueue func(), op func(
 	if f.sticky != nil {
 		return f.sticky
 	}
-	st, ok := f.streams[s]
-	if !ok || st.gone {
+	st, ok := f.streamLocked(s)
+	if !ok {
 		return ErrInvalidHandle
 	}
 	atEnqueue()

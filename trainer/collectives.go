@@ -1,0 +1,155 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// AllReduce sets recv to op over every rank's send (send.Count elements;
+// recv may be send itself: in place). It blocks until recv holds the result.
+func (g *Group) AllReduce(ctx context.Context, send, recv Buffer, op Op) error {
+	return g.wait(g.AllReduceAsync(ctx, send, recv, op))
+}
+
+// AllReduceAsync issues AllReduce and returns at once.
+func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *Work {
+	const name = "allreduce"
+	n := send.count
+	if err := checkOperands(send, recv, n, n); err != nil {
+		return failed(name, fmt.Errorf("%s: %w", name, err))
+	}
+	if op < Sum || op > Max {
+		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
+	}
+	return g.submit(ctx, name, func(ctx context.Context) error {
+		if g.transport == TransportIPC && n > 0 {
+			return g.allReduceIPC(ctx, send, recv, op)
+		}
+		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
+			return g.cm.AllReduce(ctx, s, r, n, send.dtype, op)
+		})
+	})
+}
+
+// ReduceScatter reduces every rank's send (Size()·recv.Count elements) with
+// op and leaves block Rank() of the result (recv.Count elements) in recv. If
+// recv is send itself, the block stays at its place in send.
+func (g *Group) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) error {
+	return g.wait(g.ReduceScatterAsync(ctx, send, recv, op))
+}
+
+// ReduceScatterAsync issues ReduceScatter and returns at once.
+func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op) *Work {
+	const name = "reducescatter"
+	block := recv.count
+	if same(send, recv) {
+		block = send.count / g.size
+	}
+	if err := checkOperands(send, recv, block*g.size, block); err != nil {
+		return failed(name, fmt.Errorf("%s: %w", name, err))
+	}
+	if op < Sum || op > Max {
+		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
+	}
+	return g.submit(ctx, name, func(ctx context.Context) error {
+		return g.withOperands(ctx, send, recv, block*g.size, block, func(s, r comm.Buffer) error {
+			return g.cm.ReduceScatter(ctx, s, r, block, send.dtype, op)
+		})
+	})
+}
+
+// AllGather concatenates every rank's send (send.Count elements) in rank
+// order into recv (Size()·send.Count elements). If send is recv itself,
+// this rank's input is block Rank() of recv.
+func (g *Group) AllGather(ctx context.Context, send, recv Buffer) error {
+	return g.wait(g.AllGatherAsync(ctx, send, recv))
+}
+
+// AllGatherAsync issues AllGather and returns at once.
+func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
+	const name = "allgather"
+	block := send.count
+	if same(send, recv) {
+		block = recv.count / g.size
+	}
+	if err := checkOperands(send, recv, block, block*g.size); err != nil {
+		return failed(name, fmt.Errorf("%s: %w", name, err))
+	}
+	return g.submit(ctx, name, func(ctx context.Context) error {
+		return g.withOperands(ctx, send, recv, block, block*g.size, func(s, r comm.Buffer) error {
+			return g.cm.AllGather(ctx, s, r, block, send.dtype)
+		})
+	})
+}
+
+// Broadcast sets every rank's recv to root's send (recv.Count elements).
+// send is read on root only (other ranks may pass the zero Buffer); pass the
+// same buffer twice to broadcast in place.
+func (g *Group) Broadcast(ctx context.Context, send, recv Buffer, root int) error {
+	return g.wait(g.BroadcastAsync(ctx, send, recv, root))
+}
+
+// BroadcastAsync issues Broadcast and returns at once.
+func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int) *Work {
+	const name = "broadcast"
+	if root < 0 || root >= g.size {
+		return failed(name, fmt.Errorf("%s: root %d of %d ranks: %w", name, root, g.size, comm.ErrInvalid))
+	}
+	n := recv.count
+	if g.rank != root && send.count == 0 && !send.OnDevice() && send.host == nil {
+		send = recv
+	}
+	if err := checkOperands(send, recv, n, n); err != nil {
+		return failed(name, fmt.Errorf("%s: %w", name, err))
+	}
+	return g.submit(ctx, name, func(ctx context.Context) error {
+		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
+			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
+		})
+	})
+}
+
+// Barrier returns once every rank has entered it.
+func (g *Group) Barrier(ctx context.Context) error { return g.wait(g.BarrierAsync(ctx)) }
+
+// BarrierAsync issues Barrier and returns at once.
+func (g *Group) BarrierAsync(ctx context.Context) *Work {
+	return g.submit(ctx, "barrier", func(ctx context.Context) error { return g.cm.Barrier(ctx) })
+}
+
+// wait is Wait for the synchronous calls: they return when the collective
+// has finished (it is bounded by its own context and deadline).
+func (g *Group) wait(w *Work) error {
+	<-w.done
+	return w.err
+}
+
+// checkOperands validates the buffers of a collective: whole elements, one
+// dtype, and room for sendN and recvN elements (in place: one buffer, as
+// large as the larger).
+func checkOperands(send, recv Buffer, sendN, recvN int) error {
+	if err := send.check("send"); err != nil {
+		return err
+	}
+	if err := recv.check("receive"); err != nil {
+		return err
+	}
+	if send.dtype != recv.dtype {
+		return fmt.Errorf("send is %v, receive %v: %w", send.dtype, recv.dtype, comm.ErrInvalid)
+	}
+	if same(send, recv) {
+		if have, need := min(send.count, recv.count), max(sendN, recvN); have < need {
+			return fmt.Errorf("in-place buffer has %d elements, need %d: %w", have, need, comm.ErrInvalid)
+		}
+		return nil
+	}
+	if send.count < sendN {
+		return fmt.Errorf("send buffer has %d elements, need %d: %w", send.count, sendN, comm.ErrInvalid)
+	}
+	if recv.count < recvN {
+		return fmt.Errorf("receive buffer has %d elements, need %d: %w", recv.count, recvN, comm.ErrInvalid)
+	}
+	return nil
+}

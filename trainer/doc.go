@@ -1,0 +1,70 @@
+// Package trainer is migctl's public collective API: the one way a process
+// joins a group of ranks and runs collectives with them. `migctl run` (the
+// launcher), `migctl bench`, the C ABI of libmigctl.so and user programs all
+// go through it.
+//
+// # Joining
+//
+// Init reads the launcher's environment (torchrun's RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, plus migctl's
+// MIGCTL_RDZV_ADDR, MIGCTL_JOB_TOKEN, MIGCTL_JOB, MIGCTL_BACKEND,
+// MIGCTL_DEVICE, MIGCTL_TIMEOUT: see the Env* constants), meets the other
+// ranks at the rendezvous, learns the topology (which ranks share a physical
+// GPU, whether any is a MIG instance, whether all are on one host), maps the
+// job's shared-memory segment and picks the transport and the all-reduce
+// algorithm from that topology exactly as `migctl bench` does:
+//
+//   - ranks on one physical GPU (MIG instances of one GPU, or several
+//     processes on one GPU), and the host backend: host-staged reduction
+//     through shared host memory;
+//   - one rank on each of several non-MIG GPUs of one host: a ring through
+//     CUDA IPC;
+//   - otherwise a ring through shared host memory.
+//
+// Functional options (WithTransport, WithAlgorithm, WithTuning, ...) override
+// the choice and the environment. A program started without a launcher and
+// without WORLD_SIZE is a group of one (every collective is a copy), so the
+// same binary runs alone and under `migctl run`.
+//
+// Every rank must ask for the same settings (world size, transport,
+// algorithm, tuning, and whatever WithSettings adds); the rendezvous compares
+// them and fails every rank at once, naming the rank and the difference. A
+// group whose ranks span several hosts fails at Init with ErrMultiNode (the
+// inter-node stage is not built yet), never a hang.
+//
+// # Collectives
+//
+// AllReduce (Sum, Avg, Min, Max), ReduceScatter, AllGather, Broadcast and
+// Barrier run on Buffers: HostSlice wraps a Go slice, HostBytes raw bytes of
+// any DType (Float16 and BFloat16 too), DeviceBuffer a CUDA device pointer in
+// the device's primary context with the stream its contents were produced on.
+// A collective on a device buffer first waits for the work queued so far on
+// that stream (an event, never a device-wide sync); when the call returns the
+// result is in the receive buffer, so work the caller queues afterwards sees
+// it. Alloc gives a Buffer on the group's device for programs that own no
+// CUDA memory; Write and Read copy to and from it.
+//
+// Every rank must issue the same collectives in the same order with the same
+// counts. A Group is safe for concurrent use: calls are queued and run one at
+// a time in the order they were issued. The Async variants return a *Work at
+// once; its Wait blocks until the collective has finished. Buffers belong to
+// the collective until then.
+//
+// Every collective has a deadline (WithTimeout, MIGCTL_TIMEOUT; default 5m):
+// a dead or stalled peer becomes an error on every rank, never a hang.
+//
+// # Preemption
+//
+// The node daemon can swap a whole job out (every rank, as a gang) to give
+// its GPU memory to a higher-priority job, for seconds or minutes. While the
+// job is held, collective deadlines do not run, so a long hold does not fail
+// the job; new collectives wait until the job is swapped back in. OnSwapOut
+// and OnSwapIn register callbacks. A rank on the host backend registers with
+// the daemon itself (MIGSWAP_SOCKET, MIGSWAP_JOB, MIGSWAP_PRIORITY) as a
+// process holding no GPU memory, so a host-backend job is preempted as a gang
+// too.
+//
+// Errors wrap the sentinels of package comm (comm.ErrPeerDead,
+// comm.ErrAborted, comm.ErrInvalid) and this package's (ErrTimeout,
+// ErrMultiNode, ErrClosed, ErrUnsupported); match them with errors.Is.
+package trainer

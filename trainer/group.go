@@ -1,0 +1,439 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/allreduce/kernels"
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/comm/shm"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// Sentinel errors of this package (the comm sentinels are returned too).
+var (
+	// ErrTimeout: a collective ran past its deadline (time held by a swap
+	// not counted).
+	ErrTimeout = errors.New("collective deadline exceeded")
+	// ErrMultiNode: the group's ranks are on several hosts; Go groups do
+	// not span nodes yet.
+	ErrMultiNode = errors.New("group spans several hosts")
+	// ErrClosed: the Group was closed.
+	ErrClosed = errors.New("group closed")
+	// ErrUnsupported: the call cannot run on this group (say, a device
+	// buffer on the host backend).
+	ErrUnsupported = errors.New("not supported")
+)
+
+// setupTimeout bounds the rendezvous and the shared-memory join in Init
+// when ctx has no deadline of its own.
+const setupTimeout = 5 * time.Minute
+
+// Group is this process's membership in a job's group of ranks. Its methods
+// are safe for concurrent use; collectives run one at a time in the order
+// they were issued.
+type Group struct {
+	cfg       config
+	rank      int
+	size      int
+	localRank int
+	localSize int
+	peers     []rendezvous.Peer
+	topo      rendezvous.Topology
+
+	dev       comm.Device
+	kv        kv
+	closeKV   func() error
+	job       *comm.ShmJob
+	tr        *comm.ShmTransport
+	exec      *allreduce.Executor
+	cm        *allreduce.Communicator
+	stream    comm.Stream
+	transport Transport
+	alg       allreduce.Algorithm
+
+	queue   chan *Work
+	stopped chan struct{}
+
+	hold *holdState
+	swap *swapMember
+
+	// Owned by the worker goroutine.
+	scratch map[string]comm.Buffer
+	ipc     *ipcState
+
+	closeOnce sync.Once
+	closeErr  error
+	mu        sync.Mutex
+	closed    bool
+}
+
+// kv is what the group needs of a rendezvous client.
+type kv interface {
+	comm.KV
+	Abort(ctx context.Context, reason string) error
+}
+
+// Init joins the group this process belongs to, as the environment and opts
+// describe (see the package documentation), and returns once every rank has
+// joined and the transport is up. ctx bounds the setup (default 5m).
+func Init(ctx context.Context, opts ...Option) (_ *Group, err error) {
+	var c config
+	if err := fromEnv(&c, os.Getenv); err != nil {
+		return nil, fmt.Errorf("trainer: reading the environment: %w", err)
+	}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, fmt.Errorf("trainer: %w", err)
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, setupTimeout)
+		defer cancel()
+	}
+	g := &Group{cfg: c, queue: make(chan *Work, 64), stopped: make(chan struct{}), scratch: map[string]comm.Buffer{},
+		hold: newHoldState()}
+	defer func() {
+		if err != nil {
+			if g.kv != nil {
+				actx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_ = g.kv.Abort(actx, fmt.Sprintf("rank %d failed to join: %v", c.rank, err))
+				cancel()
+			}
+			g.release()
+			err = fmt.Errorf("trainer: rank %d: %w", c.rank, err)
+		}
+	}()
+	if err := g.openDevice(); err != nil {
+		return nil, err
+	}
+	self := g.self()
+	var m rendezvous.Membership
+	switch {
+	case c.addr != "":
+		client, err := rendezvous.Dial(c.addr, c.token)
+		if err != nil {
+			return nil, err
+		}
+		g.kv, g.closeKV = client, client.Close
+		if m, err = client.Register(ctx, c.rank, self); err != nil {
+			return nil, err
+		}
+	case c.size == 1:
+		local := newLocalKV()
+		g.kv, g.closeKV = local, func() error { return nil }
+		self.Rank = 0
+		m = rendezvous.Membership{Rank: 0, World: 1, Peers: []rendezvous.Peer{self},
+			Topology: rendezvous.Topology{SameHost: true, SameGPU: true, AnyMIG: self.MIG}}
+	default:
+		return nil, fmt.Errorf("%s=%d but no rendezvous: start the program with `migctl run`, or set %s and %s: %w",
+			EnvWorldSize, c.size, EnvRendezvous, EnvToken, comm.ErrInvalid)
+	}
+	g.rank, g.size, g.peers, g.topo = m.Rank, m.World, m.Peers, m.Topology
+	if !m.Topology.SameHost {
+		return nil, fmt.Errorf("the group's %d ranks are on %d hosts; a Go group spans one node for now (run one group per node, or PyTorch's hierarchical backend): %w",
+			g.size, countHosts(m.Peers), ErrMultiNode)
+	}
+	g.localRank, g.localSize = c.localRank, c.localSize
+	if g.localRank < 0 || g.localSize < 1 {
+		g.localRank, g.localSize = g.rank, g.size // one host, checked above
+	}
+	if err := g.chooseAlgorithm(); err != nil {
+		return nil, err
+	}
+	if err := g.connect(ctx); err != nil {
+		return nil, err
+	}
+	if g.swap, err = joinSwap(ctx, g); err != nil {
+		return nil, err
+	}
+	go g.work()
+	return g, nil
+}
+
+func countHosts(peers []rendezvous.Peer) int {
+	hosts := map[string]bool{}
+	for _, p := range peers {
+		hosts[p.Host] = true
+	}
+	return len(hosts)
+}
+
+// self is what this rank reports at the rendezvous.
+func (g *Group) self() rendezvous.Peer {
+	c := g.cfg
+	host, _ := os.Hostname()
+	p := rendezvous.Peer{Rank: c.rank, Host: host, PID: os.Getpid(), World: c.size, Settings: map[string]string{}}
+	if td, ok := g.dev.(comm.TopologyDevice); ok {
+		t := td.Topology()
+		p.GPUUUID, p.MIG, p.ParentGPUUUID = t.UUID, t.MIG, t.ParentUUID
+		if t.PCIBusID != "" {
+			p.ParentGPUUUID = "pci:" + t.PCIBusID
+		}
+	} else {
+		// Every host-backend rank of a host shares one virtual GPU.
+		p.GPUUUID = "host:" + host
+		p.ParentGPUUUID = p.GPUUUID
+	}
+	for k, v := range c.settings {
+		p.Settings[k] = v
+	}
+	t := c.tuning
+	p.Settings["trainer.transport"] = string(c.transport)
+	p.Settings["trainer.algorithm"] = string(c.algorithm)
+	p.Settings["trainer.chunk"] = strconv.Itoa(t.Chunk)
+	p.Settings["trainer.slots"] = strconv.Itoa(t.Slots)
+	p.Settings["trainer.small"] = strconv.Itoa(t.SmallBytes)
+	return p
+}
+
+// openDevice opens the rank's device: injected, host memory, or CUDA.
+func (g *Group) openDevice() error {
+	c := &g.cfg
+	if c.dev != nil {
+		g.dev = c.dev
+		if _, ok := c.dev.(comm.TopologyDevice); ok {
+			c.backend = BackendGPU
+		} else {
+			c.backend = BackendHost
+		}
+		return nil
+	}
+	api := c.api
+	if api == nil && c.backend != BackendHost {
+		if os.Getenv(EnvCUDAFake) == "1" {
+			f := cuda.NewFake()
+			comm.InstallFakeCUDAKernels(f)
+			api = f
+		} else if real, err := cuda.Open(); err == nil {
+			api = real
+		} else if c.backend == BackendGPU {
+			return fmt.Errorf("opening the CUDA driver for %s=gpu: %w (without a GPU, use %s=host)", EnvBackend, err, EnvBackend)
+		}
+	}
+	if api != nil && c.backend == BackendAuto {
+		if err := api.Init(0); err != nil {
+			api = nil
+		} else if n, err := api.DeviceGetCount(); err != nil || n == 0 {
+			api = nil
+		}
+	}
+	if api == nil {
+		c.backend = BackendHost
+		g.dev = comm.NewHostDevice(comm.HostOptions{ReduceWorkers: c.tuning.ReduceWorkers})
+		return nil
+	}
+	c.backend = BackendGPU
+	mode, err := comm.ParseH2DMode(os.Getenv(EnvSmallH2D))
+	if err != nil {
+		return fmt.Errorf("%s: %w", EnvSmallH2D, err)
+	}
+	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: c.device, PTX: kernels.PTX, SmallH2D: mode})
+	if err != nil {
+		return fmt.Errorf("opening CUDA device %d: %w", c.device, err)
+	}
+	g.dev = dev
+	return nil
+}
+
+// chooseAlgorithm picks the transport and the all-reduce algorithm from the
+// topology the rendezvous reported.
+func (g *Group) chooseAlgorithm() error {
+	c, top := g.cfg, g.topo
+	_, ipcOK := g.dev.(comm.IPCDevice)
+	t := c.transport
+	if t == TransportAuto {
+		t = TransportShm
+		if ipcOK && c.backend == BackendGPU && !top.AnyMIG && !top.SameGPU && top.SameHost && g.size > 1 {
+			t = TransportIPC
+		}
+	}
+	g.transport = t
+	if t == TransportIPC {
+		switch {
+		case !ipcOK:
+			return fmt.Errorf("transport ipc: the %s backend cannot share buffers through CUDA IPC: %w", c.backend, ErrUnsupported)
+		case top.AnyMIG:
+			return fmt.Errorf("transport ipc: CUDA IPC does not work between MIG instances; use the shm transport: %w", ErrUnsupported)
+		}
+		g.alg = allreduce.RingIPC
+		return nil
+	}
+	switch c.algorithm {
+	case AlgorithmRing:
+		g.alg = allreduce.Ring
+	case AlgorithmHostStaged:
+		g.alg = allreduce.HostStaged
+	default:
+		g.alg = allreduce.Ring
+		if top.SameGPU || c.backend == BackendHost {
+			g.alg = allreduce.HostStaged
+		}
+	}
+	return nil
+}
+
+// connect maps the job's shared segment and builds the executor.
+func (g *Group) connect(ctx context.Context) error {
+	c := g.cfg
+	t := c.tuning
+	opts := allreduce.Options{Chunk: t.Chunk, Slots: t.Slots, Depth: t.Depth, ReduceWorkers: t.ReduceWorkers,
+		EventSpin: t.Spin, SmallBytes: t.SmallBytes}
+	if t.SmallBytes == 0 {
+		opts.SmallBytes = allreduce.DefaultSmallBytes
+	}
+	if c.trace != nil && (g.rank == 0 || c.traceAll) {
+		opts.Trace = c.trace
+	}
+	chunk, slots := t.Chunk, t.Slots
+	if chunk <= 0 {
+		chunk = 2 << 20
+	}
+	if slots <= 0 {
+		slots = 4
+	}
+	layout := shm.Layout{World: g.size, Flags: g.size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(g.size, chunk, slots)}
+	job := c.job
+	if job == "" {
+		job = "trainer"
+	}
+	var err error
+	if g.job, err = comm.JoinShm(ctx, g.kv, g.rank, job, c.shmRoot, layout); err != nil {
+		return err
+	}
+	if g.tr, err = comm.NewShmTransport(g.job.Control, g.rank, comm.ShmOptions{Spin: t.Spin}); err != nil {
+		return err
+	}
+	if g.exec, err = allreduce.NewExecutor(g.dev, g.tr, opts); err != nil {
+		return err
+	}
+	g.cm = allreduce.NewCommunicator(g.exec, g.alg)
+	if g.stream, err = g.dev.NewStream(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Rank is this process's rank in [0, Size).
+func (g *Group) Rank() int { return g.rank }
+
+// Size is the number of ranks.
+func (g *Group) Size() int { return g.size }
+
+// LocalRank is the rank among the ranks of this node.
+func (g *Group) LocalRank() int { return g.localRank }
+
+// LocalSize is the number of ranks on this node.
+func (g *Group) LocalSize() int { return g.localSize }
+
+// NodeRank is this node's index among the job's nodes (GROUP_RANK).
+func (g *Group) NodeRank() int { return g.cfg.nodeRank }
+
+// NumNodes is the number of nodes (GROUP_WORLD_SIZE).
+func (g *Group) NumNodes() int { return g.cfg.numNodes }
+
+// Generation is the restart generation (0 on the first run).
+func (g *Group) Generation() int { return g.cfg.generation }
+
+// Backend is where this rank's buffers live.
+func (g *Group) Backend() Backend { return g.cfg.backend }
+
+// Transport is the transport in use.
+func (g *Group) Transport() Transport { return g.transport }
+
+// Algorithm names the all-reduce algorithm ("ring", "hoststaged", "ring-ipc").
+func (g *Group) Algorithm() string { return g.alg.String() }
+
+// Timeout is every collective's deadline.
+func (g *Group) Timeout() time.Duration { return g.cfg.timeout }
+
+// Peers are every rank's rendezvous records, by rank.
+func (g *Group) Peers() []rendezvous.Peer { return append([]rendezvous.Peer(nil), g.peers...) }
+
+// Close waits for queued collectives, then leaves the group and releases
+// the shared segment, the device and the daemon connection. It does not wait
+// for the other ranks. Safe to call more than once.
+func (g *Group) Close() error {
+	g.closeOnce.Do(func() {
+		g.mu.Lock()
+		g.closed = true
+		close(g.queue)
+		g.mu.Unlock()
+		<-g.stopped
+		g.closeErr = g.release()
+	})
+	return g.closeErr
+}
+
+// release frees what Init acquired, in reverse order.
+func (g *Group) release() error {
+	var errs []error
+	if g.swap != nil {
+		errs = append(errs, g.swap.Close())
+	}
+	g.freeIPC()
+	if g.stream != nil {
+		errs = append(errs, g.stream.Close())
+	}
+	if g.exec != nil {
+		errs = append(errs, g.exec.Close())
+	}
+	if g.tr != nil {
+		errs = append(errs, g.tr.Close())
+	}
+	if g.job != nil {
+		errs = append(errs, g.job.Close())
+	}
+	if g.closeKV != nil {
+		errs = append(errs, g.closeKV())
+	}
+	if g.dev != nil && g.cfg.dev == nil {
+		errs = append(errs, g.dev.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Abort fails the group's collectives on every rank (the running ones and
+// all later ones) with reason: a rank that cannot go on releases the others
+// at once instead of at their deadline.
+func (g *Group) Abort(reason string) {
+	if g.tr != nil {
+		g.tr.Abort()
+	}
+	if g.kv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = g.kv.Abort(ctx, fmt.Sprintf("rank %d: %s", g.rank, reason))
+	}
+}
+
+// Store is a small key-value store shared by the group's ranks (the
+// rendezvous'). Keys are written once; Get blocks until the key exists.
+type Store interface {
+	Put(ctx context.Context, key string, value []byte) error
+	Get(ctx context.Context, key string) ([]byte, error)
+}
+
+// Store returns the group's key-value store. Its keys do not collide with
+// the ones migctl uses itself.
+func (g *Group) Store() Store { return prefixStore{kv: g.kv, prefix: "user/"} }
+
+type prefixStore struct {
+	kv     comm.KV
+	prefix string
+}
+
+func (s prefixStore) Put(ctx context.Context, k string, v []byte) error {
+	return s.kv.Put(ctx, s.prefix+k, v)
+}
+func (s prefixStore) Get(ctx context.Context, k string) ([]byte, error) {
+	return s.kv.Get(ctx, s.prefix+k)
+}

@@ -1,0 +1,397 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// world hosts a rendezvous and runs body on n in-process ranks, each its
+// own Group, and returns every rank's error (Init's or body's).
+func world(t *testing.T, n int, opts func(rank int) []Option, body func(g *Group) error) []error {
+	t.Helper()
+	srv, err := rendezvous.NewServer("tok", n)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rdzv.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := []Option{WithRendezvous("unix://"+sock, "tok"), WithRank(r, n), WithShmRoot(dir), WithJob("t"),
+				WithBackend(BackendHost), WithTimeout(20 * time.Second)}
+			if opts != nil {
+				o = append(o, opts(r)...)
+			}
+			g, err := Init(ctx, o...)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = errors.Join(body(g), g.Close())
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func requireAll(t *testing.T, errs []error) {
+	t.Helper()
+	require.NoError(t, errors.Join(errs...))
+}
+
+// input is rank r's exactly representable element i: distinct for every
+// rank and position.
+func input(r, i int) float32 { return float32((r+1)*1000 + i%997) }
+
+func TestSingleRankWithoutLauncher(t *testing.T) {
+	ctx := context.Background()
+	g, err := Init(ctx, WithBackend(BackendHost), WithShmRoot(t.TempDir()))
+	require.NoError(t, err)
+	defer g.Close()
+	require.Equal(t, 0, g.Rank())
+	require.Equal(t, 1, g.Size())
+	require.Equal(t, BackendHost, g.Backend())
+	send := []float32{1, 2, 3}
+	recv := make([]float32, 3)
+	require.NoError(t, g.AllReduce(ctx, HostSlice(send), HostSlice(recv), Sum))
+	require.Equal(t, send, recv)
+	require.NoError(t, g.Barrier(ctx))
+}
+
+func TestCollectivesHost(t *testing.T) {
+	for _, n := range []int{2, 3, 7} {
+		t.Run(fmt.Sprintf("%d ranks", n), func(t *testing.T) {
+			const count = 1003 // odd: not a multiple of anything
+			errs := world(t, n, nil, func(g *Group) error {
+				ctx := context.Background()
+				r := g.Rank()
+				send := make([]float32, count)
+				for i := range send {
+					send[i] = input(r, i)
+				}
+				for _, op := range []Op{Sum, Avg, Min, Max} {
+					recv := make([]float32, count)
+					if err := g.AllReduce(ctx, HostSlice(send), HostSlice(recv), op); err != nil {
+						return err
+					}
+					for i, got := range recv {
+						var want float64
+						switch op {
+						case Sum, Avg:
+							for q := range n {
+								want += float64(input(q, i))
+							}
+							if op == Avg {
+								want /= float64(n)
+							}
+						case Min:
+							want = float64(input(0, i))
+						case Max:
+							want = float64(input(n-1, i))
+						}
+						if math.Abs(float64(got)-want) > 1e-3*math.Abs(want) {
+							return fmt.Errorf("allreduce %v: element %d = %v, want %v", op, i, got, want)
+						}
+					}
+				}
+				// In place, int64.
+				v := []int64{int64(r), int64(10 * r)}
+				if err := g.AllReduce(ctx, HostSlice(v), HostSlice(v), Sum); err != nil {
+					return err
+				}
+				if want := int64(n * (n - 1) / 2); v[0] != want || v[1] != 10*want {
+					return fmt.Errorf("in-place int64 sum = %v, want %d, %d", v, want, 10*want)
+				}
+				// All-gather: block q holds rank q's input.
+				gath := make([]float32, n*count)
+				if err := g.AllGather(ctx, HostSlice(send), HostSlice(gath)); err != nil {
+					return err
+				}
+				for q := range n {
+					for i := range count {
+						if gath[q*count+i] != input(q, i) {
+							return fmt.Errorf("allgather block %d element %d = %v, want %v", q, i, gath[q*count+i], input(q, i))
+						}
+					}
+				}
+				// Reduce-scatter of the gathered vectors (the same on every rank): block r times n.
+				blk := make([]float32, count)
+				if err := g.ReduceScatter(ctx, HostSlice(gath), HostSlice(blk), Sum); err != nil {
+					return err
+				}
+				for i := range count {
+					if want := float32(n) * input(r, i); blk[i] != want {
+						return fmt.Errorf("reducescatter element %d = %v, want %v", i, blk[i], want)
+					}
+				}
+				// Broadcast from the last rank, in place.
+				b := make([]float32, count)
+				copy(b, send)
+				if err := g.Broadcast(ctx, HostSlice(b), HostSlice(b), n-1); err != nil {
+					return err
+				}
+				for i := range count {
+					if b[i] != input(n-1, i) {
+						return fmt.Errorf("broadcast element %d = %v, want %v", i, b[i], input(n-1, i))
+					}
+				}
+				return g.Barrier(ctx)
+			})
+			requireAll(t, errs)
+		})
+	}
+}
+
+func TestHostBytesHalfAndMisaligned(t *testing.T) {
+	const n = 3
+	errs := world(t, n, nil, func(g *Group) error {
+		ctx := context.Background()
+		// bfloat16 1.0 is 0x3f80; three ranks sum to 3.0 = 0x4040.
+		raw := make([]byte, 2*5+1)
+		b := raw[1:] // misaligned on purpose: staged through scratch
+		for i := 0; i < len(b); i += 2 {
+			b[i], b[i+1] = 0x80, 0x3f
+		}
+		if err := g.AllReduce(ctx, HostBytes(b, BFloat16), HostBytes(b, BFloat16), Sum); err != nil {
+			return err
+		}
+		for i := 0; i < len(b); i += 2 {
+			if b[i] != 0x40 || b[i+1] != 0x40 {
+				return fmt.Errorf("bf16 element %d = %#x%02x, want 0x4040", i/2, b[i+1], b[i])
+			}
+		}
+		return nil
+	})
+	requireAll(t, errs)
+}
+
+func TestAsyncKeepsOrder(t *testing.T) {
+	const n, calls = 3, 20
+	errs := world(t, n, nil, func(g *Group) error {
+		ctx := context.Background()
+		bufs := make([][]int32, calls)
+		works := make([]*Work, calls)
+		for k := range calls {
+			bufs[k] = []int32{int32(k * (g.Rank() + 1))}
+			works[k] = g.AllReduceAsync(ctx, HostSlice(bufs[k]), HostSlice(bufs[k]), Sum)
+		}
+		for k, w := range works {
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+			if want := int32(k * n * (n + 1) / 2); bufs[k][0] != want {
+				return fmt.Errorf("call %d = %d, want %d", k, bufs[k][0], want)
+			}
+		}
+		return nil
+	})
+	requireAll(t, errs)
+}
+
+func TestBadOperands(t *testing.T) {
+	ctx := context.Background()
+	g, err := Init(ctx, WithBackend(BackendHost), WithShmRoot(t.TempDir()))
+	require.NoError(t, err)
+	defer g.Close()
+	f := make([]float32, 4)
+	tests := []struct {
+		desc string
+		run  func() error
+		want error
+	}{
+		{"dtype mismatch", func() error { return g.AllReduce(ctx, HostSlice(f), HostSlice(make([]int32, 4)), Sum) }, comm.ErrInvalid},
+		{"receive too short", func() error { return g.AllReduce(ctx, HostSlice(f), HostSlice(f[:2]), Sum) }, comm.ErrInvalid},
+		{"odd bytes", func() error {
+			return g.AllReduce(ctx, HostBytes(make([]byte, 7), Float32), HostBytes(make([]byte, 7), Float32), Sum)
+		}, comm.ErrInvalid},
+		{"unknown op", func() error { return g.AllReduce(ctx, HostSlice(f), HostSlice(f), Op(9)) }, comm.ErrInvalid},
+		{"root out of range", func() error { return g.Broadcast(ctx, HostSlice(f), HostSlice(f), 1) }, comm.ErrInvalid},
+		{"device buffer on the host backend", func() error {
+			return g.AllReduce(ctx, DeviceBuffer(0x1000, 4, Float32, 0), DeviceBuffer(0x1000, 4, Float32, 0), Sum)
+		}, ErrUnsupported},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			require.ErrorIs(t, tc.run(), tc.want)
+		})
+	}
+	require.NoError(t, g.Close())
+	require.ErrorIs(t, g.Barrier(ctx), ErrClosed)
+}
+
+func TestMissingRendezvous(t *testing.T) {
+	t.Setenv(EnvWorldSize, "4")
+	t.Setenv(EnvRank, "1")
+	_, err := Init(context.Background(), WithBackend(BackendHost))
+	require.ErrorIs(t, err, comm.ErrInvalid)
+	require.ErrorContains(t, err, "migctl run")
+}
+
+func TestFromEnv(t *testing.T) {
+	env := map[string]string{
+		EnvRank: "5", EnvWorldSize: "7", EnvLocalRank: "1", EnvLocalWorldSize: "3", EnvGroupRank: "1", EnvGroupWorldSize: "2",
+		EnvRestartCount: "2", EnvRendezvous: "unix:///x.sock", EnvToken: "s3", EnvJob: "j", EnvBackend: "host",
+		EnvDevice: "0", EnvTimeout: "90s",
+	}
+	var c config
+	require.NoError(t, fromEnv(&c, func(k string) string { return env[k] }))
+	require.Equal(t, 5, c.rank)
+	require.Equal(t, 7, c.size)
+	require.Equal(t, 1, c.localRank)
+	require.Equal(t, 3, c.localSize)
+	require.Equal(t, 1, c.nodeRank)
+	require.Equal(t, 2, c.numNodes)
+	require.Equal(t, 2, c.generation)
+	require.Equal(t, "unix:///x.sock", c.addr)
+	require.Equal(t, "s3", c.token)
+	require.Equal(t, BackendHost, c.backend)
+	require.Equal(t, 90*time.Second, c.timeout)
+
+	bad := []map[string]string{
+		{EnvRank: "7", EnvWorldSize: "7"},
+		{EnvRank: "-1"},
+		{EnvWorldSize: "zero"},
+		{EnvBackend: "tpu"},
+		{EnvTimeout: "soon"},
+		{EnvTimeout: "-1s"},
+	}
+	for _, b := range bad {
+		require.ErrorIs(t, fromEnv(&c, func(k string) string { return b[k] }), comm.ErrInvalid, "%v", b)
+	}
+}
+
+func TestDeadlineNamesTimeout(t *testing.T) {
+	const n = 2
+	start := time.Now()
+	errs := world(t, n, func(int) []Option { return []Option{WithTimeout(500 * time.Millisecond)} }, func(g *Group) error {
+		ctx := context.Background()
+		if g.Rank() == 1 {
+			// Stay in the group (heartbeat alive) but never call: rank 0 must time out.
+			time.Sleep(1500 * time.Millisecond)
+			return nil
+		}
+		return g.Barrier(ctx)
+	})
+	require.ErrorIs(t, errs[0], ErrTimeout)
+	require.NoError(t, errs[1])
+	require.Less(t, time.Since(start), 15*time.Second)
+}
+
+func TestHoldPausesDeadline(t *testing.T) {
+	const n = 2
+	errs := world(t, n, func(int) []Option { return []Option{WithTimeout(300 * time.Millisecond)} }, func(g *Group) error {
+		ctx := context.Background()
+		var outs, ins atomic.Int32
+		g.OnSwapOut(func() { outs.Add(1) })
+		g.OnSwapIn(func() { ins.Add(1) })
+		release := func() { time.Sleep(1200 * time.Millisecond); g.hold.in() }
+		if g.Rank() == 0 {
+			// Held before it issues anything: the barrier waits for the swap-in.
+			g.hold.out()
+			go release()
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+		} else {
+			// Already waiting in the barrier when the gang swap arrives; it
+			// waits four deadlines for rank 0 and must not time out.
+			w := g.BarrierAsync(ctx)
+			time.Sleep(50 * time.Millisecond)
+			g.hold.out()
+			go release()
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		// Rank 1 is still held here: its next barrier waits for the swap-in.
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+		if outs.Load() != 1 || ins.Load() != 1 || g.Held() {
+			return fmt.Errorf("hooks ran %d out, %d in, held %v; want 1, 1, false", outs.Load(), ins.Load(), g.Held())
+		}
+		return nil
+	})
+	requireAll(t, errs)
+}
+
+func TestGPUBackendOnFakeDriver(t *testing.T) {
+	const n, count = 3, 300
+	errs := world(t, n, func(int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		return []Option{withCUDA(f), WithBackend(BackendGPU)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		if g.Backend() != BackendGPU {
+			return fmt.Errorf("backend %s, want gpu", g.Backend())
+		}
+		r := g.Rank()
+		// Host slices are staged through device scratch.
+		send := make([]float32, count)
+		for i := range send {
+			send[i] = input(r, i)
+		}
+		recv := make([]float32, count)
+		if err := g.AllReduce(ctx, HostSlice(send), HostSlice(recv), Max); err != nil {
+			return err
+		}
+		for i := range recv {
+			if recv[i] != input(n-1, i) {
+				return fmt.Errorf("staged max element %d = %v, want %v", i, recv[i], input(n-1, i))
+			}
+		}
+		// Device buffers: allocated on the group's device, and a raw
+		// pointer to the same memory with the legacy default stream.
+		dev, err := g.Alloc(count, Float32)
+		if err != nil {
+			return err
+		}
+		if !dev.OnDevice() {
+			return errors.New("Alloc on the gpu backend returned host memory")
+		}
+		if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
+			return err
+		}
+		raw := DeviceBuffer(uintptr(dev.own.(*comm.CUDABuffer).Ptr()), count, Float32, 0)
+		if err := g.AllReduce(ctx, raw, raw, Sum); err != nil {
+			return err
+		}
+		if err := g.Read(ctx, HostSlice(recv).Host(), dev); err != nil {
+			return err
+		}
+		for i := range recv {
+			var want float32
+			for q := range n {
+				want += input(q, i)
+			}
+			if recv[i] != want {
+				return fmt.Errorf("device sum element %d = %v, want %v", i, recv[i], want)
+			}
+		}
+		return g.Free(dev)
+	})
+	requireAll(t, errs)
+}

@@ -1,0 +1,320 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// withOperands resolves send and recv to buffers of the group's device
+// (wrapping the caller's memory where the device can use it, staging
+// through scratch buffers where not), runs f, and copies a staged result
+// back. sendN and recvN are the elements the collective reads and writes.
+func (g *Group) withOperands(ctx context.Context, send, recv Buffer, sendN, recvN int, f func(s, r comm.Buffer) error) error {
+	if err := g.waitStreams(ctx, send, recv); err != nil {
+		return err
+	}
+	inPlace := same(send, recv)
+	es := send.dtype.Size()
+	n := max(sendN, recvN)
+	if !inPlace {
+		n = sendN
+	}
+	s, sStaged, err := g.operand(ctx, "send", send, n*es, true)
+	if err != nil {
+		return err
+	}
+	r := s
+	rStaged := sStaged
+	if !inPlace {
+		if r, rStaged, err = g.operand(ctx, "recv", recv, recvN*es, false); err != nil {
+			return err
+		}
+	}
+	if err := f(s, r); err != nil {
+		return err
+	}
+	if !rStaged || recvN == 0 {
+		return nil
+	}
+	// The result goes back to the caller's host memory.
+	if err := g.stream.CopyToHost(recv.host[:recvN*es], r, 0); err != nil {
+		return fmt.Errorf("copying the result back: %w", err)
+	}
+	return g.stream.Synchronize(ctx)
+}
+
+// waitStreams orders the collective after the work queued on the callers'
+// streams (device buffers only).
+func (g *Group) waitStreams(ctx context.Context, bufs ...Buffer) error {
+	var waited []uintptr
+	for _, b := range bufs {
+		if !b.OnDevice() || b.own != nil && b.stream == 0 {
+			continue
+		}
+		dup := false
+		for _, s := range waited {
+			dup = dup || s == b.stream
+		}
+		if dup {
+			continue
+		}
+		ext, ok := g.dev.(comm.ExternalDevice)
+		if !ok {
+			return fmt.Errorf("device buffers need the gpu backend (this group runs on %s): %w", g.cfg.backend, ErrUnsupported)
+		}
+		if err := ext.WaitStream(ctx, b.stream); err != nil {
+			return fmt.Errorf("waiting for the caller's stream: %w", err)
+		}
+		waited = append(waited, b.stream)
+	}
+	return nil
+}
+
+// operand returns b as a buffer of the group's device of at least n bytes,
+// and whether it is a staged copy (load: copy the caller's contents in).
+func (g *Group) operand(ctx context.Context, role string, b Buffer, n int, load bool) (comm.Buffer, bool, error) {
+	switch {
+	case b.own != nil:
+		return b.own, false, nil
+	case b.OnDevice():
+		ext, ok := g.dev.(comm.ExternalDevice)
+		if !ok {
+			return nil, false, fmt.Errorf("device buffers need the gpu backend (this group runs on %s): %w", g.cfg.backend, ErrUnsupported)
+		}
+		buf, err := ext.WrapPointer(b.ptr, b.Bytes())
+		return buf, false, err
+	}
+	if g.cfg.backend == BackendHost && comm.HostAligned(b.host, b.dtype.Size()) {
+		return comm.WrapHostBytes(b.host), false, nil
+	}
+	// Stage: host memory on the gpu backend, or misaligned host memory.
+	s, err := g.scratchBuf(role, n)
+	if err != nil {
+		return nil, false, err
+	}
+	if load && n > 0 {
+		if err := g.stream.CopyFromHost(s, 0, b.host[:n]); err != nil {
+			return nil, false, fmt.Errorf("staging the %s buffer: %w", role, err)
+		}
+		if err := g.stream.Synchronize(ctx); err != nil {
+			return nil, false, fmt.Errorf("staging the %s buffer: %w", role, err)
+		}
+	}
+	return s, true, nil
+}
+
+// scratchBuf returns the group's scratch buffer for role with at least n
+// bytes (grown by doubling). Worker goroutine only.
+func (g *Group) scratchBuf(role string, n int) (comm.Buffer, error) {
+	if b := g.scratch[role]; b != nil && b.Len() >= n {
+		return b, nil
+	}
+	size := 1 << 20
+	for size < n {
+		size *= 2
+	}
+	if old := g.scratch[role]; old != nil {
+		if err := g.free(old); err != nil {
+			return nil, err
+		}
+		delete(g.scratch, role)
+	}
+	b, err := g.dev.Alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("allocating %d bytes of scratch: %w", size, err)
+	}
+	g.scratch[role] = b
+	return b, nil
+}
+
+// freer is a Device that frees single buffers (the CUDA device; the host
+// device's buffers are garbage collected).
+type freer interface{ Free(comm.Buffer) error }
+
+func (g *Group) free(b comm.Buffer) error {
+	if f, ok := g.dev.(freer); ok {
+		return f.Free(b)
+	}
+	return nil
+}
+
+// Alloc returns a buffer of count elements of dt on the group's device
+// (device memory on the gpu backend, host memory on the host backend),
+// zeroed on the host backend, not initialised on the gpu backend. Free
+// releases it; Close releases it too.
+func (g *Group) Alloc(count int, dt DType) (Buffer, error) {
+	if count < 0 {
+		return Buffer{}, fmt.Errorf("allocating %d elements: %w", count, comm.ErrInvalid)
+	}
+	b, err := g.dev.Alloc(max(count*dt.Size(), 1))
+	if err != nil {
+		return Buffer{}, err
+	}
+	if hb, ok := b.(*comm.HostBuffer); ok {
+		return Buffer{host: hb.Bytes()[:count*dt.Size()], count: count, dtype: dt}, nil
+	}
+	var ptr uintptr
+	if cb, ok := b.(*comm.CUDABuffer); ok {
+		ptr = uintptr(cb.Ptr())
+	}
+	return Buffer{own: b, ptr: ptr, count: count, dtype: dt}, nil
+}
+
+// Free releases a buffer from Alloc.
+func (g *Group) Free(b Buffer) error {
+	if b.own == nil {
+		return nil
+	}
+	return g.free(b.own)
+}
+
+// Write copies src into dst (a buffer from Alloc, or any Buffer) in order
+// with the group's collectives.
+func (g *Group) Write(ctx context.Context, dst Buffer, src []byte) error {
+	if len(src) > dst.Bytes() {
+		return fmt.Errorf("writing %d bytes into a %d-byte buffer: %w", len(src), dst.Bytes(), comm.ErrInvalid)
+	}
+	return g.wait(g.submit(ctx, "write", func(ctx context.Context) error {
+		if !dst.OnDevice() {
+			copy(dst.host, src)
+			return nil
+		}
+		b, _, err := g.operand(ctx, "write", dst, dst.Bytes(), false)
+		if err != nil {
+			return err
+		}
+		if err := g.waitStreams(ctx, dst); err != nil {
+			return err
+		}
+		if err := g.stream.CopyFromHost(b, 0, src); err != nil {
+			return err
+		}
+		return g.stream.Synchronize(ctx)
+	}))
+}
+
+// Read copies src into dst in order with the group's collectives.
+func (g *Group) Read(ctx context.Context, dst []byte, src Buffer) error {
+	if len(dst) > src.Bytes() {
+		return fmt.Errorf("reading %d bytes from a %d-byte buffer: %w", len(dst), src.Bytes(), comm.ErrInvalid)
+	}
+	return g.wait(g.submit(ctx, "read", func(ctx context.Context) error {
+		if !src.OnDevice() {
+			copy(dst, src.host)
+			return nil
+		}
+		b, _, err := g.operand(ctx, "read", src, src.Bytes(), false)
+		if err != nil {
+			return err
+		}
+		if err := g.waitStreams(ctx, src); err != nil {
+			return err
+		}
+		if err := g.stream.CopyToHost(dst, b, 0); err != nil {
+			return err
+		}
+		return g.stream.Synchronize(ctx)
+	}))
+}
+
+// ipcState is the IPC ring's scratch: this rank's send and receive buffers,
+// exported once, and the previous rank's, opened once (regrown together on
+// every rank, since every rank sees the same counts).
+type ipcState struct {
+	send, recv comm.Buffer
+	peers      *comm.PeerBuffers
+	epoch      int
+}
+
+// allReduceIPC runs an all-reduce over the IPC ring: the caller's data is
+// copied device to device into buffers the ring's peers have opened.
+func (g *Group) allReduceIPC(ctx context.Context, send, recv Buffer, op Op) error {
+	if err := g.waitStreams(ctx, send, recv); err != nil {
+		return err
+	}
+	es := send.dtype.Size()
+	n := send.count * es
+	if err := g.growIPC(ctx, n); err != nil {
+		return err
+	}
+	st := g.ipc
+	src, staged, err := g.operand(ctx, "send", send, n, true)
+	if err != nil {
+		return err
+	}
+	if err := g.stream.CopyBuffer(st.send, 0, src, 0, n); err != nil {
+		return err
+	}
+	if err := g.stream.Synchronize(ctx); err != nil {
+		return err
+	}
+	if err := g.cm.AllReduceIPC(ctx, st.send, st.recv, st.peers.Bufs[0], st.peers.Bufs[1], send.count, send.dtype, op); err != nil {
+		return err
+	}
+	dst := src
+	if !staged || !same(send, recv) {
+		if dst, staged, err = g.operand(ctx, "recv", recv, n, false); err != nil {
+			return err
+		}
+	}
+	if err := g.stream.CopyBuffer(dst, 0, st.recv, 0, n); err != nil {
+		return err
+	}
+	if staged {
+		if err := g.stream.CopyToHost(recv.host[:n], dst, 0); err != nil {
+			return err
+		}
+	}
+	return g.stream.Synchronize(ctx)
+}
+
+// growIPC makes the IPC scratch hold n bytes (a collective step: every
+// rank grows at the same call).
+func (g *Group) growIPC(ctx context.Context, n int) error {
+	if g.ipc != nil && g.ipc.send.Len() >= n {
+		return nil
+	}
+	size := 1 << 20
+	for size < n {
+		size *= 2
+	}
+	epoch := 0
+	if g.ipc != nil {
+		epoch = g.ipc.epoch + 1
+		// Every rank has stopped using the old buffers before any frees them.
+		if err := g.kv.Barrier(ctx, fmt.Sprintf("trainer/ipc/%d/release", g.ipc.epoch)); err != nil {
+			return err
+		}
+		g.freeIPC()
+	}
+	ipcDev, ok := g.dev.(comm.IPCDevice)
+	if !ok {
+		return fmt.Errorf("transport ipc on a device without CUDA IPC: %w", ErrUnsupported)
+	}
+	st := &ipcState{epoch: epoch}
+	var err error
+	if st.send, err = g.dev.Alloc(size); err != nil {
+		return err
+	}
+	if st.recv, err = g.dev.Alloc(size); err != nil {
+		return errors.Join(err, g.free(st.send))
+	}
+	if st.peers, err = comm.ExchangeIPC(ctx, g.kv, ipcDev, g.rank, g.size, fmt.Sprintf("trainer/ipc/%d", epoch), st.send, st.recv); err != nil {
+		return errors.Join(err, g.free(st.send), g.free(st.recv))
+	}
+	g.ipc = st
+	return nil
+}
+
+func (g *Group) freeIPC() {
+	if g.ipc == nil {
+		return
+	}
+	_ = g.ipc.peers.Close()
+	_ = g.free(g.ipc.send)
+	_ = g.free(g.ipc.recv)
+	g.ipc = nil
+}

@@ -1,0 +1,350 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// The environment a launcher gives every worker (torchrun's names where
+// torchrun has one).
+const (
+	EnvRank           = "RANK"
+	EnvWorldSize      = "WORLD_SIZE"
+	EnvLocalRank      = "LOCAL_RANK"
+	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
+	EnvGroupRank      = "GROUP_RANK"
+	EnvGroupWorldSize = "GROUP_WORLD_SIZE"
+	EnvRestartCount   = "TORCHELASTIC_RESTART_COUNT"
+
+	// EnvRendezvous is the rendezvous address: "unix:///abs/path.sock" or
+	// "host:port".
+	EnvRendezvous = "MIGCTL_RDZV_ADDR"
+	// EnvToken is the job token (environment only, never a command line).
+	EnvToken = "MIGCTL_JOB_TOKEN"
+	// EnvJob is the job's name.
+	EnvJob = "MIGCTL_JOB"
+	// EnvGeneration is the restart generation (as TORCHELASTIC_RESTART_COUNT).
+	EnvGeneration = "MIGCTL_GENERATION"
+	// EnvBackend is "gpu" or "host".
+	EnvBackend = "MIGCTL_BACKEND"
+	// EnvDevice is the CUDA ordinal the rank uses (default 0; under MIG
+	// every rank sees its instance as device 0).
+	EnvDevice = "MIGCTL_DEVICE"
+	// EnvTimeout is the collective deadline (a Go duration, default 5m).
+	EnvTimeout = "MIGCTL_TIMEOUT"
+	// EnvSocket is the node daemon's control socket.
+	EnvSocket = "MIGCTL_SOCKET"
+	// EnvShmRoot is where shared-memory segments live (default /dev/shm).
+	EnvShmRoot = "MIGCTL_SHM_ROOT"
+	// EnvCUDAFake, set to 1, runs the gpu backend on the fake driver
+	// (internal/cuda.Fake: host memory, CPU kernels with the GPU kernels'
+	// ABI): the whole GPU code path without a GPU.
+	EnvCUDAFake = "MIGCTL_CUDA_FAKE"
+	// EnvSmallH2D picks how small host-to-device copies are queued
+	// (comm.H2DMode: plain, 2d, 2drows, dtod, pad).
+	EnvSmallH2D = "MIGCTL_H2D"
+	// EnvTrace: "1" makes rank 0 print per-step timings at Close, "all"
+	// every rank.
+	EnvTrace = "MIGCTL_TRACE"
+
+	// The swap shim's variables, read for gang preemption of host-backend
+	// ranks.
+	EnvSwapSocket   = "MIGSWAP_SOCKET"
+	EnvSwapJob      = "MIGSWAP_JOB"
+	EnvSwapPriority = "MIGSWAP_PRIORITY"
+)
+
+// DefaultTimeout is the collective deadline unless WithTimeout or
+// MIGCTL_TIMEOUT says otherwise.
+const DefaultTimeout = 5 * time.Minute
+
+// Backend is where a rank's buffers live.
+type Backend string
+
+// Backends.
+const (
+	// BackendAuto: gpu when the CUDA driver loads and shows a device, else
+	// host.
+	BackendAuto Backend = ""
+	// BackendGPU: CUDA device memory, copies by the copy engines,
+	// reductions by kernels.
+	BackendGPU Backend = "gpu"
+	// BackendHost: plain host memory and CPU reductions (no GPU needed).
+	BackendHost Backend = "host"
+)
+
+// Transport is how ranks exchange data.
+type Transport string
+
+// Transports.
+const (
+	TransportAuto Transport = "auto"
+	// TransportShm: shared host memory (what MIG instances need).
+	TransportShm Transport = "shm"
+	// TransportIPC: CUDA IPC between non-MIG GPUs of one host (all-reduce;
+	// the other collectives go through shared memory).
+	TransportIPC Transport = "ipc"
+)
+
+// Algorithm is the all-reduce schedule over the shm transport.
+type Algorithm string
+
+// Algorithms.
+const (
+	AlgorithmAuto       Algorithm = "auto"
+	AlgorithmRing       Algorithm = "ring"
+	AlgorithmHostStaged Algorithm = "hoststaged"
+)
+
+// Tuning are the executor's knobs; zero fields take the defaults of package
+// allreduce. Chunk, Slots and SmallBytes must be equal on every rank.
+type Tuning struct {
+	// Chunk is the arena slot size in bytes (default 2 MiB).
+	Chunk int
+	// Slots per rank: the pipeline depth (default 4).
+	Slots int
+	// Depth bounds the asynchronous copies a lane keeps in flight (default 2).
+	Depth int
+	// ReduceWorkers bounds the goroutines one host reduction uses.
+	ReduceWorkers int
+	// Spin is how long waits poll before they sleep.
+	Spin time.Duration
+	// SmallBytes is the largest all-reduce that takes the small-message
+	// schedule (0: the default, 64 KiB; negative: never).
+	SmallBytes int
+}
+
+// Option configures Init.
+type Option func(*config) error
+
+type config struct {
+	rank, size           int
+	localRank, localSize int
+	nodeRank, numNodes   int
+	addr, token, job     string
+	generation           int
+	backend              Backend
+	device               int
+	timeout              time.Duration
+	transport            Transport
+	algorithm            Algorithm
+	tuning               Tuning
+	trace                io.Writer
+	traceAll             bool
+	shmRoot              string
+	settings             map[string]string
+	socket               string
+	swapSocket, swapJob  string
+	swapPriority         int
+
+	api cuda.Interface // tests: a fake driver
+	dev comm.Device    // tests: an injected device
+}
+
+// WithRendezvous sets the rendezvous address and job token (instead of
+// MIGCTL_RDZV_ADDR and MIGCTL_JOB_TOKEN).
+func WithRendezvous(addr, token string) Option {
+	return func(c *config) error {
+		if addr == "" {
+			return errors.New("WithRendezvous: empty address")
+		}
+		c.addr, c.token = addr, token
+		return nil
+	}
+}
+
+// WithRank sets this process's rank and the world size (instead of RANK and
+// WORLD_SIZE). rank -1 takes the next free rank at the rendezvous.
+func WithRank(rank, size int) Option {
+	return func(c *config) error {
+		if size < 1 || rank < -1 || rank >= size {
+			return fmt.Errorf("WithRank(%d, %d): need -1 <= rank < size and size >= 1: %w", rank, size, comm.ErrInvalid)
+		}
+		c.rank, c.size = rank, size
+		return nil
+	}
+}
+
+// WithJob names the job (shared-memory names, gang preemption).
+func WithJob(name string) Option {
+	return func(c *config) error { c.job = name; return nil }
+}
+
+// WithBackend picks where buffers live.
+func WithBackend(b Backend) Option {
+	return func(c *config) error {
+		switch b {
+		case BackendAuto, BackendGPU, BackendHost:
+			c.backend = b
+			return nil
+		}
+		return fmt.Errorf("backend %q: want gpu or host: %w", b, comm.ErrInvalid)
+	}
+}
+
+// WithDevice picks the CUDA ordinal (gpu backend).
+func WithDevice(ordinal int) Option {
+	return func(c *config) error {
+		if ordinal < 0 {
+			return fmt.Errorf("device %d: %w", ordinal, comm.ErrInvalid)
+		}
+		c.device = ordinal
+		return nil
+	}
+}
+
+// WithTimeout sets the deadline of every collective (time held by a swap
+// does not count).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("timeout %v: must be positive: %w", d, comm.ErrInvalid)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithTransport forces a transport.
+func WithTransport(t Transport) Option {
+	return func(c *config) error {
+		switch t {
+		case TransportAuto, TransportShm, TransportIPC:
+			c.transport = t
+			return nil
+		}
+		return fmt.Errorf("transport %q: want auto, shm or ipc: %w", t, comm.ErrInvalid)
+	}
+}
+
+// WithAlgorithm forces the all-reduce algorithm of the shm transport.
+func WithAlgorithm(a Algorithm) Option {
+	return func(c *config) error {
+		switch a {
+		case AlgorithmAuto, AlgorithmRing, AlgorithmHostStaged:
+			c.algorithm = a
+			return nil
+		}
+		return fmt.Errorf("algorithm %q: want auto, ring or hoststaged: %w", a, comm.ErrInvalid)
+	}
+}
+
+// WithTuning sets the executor's knobs.
+func WithTuning(t Tuning) Option {
+	return func(c *config) error {
+		if t.Chunk < 0 || t.Slots < 0 || t.Depth < 0 || t.ReduceWorkers < 0 || t.Spin < 0 {
+			return fmt.Errorf("tuning %+v: negative value: %w", t, comm.ErrInvalid)
+		}
+		c.tuning = t
+		return nil
+	}
+}
+
+// WithTrace makes the executor write per-step timings to w at Close (rank 0
+// only unless allRanks).
+func WithTrace(w io.Writer, allRanks bool) Option {
+	return func(c *config) error { c.trace, c.traceAll = w, allRanks; return nil }
+}
+
+// WithShmRoot puts the shared-memory segment in dir instead of /dev/shm.
+func WithShmRoot(dir string) Option {
+	return func(c *config) error { c.shmRoot = dir; return nil }
+}
+
+// WithSettings adds values every rank must agree on (compared at the
+// rendezvous; a difference fails every rank, naming it).
+func WithSettings(kv map[string]string) Option {
+	return func(c *config) error {
+		for k, v := range kv {
+			c.settings["user."+k] = v
+		}
+		return nil
+	}
+}
+
+// withCUDA runs the gpu backend on api (tests: a fake driver).
+func withCUDA(api cuda.Interface) Option {
+	return func(c *config) error { c.api = api; return nil }
+}
+
+// withDevice injects the rank's device (tests).
+func withDevice(d comm.Device) Option {
+	return func(c *config) error { c.dev = d; return nil }
+}
+
+// fromEnv fills c from the environment; options applied later override it.
+func fromEnv(c *config, getenv func(string) string) error {
+	c.rank, c.size = 0, 1
+	c.device = 0
+	c.timeout = DefaultTimeout
+	c.transport, c.algorithm = TransportAuto, AlgorithmAuto
+	c.settings = map[string]string{}
+	c.nodeRank, c.numNodes = 0, 1
+	c.localRank, c.localSize = -1, -1
+	ints := []struct {
+		key string
+		dst *int
+		min int
+	}{
+		{EnvRank, &c.rank, 0}, {EnvWorldSize, &c.size, 1}, {EnvLocalRank, &c.localRank, 0},
+		{EnvLocalWorldSize, &c.localSize, 1}, {EnvGroupRank, &c.nodeRank, 0}, {EnvGroupWorldSize, &c.numNodes, 1},
+		{EnvGeneration, &c.generation, 0}, {EnvDevice, &c.device, 0},
+	}
+	for _, e := range ints {
+		v := getenv(e.key)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < e.min {
+			return fmt.Errorf("%s=%q: want an integer >= %d: %w", e.key, v, e.min, comm.ErrInvalid)
+		}
+		*e.dst = n
+	}
+	if getenv(EnvGeneration) == "" {
+		if v := getenv(EnvRestartCount); v != "" {
+			if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+				c.generation = n
+			}
+		}
+	}
+	if c.rank >= c.size {
+		return fmt.Errorf("%s=%d is not below %s=%d: %w", EnvRank, c.rank, EnvWorldSize, c.size, comm.ErrInvalid)
+	}
+	c.addr, c.token, c.job = getenv(EnvRendezvous), getenv(EnvToken), getenv(EnvJob)
+	switch b := Backend(getenv(EnvBackend)); b {
+	case BackendAuto, BackendGPU, BackendHost:
+		c.backend = b
+	default:
+		return fmt.Errorf("%s=%q: want gpu or host: %w", EnvBackend, b, comm.ErrInvalid)
+	}
+	if v := getenv(EnvTimeout); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("%s=%q: want a positive Go duration such as 5m: %w", EnvTimeout, v, comm.ErrInvalid)
+		}
+		c.timeout = d
+	}
+	if v := getenv(EnvTrace); v != "" && v != "0" {
+		c.trace, c.traceAll = os.Stderr, v == "all"
+	}
+	c.shmRoot = getenv(EnvShmRoot)
+	c.socket = getenv(EnvSocket)
+	c.swapSocket, c.swapJob = getenv(EnvSwapSocket), getenv(EnvSwapJob)
+	if v := getenv(EnvSwapPriority); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%s=%q: want an integer: %w", EnvSwapPriority, v, comm.ErrInvalid)
+		}
+		c.swapPriority = n
+	}
+	return nil
+}

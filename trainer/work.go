@@ -1,0 +1,89 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Work is a collective issued with an Async method.
+type Work struct {
+	name string
+	ctx  context.Context
+	run  func(ctx context.Context) error
+	done chan struct{}
+	err  error
+}
+
+// Wait blocks until the collective has finished and returns its error, or
+// returns ctx's error if ctx ends first (the collective goes on: its buffers
+// stay in use until Done is closed).
+func (w *Work) Wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for %s: %w", w.name, ctx.Err())
+	}
+}
+
+// Done is closed when the collective has finished.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Err is the collective's error once Done is closed (nil before).
+func (w *Work) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+func failed(name string, err error) *Work {
+	w := &Work{name: name, done: make(chan struct{}), err: err}
+	close(w.done)
+	return w
+}
+
+// submit queues run as the next collective. ctx bounds it (with the group's
+// deadline on top, which does not run while the job is held).
+func (g *Group) submit(ctx context.Context, name string, run func(ctx context.Context) error) *Work {
+	w := &Work{name: name, ctx: ctx, run: run, done: make(chan struct{})}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return failed(name, fmt.Errorf("%s: %w", name, ErrClosed))
+	}
+	g.queue <- w
+	return w
+}
+
+// work runs the queued collectives one at a time, in order.
+func (g *Group) work() {
+	defer close(g.stopped)
+	for w := range g.queue {
+		w.err = g.runWork(w)
+		close(w.done)
+	}
+}
+
+func (g *Group) runWork(w *Work) error {
+	if err := w.ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", w.name, err)
+	}
+	// A held job starts nothing new: its memory is not on the GPU.
+	if err := g.hold.waitReleased(w.ctx); err != nil {
+		return fmt.Errorf("%s: %w", w.name, err)
+	}
+	ctx, stop := g.hold.deadline(w.ctx, g.cfg.timeout)
+	defer stop()
+	err := w.run(ctx)
+	if err == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, ErrTimeout) {
+		return fmt.Errorf("%s on rank %d: %w: %w", w.name, g.rank, cause, err)
+	}
+	return fmt.Errorf("%s on rank %d: %w", w.name, g.rank, err)
+}
