@@ -266,7 +266,9 @@ type genResult struct {
 	startErr    error
 }
 
-func isTermination(sig os.Signal) bool {
+// IsTermination reports whether sig ends a run (SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT) rather than only being forwarded.
+func IsTermination(sig os.Signal) bool {
 	switch sig {
 	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
 		return true
@@ -274,7 +276,8 @@ func isTermination(sig os.Signal) bool {
 	return false
 }
 
-func signalName(sig os.Signal) string {
+// SignalName names sig as the kernel does ("SIGINT").
+func SignalName(sig os.Signal) string {
 	if s, ok := sig.(syscall.Signal); ok {
 		if n := unix.SignalName(s); n != "" {
 			return n
@@ -322,8 +325,8 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			if ss, ok := sig.(syscall.Signal); ok {
 				signalAll(ss)
 			}
-			if isTermination(sig) {
-				stop = signalName(sig)
+			if IsTermination(sig) {
+				stop = SignalName(sig)
 			}
 		case <-ctx.Done():
 			stop = ctx.Err().Error()
@@ -350,7 +353,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			p.at = time.Now()
 			p.exit.ExitCode = p.cmd.ProcessState.ExitCode()
 			if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				p.exit.Signal = signalName(ws.Signal())
+				p.exit.Signal = SignalName(ws.Signal())
 			}
 			exited <- p
 		}()
@@ -404,7 +407,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			if !ok {
 				break
 			}
-			if !isTermination(sig) {
+			if !IsTermination(sig) {
 				signalAll(ss)
 				break
 			}
@@ -421,7 +424,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 				signalAll(ss)
 			}
 			if g.interrupted == "" {
-				g.interrupted = signalName(sig)
+				g.interrupted = SignalName(sig)
 			}
 		case <-ctxDone:
 			ctxDone = nil

@@ -109,7 +109,7 @@ func worker(mode string) int {
 	return 99
 }
 
-func unixName(sig os.Signal) string { return signalName(sig) }
+func unixName(sig os.Signal) string { return SignalName(sig) }
 
 // baseConfig runs n copies of this test binary as workers in mode.
 func baseConfig(t *testing.T, n int, mode string, extra ...string) Config {
