@@ -1,6 +1,10 @@
 package comm
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
 // Sentinel errors of the comm package; match them with errors.Is.
 var (
@@ -14,3 +18,70 @@ var (
 	// ErrPeerDead reports a peer process that exited or stopped heartbeating.
 	ErrPeerDead = errors.New("peer dead")
 )
+
+// AbortCause says why a rank raised the job's abort flag.
+type AbortCause uint8
+
+const (
+	// AbortFailed: the raising rank itself failed (an error of its own).
+	AbortFailed AbortCause = iota
+	// AbortExited: the raising rank saw Rank's process gone.
+	AbortExited
+	// AbortStalled: the raising rank saw Rank's heartbeat stand still
+	// longer than the peer timeout (a stopped or hung process).
+	AbortStalled
+	// AbortDeadline: the raising rank's collective deadline passed; Rank is
+	// the peer whose heartbeat was stalest then (a suspect), or the raising
+	// rank when every peer was alive.
+	AbortDeadline
+)
+
+// AbortError is what every rank's collectives fail with once the job's
+// abort flag is up: it names the rank at fault (Rank) and the rank that
+// raised the flag (By). errors.Is matches ErrAborted, and ErrPeerDead when
+// a peer exited or stalled.
+type AbortError struct {
+	Rank  int // the rank at fault
+	By    int // the rank that raised the abort flag
+	Cause AbortCause
+	// Age is, for AbortStalled and AbortDeadline, how long Rank's heartbeat
+	// had stood still (millisecond resolution).
+	Age time.Duration
+}
+
+func (e *AbortError) Error() string {
+	switch e.Cause {
+	case AbortExited:
+		return fmt.Sprintf("rank %d exited (rank %d noticed and aborted the job)", e.Rank, e.By)
+	case AbortStalled:
+		return fmt.Sprintf("rank %d stalled (rank %d noticed and aborted the job): no heartbeat for %v (stopped or hung?)", e.Rank, e.By, e.Age)
+	case AbortDeadline:
+		if e.Rank != e.By {
+			return fmt.Sprintf("rank %d timed out waiting; rank %d had not heartbeaten for %v (stopped or hung?)", e.By, e.Rank, e.Age)
+		}
+		return fmt.Sprintf("rank %d timed out waiting and aborted the job", e.By)
+	}
+	return fmt.Sprintf("rank %d failed and aborted the job", e.Rank)
+}
+
+// Is matches ErrAborted, and ErrPeerDead for a peer that exited or stalled.
+func (e *AbortError) Is(target error) bool {
+	return target == ErrAborted || (target == ErrPeerDead && (e.Cause == AbortExited || e.Cause == AbortStalled))
+}
+
+// PeerError reports a peer found dead by this rank's liveness check.
+type PeerError struct {
+	Rank int
+	PID  int           // set when the process is gone
+	Idle time.Duration // set when its heartbeat stood still
+}
+
+func (e *PeerError) Error() string {
+	if e.Idle > 0 {
+		return fmt.Sprintf("rank %d has not heartbeaten for %v (stopped or hung?): %v", e.Rank, e.Idle, ErrPeerDead)
+	}
+	return fmt.Sprintf("rank %d (pid %d) exited: %v", e.Rank, e.PID, ErrPeerDead)
+}
+
+// Is matches ErrPeerDead.
+func (e *PeerError) Is(target error) bool { return target == ErrPeerDead }

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -100,14 +101,55 @@ func (t *ShmTransport) Flag(i int) uint64 { return t.ctl.Flag(i).Load() }
 // Set stores v in flag i (flags this rank owns only) and wakes its waiters.
 func (t *ShmTransport) Set(i int, v uint64) { t.ctl.SetFlag(i, v) }
 
-// Abort raises the job's abort flag (the first rank to raise it is
-// recorded); every rank's waits then fail with ErrAborted.
-func (t *ShmTransport) Abort() { t.ctl.Abort().CompareAndSwap(0, uint64(t.rank+1)) }
+// The abort word: bits 0-15 the rank at fault + 1, 16-31 the raising rank
+// + 1, 32-35 the cause, 36-63 the heartbeat age in milliseconds. 0 is
+// healthy; a word holding only rank+1 (an older writer) reads as that rank
+// failing.
+func abortWord(e AbortError) uint64 {
+	ms := min(uint64(e.Age.Milliseconds()), 1<<28-1)
+	return uint64(e.Rank+1)&0xffff | uint64(e.By+1)&0xffff<<16 | uint64(e.Cause)&0xf<<32 | ms<<36
+}
 
-// Aborted returns an ErrAborted error if any rank raised the abort flag.
+func readAbortWord(w uint64) *AbortError {
+	e := &AbortError{Rank: int(w&0xffff) - 1, By: int(w>>16&0xffff) - 1, Cause: AbortCause(w >> 32 & 0xf),
+		Age: time.Duration(w>>36) * time.Millisecond}
+	if e.By < 0 {
+		e.By = e.Rank
+	}
+	return e
+}
+
+// Abort raises the job's abort flag naming this rank as failed (the first
+// rank to raise it is recorded); every rank's waits then fail with an
+// *AbortError (ErrAborted).
+func (t *ShmTransport) Abort() { t.abort(AbortError{Rank: t.rank, Cause: AbortFailed}) }
+
+// abort raises the abort flag with e (By is this rank); the first wins.
+func (t *ShmTransport) abort(e AbortError) {
+	e.By = t.rank
+	t.ctl.Abort().CompareAndSwap(0, abortWord(e))
+}
+
+// abortFor raises the abort flag for err, a CheckPeers error, naming the
+// dead or stalled peer.
+func (t *ShmTransport) abortFor(err error) {
+	var pe *PeerError
+	if !errors.As(err, &pe) {
+		t.Abort()
+		return
+	}
+	if pe.Idle > 0 {
+		t.abort(AbortError{Rank: pe.Rank, Cause: AbortStalled, Age: pe.Idle})
+	} else {
+		t.abort(AbortError{Rank: pe.Rank, Cause: AbortExited})
+	}
+}
+
+// Aborted returns an *AbortError (ErrAborted) naming the rank at fault if
+// any rank raised the abort flag.
 func (t *ShmTransport) Aborted() error {
 	if w := t.ctl.Abort().Load(); w != 0 {
-		return fmt.Errorf("rank %d raised the abort flag: %w", int(w)-1, ErrAborted)
+		return readAbortWord(w)
 	}
 	return nil
 }
@@ -129,11 +171,10 @@ func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
 				return err
 			}
 			if err := ctx.Err(); err != nil {
-				t.Abort()
-				return fmt.Errorf("waiting for flag %d to reach %#x (at %#x): %w", i, v, f.Load(), err)
+				return t.deadline(err, i, v)
 			}
 			if err := t.CheckPeers(); err != nil {
-				t.Abort()
+				t.abortFor(err)
 				return err
 			}
 		}
@@ -162,9 +203,10 @@ func (t *ShmTransport) SleepStats() (sleeps, timeouts uint64) {
 	return t.sleeps.Load(), t.timeouts.Load()
 }
 
-// CheckPeers reports ErrPeerDead if a peer's process is gone or its
-// heartbeat stood still for longer than PeerTimeout. It checks at most once
-// a millisecond and answers nil in between.
+// CheckPeers reports a *PeerError (ErrPeerDead) naming a peer whose
+// process is gone or whose heartbeat stood still for longer than
+// PeerTimeout. It checks at most once a millisecond and answers nil in
+// between.
 func (t *ShmTransport) CheckPeers() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -178,16 +220,44 @@ func (t *ShmTransport) CheckPeers() error {
 			continue
 		}
 		if pid := int(t.ctl.PID(q).Load()); pid != 0 && !shm.Alive(pid) {
-			return fmt.Errorf("rank %d (pid %d) exited: %w", q, pid, ErrPeerDead)
+			return &PeerError{Rank: q, PID: pid}
 		}
 		b := t.ctl.Heartbeat(q).Load()
 		if b != t.beat[q] {
 			t.beat[q], t.moved[q] = b, now
 		} else if now.Sub(t.moved[q]) > t.opts.PeerTimeout {
-			return fmt.Errorf("rank %d has not heartbeaten for %v: %w", q, now.Sub(t.moved[q]).Round(time.Millisecond), ErrPeerDead)
+			return &PeerError{Rank: q, Idle: now.Sub(t.moved[q]).Round(time.Millisecond)}
 		}
 	}
 	return nil
+}
+
+// deadline raises the abort flag for a wait whose ctx ended and returns its
+// error. It names the peer whose heartbeat is stalest (beyond a few missed
+// beats) as the suspect: a stopped rank makes the others time out.
+func (t *ShmTransport) deadline(cause error, i int, v uint64) error {
+	t.mu.Lock()
+	now, suspect, idle := time.Now(), -1, max(50*time.Millisecond, 5*t.opts.Heartbeat)
+	for q := range t.world {
+		if q == t.rank {
+			continue
+		}
+		if b := t.ctl.Heartbeat(q).Load(); b != t.beat[q] {
+			t.beat[q], t.moved[q] = b, now
+		}
+		if d := now.Sub(t.moved[q]); d > idle {
+			suspect, idle = q, d
+		}
+	}
+	t.mu.Unlock()
+	where := fmt.Sprintf("waiting for flag %d to reach %#x (at %#x)", i, v, t.ctl.Flag(i).Load())
+	if suspect < 0 {
+		t.abort(AbortError{Rank: t.rank, Cause: AbortDeadline})
+		return fmt.Errorf("%s: %w", where, cause)
+	}
+	idle = idle.Round(time.Millisecond)
+	t.abort(AbortError{Rank: suspect, Cause: AbortDeadline, Age: idle})
+	return fmt.Errorf("%s: rank %d has not heartbeaten for %v (stopped or hung?): %w", where, suspect, idle, cause)
 }
 
 // Close stops the heartbeat and returns once it no longer touches the

@@ -89,8 +89,9 @@ func (c *Control) u64(off int) *atomic.Uint64 {
 // Layout is the layout the control block was built with.
 func (c *Control) Layout() Layout { return c.l }
 
-// Abort is the job's abort word: 0 while healthy; a rank that fails stores
-// rank+1 (the first one wins with CompareAndSwap(0, rank+1)).
+// Abort is the job's abort word: 0 while healthy; the first rank to fail
+// stores a nonzero word with CompareAndSwap(0, w) (package comm encodes in
+// it the rank at fault, the raising rank and the cause).
 func (c *Control) Abort() *atomic.Uint64 { return c.u64(8) }
 
 // Heartbeat is rank r's liveness counter, bumped periodically by its owner.
