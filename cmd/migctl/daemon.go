@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/internal/bytesize"
 )
 
 // Default socket paths of the daemon; the shim reads $MIGSWAP_SOCKET.
@@ -104,8 +105,8 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 	f := cmd.Flags()
 	f.StringVar(&o.controlSocket, "socket", envOr(envControlSocket, defaultControlSocket), "control socket for 'migctl swap' (gRPC; env "+envControlSocket+")")
 	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, defaultSwapSocket), "socket the shims connect to (env "+envSwapSocket+")")
-	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed)")
-	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need so that a granted allocation really fits (with --gpu-memory: 0 unless given)")
+	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed; "+bytesize.Units+")")
+	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need so that a granted allocation really fits (with --gpu-memory: 0 unless given; "+bytesize.Units+")")
 	f.DurationVar(&o.swapTimeout, "swap-timeout", 90*time.Second, "longest a swap started by the policy may take before its need is denied")
 	f.DurationVar(&o.rebalanceEvery, "rebalance-every", 5*time.Second, "how often to retry swapping jobs back in (0: only on events)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
@@ -121,7 +122,7 @@ func envOr(key, def string) string {
 
 func (o *daemonOptions) Complete() error {
 	if o.gpuMemory != "" {
-		n, err := parseByteSize(o.gpuMemory)
+		n, err := bytesize.Parse(o.gpuMemory)
 		if err != nil {
 			return fmt.Errorf("--gpu-memory: %w", err)
 		}
@@ -129,13 +130,13 @@ func (o *daemonOptions) Complete() error {
 	}
 	switch {
 	case o.headroomSet:
-		n, err := parseByteSize(o.headroom)
+		n, err := bytesize.Parse(o.headroom)
 		if err != nil {
 			return fmt.Errorf("--headroom: %w", err)
 		}
 		o.headroomB = n
 	case o.gpuMemory == "":
-		o.headroomB, _ = parseByteSize(o.headroom)
+		o.headroomB, _ = bytesize.Parse(o.headroom)
 	}
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)

@@ -11,6 +11,7 @@ import (
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -54,7 +55,7 @@ DEV is how the shims name the device: a GPU/MIG UUID or a CUDA ordinal (see
 		},
 	}
 	cmd.Flags().StringVar(&o.device, "device", "0", "device as the shims name it (UUID or ordinal)")
-	cmd.Flags().StringVar(&o.size, "bytes", "", "memory to make room for, e.g. 40GiB")
+	cmd.Flags().StringVar(&o.size, "bytes", "", "memory to make room for, e.g. 40GiB ("+bytesize.Units+")")
 	cmd.Flags().IntVar(&o.priority, "priority", 0, "priority of the job (only lower priorities are swapped out)")
 	cmd.Flags().DurationVar(&o.hold, "hold", time.Minute, "how long the freed memory is kept from the daemon's swap-ins")
 	o.addOutput(cmd)
@@ -67,7 +68,7 @@ func (o *swapReserveOptions) Complete() error {
 	}
 	if o.size != "" {
 		var err error
-		if o.bytes, err = parseByteSize(o.size); err != nil {
+		if o.bytes, err = bytesize.Parse(o.size); err != nil {
 			return err
 		}
 	}
