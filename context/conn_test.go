@@ -98,12 +98,20 @@ func helper(t *testing.T, mode, socket, claim string, attr *syscall.SysProcAttr)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0])
-	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperSocket+"="+socket, helperClaim+"="+claim)
+	cmd := execHelper(ctx, os.Args[0], mode, socket)
+	cmd.Env = append(cmd.Env, helperClaim+"="+claim)
 	cmd.SysProcAttr = attr
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "helper: %s", out)
 	return string(out)
+}
+
+// execHelper returns the command that runs bin (a copy of this test binary)
+// as a helper of mode on socket.
+func execHelper(ctx context.Context, bin, mode, socket string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperSocket+"="+socket)
+	return cmd
 }
 
 // syncLog is a log buffer safe for the daemon's goroutines.
