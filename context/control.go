@@ -3,6 +3,7 @@ package ctxmgr
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -10,19 +11,54 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/mig"
 )
 
-// ControlServer serves the CLI's gRPC control API (context/ctlpb) over a
-// Manager. Register it on a grpc.Server listening on ListenUnix's socket.
+// ControlServer serves the gRPC control API (context/ctlpb) over a Manager
+// (swaps), a Leases registry (leases), an EventHub (Watch) and Metrics
+// (ReportCollectives). Create the grpc.Server with ServerOptions, so that
+// leases bound to a connection end with it, then Register; serve it on
+// ListenUnix's socket.
 type ControlServer struct {
 	ctlpb.UnimplementedControlServer
-	m *Manager
+	m        *Manager
+	leases   *Leases
+	hub      *EventHub
+	metrics  *Metrics
+	nextConn atomic.Uint64
 }
 
 var _ ctlpb.ControlServer = (*ControlServer)(nil)
 
-// NewControlServer returns the control API of m.
-func NewControlServer(m *Manager) *ControlServer { return &ControlServer{m: m} }
+// NewControlServer returns the control API of m, with leases, events and
+// metrics when given (without leases, Acquire and Release answer
+// FAILED_PRECONDITION; without events, Watch does).
+func NewControlServer(m *Manager, opts ...ControlOption) *ControlServer {
+	c := &ControlServer{m: m}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// ControlOption adds a part to a ControlServer.
+type ControlOption func(*ControlServer)
+
+// WithLeases serves Acquire, Release and List over l.
+func WithLeases(l *Leases) ControlOption { return func(c *ControlServer) { c.leases = l } }
+
+// WithEvents serves Watch from h.
+func WithEvents(h *EventHub) ControlOption { return func(c *ControlServer) { c.hub = h } }
+
+// WithMetrics counts ReportCollectives in m.
+func WithMetrics(m *Metrics) ControlOption { return func(c *ControlServer) { c.metrics = m } }
+
+// ServerOptions are the options the grpc.Server must be created with: a
+// stats handler that tags each connection, so that leases bound to it end
+// when it closes.
+func (c *ControlServer) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.StatsHandler(connTracker{c})}
+}
 
 // Register adds the control API to s.
 func (c *ControlServer) Register(s *grpc.Server) { ctlpb.RegisterControlServer(s, c) }
@@ -111,8 +147,14 @@ func (c *ControlServer) Reserve(ctx context.Context, req *ctlpb.ReserveRequest) 
 func toStatus(err error) error {
 	code := codes.Internal
 	switch {
-	case errors.Is(err, ErrNoSuchProcess), errors.Is(err, ErrNoSuchJob):
+	case errors.Is(err, ErrNoSuchProcess), errors.Is(err, ErrNoSuchJob), errors.Is(err, ErrNoLease):
 		code = codes.NotFound
+	case errors.Is(err, ErrBadRequest), errors.Is(err, mig.ErrUnknownProfile), errors.Is(err, mig.ErrBadConfig):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrNoFreeInstance):
+		code = codes.ResourceExhausted
+	case errors.Is(err, ErrLeased), errors.Is(err, ErrNoMIG):
+		code = codes.FailedPrecondition
 	case errors.Is(err, ErrAlreadyOut), errors.Is(err, ErrAlreadyIn), errors.Is(err, ErrDenied):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBusy):

@@ -42,6 +42,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
+	// OnSwapStart, when set, is called as a swap of one process starts
+	// (Result carries pid, job and direction); OnSwapDone with its result.
+	// Both run on the swapping goroutine and must not block.
+	OnSwapStart func(Result)
+	OnSwapDone  func(Result)
 }
 
 // Manager is the registry of shimmed processes and the driver of their
@@ -478,7 +483,25 @@ func (m *Manager) swapAll(ctx context.Context, dir Direction, pids []int, manual
 		}()
 	}
 	wg.Wait()
+	if f := m.opts.OnSwapDone; f != nil {
+		for _, r := range results {
+			if r.Job == "" {
+				r.Job = m.jobOf(r.PID)
+			}
+			f(r)
+		}
+	}
 	return results
+}
+
+// jobOf is the job of a registered pid ("" if gone).
+func (m *Manager) jobOf(pid int) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.procs[pid]; ok {
+		return p.Job
+	}
+	return ""
 }
 
 // startSwap moves pid into the swapping state and sends the request.
@@ -511,6 +534,9 @@ func (m *Manager) startSwap(dir Direction, pid int, manual bool) (*op, error) {
 	c := p.conn
 	m.mu.Unlock()
 	m.log.Info("swap", "dir", dir, "pid", pid, "job", o.job, "id", string(msg.ID))
+	if f := m.opts.OnSwapStart; f != nil {
+		f(Result{PID: pid, Job: o.job, Direction: dir.String()})
+	}
 	if err := c.send(msg); err != nil {
 		c.close() // the reader sees it and fails the op with ErrDisconnected
 	}
