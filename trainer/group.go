@@ -403,8 +403,13 @@ func (g *Group) release() error {
 
 // Abort fails the group's collectives on every rank (the running ones and
 // all later ones) with reason: a rank that cannot go on releases the others
-// at once instead of at their deadline.
+// at once instead of at their deadline. It does nothing after Close.
 func (g *Group) Abort(reason string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return
+	}
 	if g.tr != nil {
 		g.tr.Abort()
 	}

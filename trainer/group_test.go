@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,50 +12,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm"
-	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/internal/cuda"
 )
 
-// world hosts a rendezvous and runs body on n in-process ranks, each its
-// own Group, and returns every rank's error (Init's or body's).
-func world(t *testing.T, n int, opts func(rank int) []Option, body func(g *Group) error) []error {
+// world runs body on n in-process ranks (host backend, 20 s deadline,
+// opts(rank) on top) and returns their errors joined.
+func world(t *testing.T, n int, opts func(rank int) []Option, body func(g *Group) error) error {
 	t.Helper()
-	srv, err := rendezvous.NewServer("tok", n)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "rdzv.sock")
-	lis, err := net.Listen("unix", sock)
-	require.NoError(t, err)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := []Option{WithRendezvous("unix://"+sock, "tok"), WithRank(r, n), WithShmRoot(dir), WithJob("t"),
-				WithBackend(BackendHost), WithTimeout(20 * time.Second)}
-			if opts != nil {
-				o = append(o, opts(r)...)
-			}
-			g, err := Init(ctx, o...)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			errs[r] = errors.Join(body(g), g.Close())
-		}()
-	}
-	wg.Wait()
-	return errs
+	return runLocal(ctx, n, func(r int) []Option {
+		o := []Option{WithTimeout(20 * time.Second)}
+		if opts != nil {
+			o = append(o, opts(r)...)
+		}
+		return o
+	}, body)
 }
 
-func requireAll(t *testing.T, errs []error) {
+func requireAll(t *testing.T, err error) {
 	t.Helper()
-	require.NoError(t, errors.Join(errs...))
+	require.NoError(t, err)
 }
 
 // input is rank r's exactly representable element i: distinct for every
@@ -294,8 +268,8 @@ func TestDeadlineNamesTimeout(t *testing.T) {
 		}
 		return g.Barrier(ctx)
 	})
-	require.ErrorIs(t, errs[0], ErrTimeout)
-	require.NoError(t, errs[1])
+	require.ErrorIs(t, errs, ErrTimeout)
+	require.ErrorContains(t, errs, "on rank 0")
 	require.Less(t, time.Since(start), 15*time.Second)
 }
 
