@@ -3,20 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
-	"github.com/migctl/migctl/comm/rendezvous"
-	"github.com/migctl/migctl/comm/shm"
+	"github.com/migctl/migctl/trainer"
 )
-
-// errIPCNotImplemented: what the IPC transport cannot do (here).
-var errIPCNotImplemented = errors.New("not available over CUDA IPC")
 
 // rankResult is one rank's measurement of one size.
 type rankResult struct {
@@ -53,83 +49,53 @@ func geometry(coll allreduce.Coll, size int64, es, n int) (perCall, total int64)
 	return c, c
 }
 
-func openBenchDevice(spec benchSpec, rank int) (comm.Device, rendezvous.Peer, error) {
-	host, _ := os.Hostname()
-	self := rendezvous.Peer{Host: host, PID: os.Getpid()}
-	if spec.Backend == "host" {
-		self.GPUUUID = "host:" + host // every host-backend rank shares one virtual GPU
-		self.ParentGPUUUID = self.GPUUUID
-		return comm.NewHostDevice(comm.HostOptions{ReduceWorkers: spec.Workers}), self, nil
+// benchGroupOptions turns a spec into the trainer options of one rank. The
+// settings every rank must share go to the rendezvous, which fails the job
+// when a rank joins with others.
+func benchGroupOptions(spec benchSpec, rank int) []trainer.Option {
+	opts := []trainer.Option{
+		trainer.WithBackend(trainer.Backend(spec.Backend)),
+		trainer.WithTransport(trainer.Transport(spec.Transport)),
+		trainer.WithAlgorithm(trainer.Algorithm(spec.Algorithm)),
+		trainer.WithTuning(trainer.Tuning{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth,
+			ReduceWorkers: spec.Workers, Spin: spec.Spin, SmallBytes: smallBytes(spec.Small)}),
+		trainer.WithTimeout(spec.Timeout),
+		trainer.WithShmRoot(spec.ShmRoot),
+		trainer.WithJob(spec.Job),
+		trainer.WithSettings(map[string]string{
+			"bench.coll": spec.Coll, "bench.dtype": spec.DType, "bench.op": spec.Op,
+			"bench.minbytes": strconv.FormatInt(spec.MinBytes, 10), "bench.maxbytes": strconv.FormatInt(spec.MaxBytes, 10),
+			"bench.factor": strconv.Itoa(spec.Factor), "bench.iters": strconv.Itoa(spec.Iters),
+			"bench.warmup": strconv.Itoa(spec.Warmup), "bench.check": strconv.FormatBool(spec.Check),
+			"bench.inplace": strconv.FormatBool(spec.InPlace), "bench.root": strconv.Itoa(spec.Root),
+			"bench.backend": spec.Backend,
+		}),
 	}
-	ord := spec.GPUs[rank%len(spec.GPUs)]
-	dev, err := openGPUDevice(ord)
-	if err != nil {
-		return nil, self, fmt.Errorf("opening CUDA device %d for rank %d: %w", ord, rank, err)
+	if spec.Backend == "gpu" && len(spec.GPUs) > 0 {
+		opts = append(opts, trainer.WithDevice(spec.GPUs[max(rank, 0)%len(spec.GPUs)]))
 	}
-	self.GPUUUID = fmt.Sprintf("cuda:%d", ord)
-	self.ParentGPUUUID = self.GPUUUID
-	if td, ok := dev.(comm.TopologyDevice); ok {
-		t := td.Topology()
-		self.GPUUUID, self.MIG = t.UUID, t.MIG
-		self.ParentGPUUUID = t.ParentUUID
-		if t.PCIBusID != "" {
-			self.ParentGPUUUID = "pci:" + t.PCIBusID
-		}
+	if spec.Trace != "" && spec.Trace != "0" {
+		opts = append(opts, trainer.WithTrace(os.Stderr, spec.Trace == "all"))
 	}
-	return dev, self, nil
+	return opts
 }
 
-// chooseAlgorithm picks the transport and all-reduce algorithm from the
-// topology the rendezvous reported.
-func chooseAlgorithm(spec benchSpec, dev comm.Device, top rendezvous.Topology) (transport string, alg allreduce.Algorithm, err error) {
-	transport = spec.Transport
-	if transport == "auto" {
-		transport = "shm"
-		if _, ok := dev.(comm.IPCDevice); ok && spec.Backend == "gpu" && !top.AnyMIG && !top.SameGPU && top.SameHost {
-			transport = "ipc"
-		}
+// smallBytes maps --small-bytes (0: never) to the trainer's (negative: never).
+func smallBytes(small int) int {
+	if small <= 0 {
+		return -1
 	}
-	if transport == "ipc" {
-		if _, ok := dev.(comm.IPCDevice); !ok {
-			return "", 0, fmt.Errorf("--transport ipc: the %s device cannot share buffers through CUDA IPC: %w", spec.Backend, errIPCNotImplemented)
-		}
-		if top.AnyMIG {
-			return "", 0, fmt.Errorf("--transport ipc: CUDA IPC does not work between MIG instances; use --transport shm")
-		}
-		if spec.Coll != "allreduce" && spec.Coll != "barrier" {
-			return "", 0, fmt.Errorf("--transport ipc runs allreduce only; use --transport shm for %s: %w", spec.Coll, errIPCNotImplemented)
-		}
-		if !top.SameHost {
-			return "", 0, fmt.Errorf("--transport ipc needs every rank on one host")
-		}
-		return transport, allreduce.RingIPC, nil
-	}
-	if !top.SameHost {
-		return "", 0, fmt.Errorf("the shm transport needs every rank on one host")
-	}
-	switch spec.Algorithm {
-	case "ring":
-		alg = allreduce.Ring
-	case "hoststaged":
-		alg = allreduce.HostStaged
-	default:
-		alg = allreduce.Ring
-		if top.SameGPU || spec.Backend == "host" {
-			alg = allreduce.HostStaged
-		}
-	}
-	return transport, alg, nil
+	return small
 }
 
-// runRank runs one rank of a benchmark. Rank 0 returns the merged report;
-// the other ranks return nil.
-func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, progress io.Writer) (rep *benchReport, err error) {
-	errOut := progress
+// runRank runs one rank of a benchmark through the trainer SDK. addr ""
+// joins the group the environment describes (a rank started by the bench
+// launcher); otherwise it joins the rendezvous at addr with token as rank
+// (-1: any). Rank 0 returns the merged report; the other ranks return nil.
+func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, progress io.Writer) (*benchReport, error) {
 	if spec.Quiet {
 		progress = io.Discard
 	}
-	setup, cancel := context.WithTimeout(ctx, spec.Timeout+30*time.Second)
-	defer cancel()
 	coll, err := allreduce.ParseColl(spec.Coll)
 	if err != nil {
 		return nil, err
@@ -142,131 +108,74 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 	if err != nil {
 		return nil, err
 	}
-	client, err := rendezvous.Dial(addr, token)
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	defer func() {
-		if err != nil {
-			// Release ranks blocked in the rendezvous (say, waiting for a
-			// segment this rank failed to create).
-			actx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = client.Abort(actx, err.Error())
+	if addr == "" {
+		if r, err := strconv.Atoi(os.Getenv(trainer.EnvRank)); err == nil {
+			rank = r
 		}
-	}()
-	dev, self, err := openBenchDevice(spec, max(rank, 0))
+	}
+	opts := benchGroupOptions(spec, rank)
+	if addr != "" {
+		opts = append(opts, trainer.WithRendezvous(addr, token), trainer.WithRank(rank, spec.NP))
+	}
+	setup, cancel := context.WithTimeout(ctx, spec.Timeout+10*time.Second)
+	defer cancel()
+	g, err := trainer.Init(setup, opts...)
 	if err != nil {
 		return nil, err
 	}
-	defer dev.Close()
-	m, err := client.Register(setup, rank, self)
+	defer g.Close()
+	r, err := newRankRunner(g, spec, coll, dt, op)
 	if err != nil {
+		g.Abort(err.Error())
 		return nil, err
 	}
-	rank, n := m.Rank, m.World
-	transport, alg, err := chooseAlgorithm(spec, dev, m.Topology)
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", rank, err)
-	}
-	opts := allreduce.Options{Chunk: spec.Chunk, Slots: spec.Slots, Depth: spec.Depth, ReduceWorkers: spec.Workers, EventSpin: spec.Spin,
-		SmallBytes: spec.Small}
-	if spec.Small <= 0 {
-		opts.SmallBytes = -1
-	}
-	if spec.Trace != "" && spec.Trace != "0" && (rank == 0 || spec.Trace == "all") {
-		opts.Trace = errOut
-	}
-	layout := shm.Layout{World: n, Flags: n * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(n, spec.Chunk, spec.Slots)}
-	job, err := comm.JoinShm(setup, client, rank, spec.Job, spec.ShmRoot, layout)
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", rank, err)
-	}
-	defer job.Close()
-	tr, err := comm.NewShmTransport(job.Control, rank, comm.ShmOptions{Spin: spec.Spin})
-	if err != nil {
-		return nil, err
-	}
-	defer tr.Close()
-	exec, err := allreduce.NewExecutor(dev, tr, opts)
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", rank, err)
-	}
-	defer exec.Close()
-	cm := allreduce.NewCommunicator(exec, alg)
+	defer r.free()
 
 	sizes := benchSizes(spec)
-	es := dt.Size()
-	maxPer, _ := geometry(coll, sizes[len(sizes)-1], es, n)
-	sendBytes := int(allreduce.InputLen(coll, n, int(maxPer))) * es
-	recvBytes := int(allreduce.OutputLen(coll, n, int(maxPer))) * es
-	if spec.InPlace {
-		sendBytes = max(sendBytes, recvBytes)
-	}
-	send, err := dev.Alloc(max(sendBytes, 1))
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: allocating %d bytes: %w", rank, sendBytes, err)
-	}
-	recv := send
-	if !spec.InPlace {
-		if recv, err = dev.Alloc(max(recvBytes, 1)); err != nil {
-			return nil, fmt.Errorf("rank %d: allocating %d bytes: %w", rank, recvBytes, err)
-		}
-	}
-	stream, err := dev.NewStream()
-	if err != nil {
-		return nil, err
-	}
-	defer stream.Close()
-	r := &rankRunner{spec: spec, cm: cm, stream: stream, send: send, recv: recv, coll: coll, dt: dt, op: op, rank: rank, n: n}
-	if alg == allreduce.RingIPC {
-		ipc := dev.(comm.IPCDevice) // chooseAlgorithm checked
-		peers, err := comm.ExchangeIPC(setup, client, ipc, rank, n, "bench", send, recv)
-		if err != nil {
-			return nil, fmt.Errorf("rank %d: %w", rank, err)
-		}
-		defer peers.Close()
-		r.prevSend, r.prevRecv = peers.Bufs[0], peers.Bufs[1]
-		// Everyone has opened everyone's buffers before anyone frees theirs.
-		defer func() { _ = client.Barrier(setup, "bench/ipc-closed") }()
-	}
-
 	results := make([]rankResult, len(sizes))
 	start := time.Now()
 	for i, size := range sizes {
-		per, _ := geometry(coll, size, es, n)
+		per, _ := geometry(coll, size, dt.Size(), g.Size())
 		if results[i], err = r.measure(ctx, int(per)); err != nil {
-			return nil, fmt.Errorf("rank %d, %d bytes: %w", rank, size, err)
+			return nil, fmt.Errorf("rank %d, %d bytes: %w", g.Rank(), size, err)
 		}
-		if rank == 0 {
+		if g.Rank() == 0 {
 			fmt.Fprintf(progress, "bench: %s %d/%d: %d bytes, %.1f us (%.0fs elapsed)\n",
 				spec.Coll, i+1, len(sizes), size, results[i].Seconds*1e6, time.Since(start).Seconds())
 		}
 	}
-	// Merge: the slowest rank's time, every rank's wrong elements.
+	return mergeResults(setup, g, spec, coll, dt, sizes, results)
+}
+
+// mergeResults gathers every rank's results through the group's store;
+// rank 0 returns the report (the slowest rank's time, every rank's wrong
+// elements).
+func mergeResults(ctx context.Context, g *trainer.Group, spec benchSpec, coll allreduce.Coll, dt comm.DType,
+	sizes []int64, results []rankResult) (*benchReport, error) {
 	buf, err := json.Marshal(results)
 	if err != nil {
 		return nil, err
 	}
-	if err := client.Put(setup, fmt.Sprintf("bench/result/%d", rank), buf); err != nil {
+	st := g.Store()
+	if err := st.Put(ctx, fmt.Sprintf("bench/result/%d", g.Rank()), buf); err != nil {
 		return nil, err
 	}
-	if rank != 0 {
-		return nil, client.Barrier(setup, "bench/done")
+	if g.Rank() != 0 {
+		return nil, g.Barrier(ctx)
 	}
-	rep = &benchReport{Coll: spec.Coll, NP: n, Backend: spec.Backend, Transport: transport, Algorithm: alg.String(),
-		InPlace: spec.InPlace, Iters: spec.Iters}
-	for i, size := range sizes {
-		_, total := geometry(coll, size, es, n)
-		bytes := total * int64(es)
-		rep.Results = append(rep.Results, benchRow{Bytes: bytes, Count: total, Type: spec.DType, Op: spec.Op, Root: spec.Root, Wrong: -1})
+	n := g.Size()
+	rep := &benchReport{Coll: spec.Coll, NP: n, Backend: string(g.Backend()), Transport: string(g.Transport()),
+		Algorithm: g.Algorithm(), InPlace: spec.InPlace, Iters: spec.Iters}
+	for _, size := range sizes {
+		_, total := geometry(coll, size, dt.Size(), n)
+		row := benchRow{Bytes: total * int64(dt.Size()), Count: total, Type: spec.DType, Op: spec.Op, Root: spec.Root, Wrong: -1}
 		if spec.Check {
-			rep.Results[i].Wrong = 0
+			row.Wrong = 0
 		}
+		rep.Results = append(rep.Results, row)
 	}
 	for q := range n {
-		v, err := client.Get(setup, fmt.Sprintf("bench/result/%d", q))
+		v, err := st.Get(ctx, fmt.Sprintf("bench/result/%d", q))
 		if err != nil {
 			return nil, err
 		}
@@ -289,72 +198,105 @@ func runRank(ctx context.Context, spec benchSpec, addr, token string, rank int, 
 			row.BusBW = row.AlgBW * busFactor(spec.Coll, n)
 		}
 	}
-	if err := client.Barrier(setup, "bench/done"); err != nil {
+	if err := g.Barrier(ctx); err != nil {
 		return nil, err
 	}
 	return rep, nil
 }
 
+// rankRunner runs one rank's calls of a sweep on buffers of the group's
+// device, sized for the largest row.
 type rankRunner struct {
+	g          *trainer.Group
 	spec       benchSpec
-	cm         *allreduce.Communicator
-	stream     comm.Stream
-	send, recv comm.Buffer
+	send, recv trainer.Buffer
 	coll       allreduce.Coll
-	prevSend   comm.Buffer // the previous rank's buffers (IPC ring only)
-	prevRecv   comm.Buffer
 	dt         comm.DType
 	op         comm.Op
-	rank, n    int
+}
+
+func newRankRunner(g *trainer.Group, spec benchSpec, coll allreduce.Coll, dt comm.DType, op comm.Op) (*rankRunner, error) {
+	sizes := benchSizes(spec)
+	n := g.Size()
+	maxPer, _ := geometry(coll, sizes[len(sizes)-1], dt.Size(), n)
+	sendN := allreduce.InputLen(coll, n, int(maxPer))
+	recvN := allreduce.OutputLen(coll, n, int(maxPer))
+	if spec.InPlace {
+		sendN = max(sendN, recvN)
+	}
+	r := &rankRunner{g: g, spec: spec, coll: coll, dt: dt, op: op}
+	var err error
+	if r.send, err = g.Alloc(sendN, dt); err != nil {
+		return nil, fmt.Errorf("allocating %d elements: %w", sendN, err)
+	}
+	r.recv = r.send
+	if !spec.InPlace {
+		if r.recv, err = g.Alloc(recvN, dt); err != nil {
+			_ = g.Free(r.send)
+			return nil, fmt.Errorf("allocating %d elements: %w", recvN, err)
+		}
+	}
+	return r, nil
+}
+
+func (r *rankRunner) free() {
+	_ = r.g.Free(r.send)
+	if !r.spec.InPlace {
+		_ = r.g.Free(r.recv)
+	}
+}
+
+// operands are the buffers of a call of count elements per rank.
+func (r *rankRunner) operands(count int) (send, recv trainer.Buffer) {
+	n := r.g.Size()
+	sendN, recvN := allreduce.InputLen(r.coll, n, count), allreduce.OutputLen(r.coll, n, count)
+	if r.spec.InPlace {
+		m := max(sendN, recvN)
+		return r.send.Slice(m), r.send.Slice(m)
+	}
+	return r.send.Slice(sendN), r.recv.Slice(recvN)
 }
 
 func (r *rankRunner) call(ctx context.Context, count int) error {
-	ctx, cancel := context.WithTimeout(ctx, r.spec.Timeout)
-	defer cancel()
+	send, recv := r.operands(count)
 	switch r.coll {
 	case allreduce.AllReduce:
-		if r.prevSend != nil {
-			return r.cm.AllReduceIPC(ctx, r.send, r.recv, r.prevSend, r.prevRecv, count, r.dt, r.op)
-		}
-		return r.cm.AllReduce(ctx, r.send, r.recv, count, r.dt, r.op)
+		return r.g.AllReduce(ctx, send, recv, r.op)
 	case allreduce.ReduceScatter:
-		return r.cm.ReduceScatter(ctx, r.send, r.recv, count, r.dt, r.op)
+		return r.g.ReduceScatter(ctx, send, recv, r.op)
 	case allreduce.AllGather:
-		return r.cm.AllGather(ctx, r.send, r.recv, count, r.dt)
+		return r.g.AllGather(ctx, send, recv)
 	case allreduce.Broadcast:
-		return r.cm.Broadcast(ctx, r.send, r.recv, count, r.dt, r.spec.Root)
+		return r.g.Broadcast(ctx, send, recv, r.spec.Root)
 	default:
-		return r.cm.Barrier(ctx)
+		return r.g.Barrier(ctx)
 	}
 }
 
 // fill writes this rank's exactly predictable input (in place: where the
 // collective reads it) and poisons the receive buffer.
 func (r *rankRunner) fill(ctx context.Context, count int) error {
-	in := allreduce.Input(r.coll, r.dt, r.op, r.n, r.rank, count)
+	n, rank := r.g.Size(), r.g.Rank()
+	in := allreduce.Input(r.coll, r.dt, r.op, n, rank, count)
 	es := r.dt.Size()
-	outBytes := allreduce.OutputLen(r.coll, r.n, count) * es
+	outBytes := allreduce.OutputLen(r.coll, n, count) * es
 	if !r.spec.InPlace && outBytes > 0 {
 		poison := make([]byte, outBytes)
 		for i := range poison {
 			poison[i] = 0xA5
 		}
-		if err := r.stream.CopyFromHost(r.recv, 0, poison); err != nil {
+		if err := r.g.Write(ctx, r.recv, poison); err != nil {
 			return err
 		}
 	}
-	off := 0
+	if len(in) == 0 {
+		return nil
+	}
+	dst := r.send
 	if r.spec.InPlace && r.coll == allreduce.AllGather {
-		off = r.rank * count * es
+		dst = dst.Offset(rank * count)
 	}
-	if len(in) > 0 {
-		if err := r.stream.CopyFromHost(r.send, off, in); err != nil {
-			return err
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.spec.Timeout)
-	defer cancel()
-	return r.stream.Synchronize(ctx)
+	return r.g.Write(ctx, dst, in)
 }
 
 // wrong reads the result back and counts wrong elements.
@@ -362,22 +304,17 @@ func (r *rankRunner) wrong(ctx context.Context, count int) (int64, error) {
 	if r.coll == allreduce.Barrier {
 		return 0, nil
 	}
-	es := r.dt.Size()
-	want := allreduce.Expected(r.coll, r.dt, r.op, r.n, r.rank, r.spec.Root, count)
-	off := 0
+	n, rank := r.g.Size(), r.g.Rank()
+	want := allreduce.Expected(r.coll, r.dt, r.op, n, rank, r.spec.Root, count)
+	src := r.recv
 	if r.spec.InPlace && r.coll == allreduce.ReduceScatter {
-		off = r.rank * count * es
+		src = src.Offset(rank * count)
 	}
 	got := make([]byte, len(want))
 	if len(got) > 0 {
-		if err := r.stream.CopyToHost(got, r.recv, off); err != nil {
+		if err := r.g.Read(ctx, got, src); err != nil {
 			return 0, err
 		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.spec.Timeout)
-	defer cancel()
-	if err := r.stream.Synchronize(ctx); err != nil {
-		return 0, err
 	}
 	return int64(allreduce.Wrong(got, want, r.dt)), nil
 }
@@ -394,7 +331,7 @@ func (r *rankRunner) measure(ctx context.Context, count int) (rankResult, error)
 			return res, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	if err := r.barrier(ctx); err != nil {
+	if err := r.g.Barrier(ctx); err != nil {
 		return res, err
 	}
 	t0 := time.Now()
@@ -418,10 +355,4 @@ func (r *rankRunner) measure(ctx context.Context, count int) (rankResult, error)
 		res.Wrong = w
 	}
 	return res, nil
-}
-
-func (r *rankRunner) barrier(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.spec.Timeout)
-	defer cancel()
-	return r.cm.Barrier(ctx)
 }
