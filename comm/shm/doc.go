@@ -6,11 +6,15 @@
 // with sync/atomic on the mapped memory), and a data arena that holds the
 // slotted FIFOs and the host-staged reduction buffers.
 //
-// Lifecycle: one rank Creates the segment (O_EXCL, named per job), the
-// others Open it by name; once every rank has mapped it the creator Unlinks
-// the name, so a crash of any process can no longer leak it: the kernel frees
-// the memory when the last mapping goes. Sweep removes segments left behind by
-// creators that died before the unlink.
+// Lifecycle: a job's segment never has a name. One rank creates it with
+// CreateUnnamed (an O_TMPFILE file in the shm directory, or a memfd where
+// that directory cannot hold one) and publishes its Path,
+// /proc/<pid>/fd/<n>, through the rendezvous; the others map it with
+// OpenPath (same user, same host), and once every rank has mapped it the
+// creator closes its file (CloseFile). The kernel frees the memory with the
+// last mapping, so a crash at any moment leaks nothing. Named segments
+// (Create, Open, Unlink) remain for tools and tests; Sweep removes those left
+// behind by creators that died, and by older versions that named them.
 //
 // Nothing here blocks except Wait helpers, which take a context.
 package shm

@@ -25,16 +25,21 @@ type Segment struct {
 	root string
 	name string
 	mem  []byte
+	fd   int // an unnamed segment's file, open until CloseFile; -1 otherwise
+	ino  uint64
 }
 
-// Name is the segment's name (the file name under the root).
+// Name is the segment's name (the file name under the root); "" for an
+// unnamed segment.
 func (s *Segment) Name() string { return s.name }
 
 // Bytes is the mapped memory. It stays valid until Close.
 func (s *Segment) Bytes() []byte { return s.mem }
 
 // SegmentName builds a segment name for a job: Prefix, the creator's pid (so
-// Sweep can tell orphans), the job and a tag.
+// Sweep can tell orphans), the job and a tag. Never pass a secret as job:
+// names are visible to every local user. Jobs use unnamed segments
+// (CreateUnnamed); named ones remain for tools and tests.
 func SegmentName(job, tag string) string {
 	clean := func(s string) string {
 		return strings.Map(func(r rune) rune {
@@ -86,7 +91,105 @@ func Create(root, name string, size int) (*Segment, error) {
 		_ = unix.Unlink(p)
 		return nil, fmt.Errorf("mapping shm segment %s: %w", p, err)
 	}
-	return &Segment{root: root, name: name, mem: mem}, nil
+	return &Segment{root: root, name: name, mem: mem, fd: -1}, nil
+}
+
+// CreateUnnamed makes a new segment of size bytes (zeroed) that has no name
+// at any moment: an O_TMPFILE file in root (default /dev/shm, so that the
+// size of that tmpfs applies), or a memfd where root cannot hold one. The
+// kernel frees it when the last descriptor and mapping go, so a crash at
+// any point leaks nothing. The file stays open until CloseFile; other
+// processes of the same user open it, while it is open, through Path.
+func CreateUnnamed(root string, size int) (*Segment, error) {
+	if root == "" {
+		root = DefaultRoot
+	}
+	fd, err := unix.Open(root, unix.O_RDWR|unix.O_TMPFILE|unix.O_CLOEXEC, 0o600)
+	what := "unnamed shm segment in " + root
+	if err != nil {
+		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EINVAL) {
+			return nil, fmt.Errorf("creating an %s: %w", what, err)
+		}
+		if fd, err = unix.MemfdCreate("migctl-shm", unix.MFD_CLOEXEC); err != nil {
+			return nil, fmt.Errorf("creating a memfd shm segment (%s cannot hold unnamed files): %w", root, err)
+		}
+		what = "memfd shm segment"
+	}
+	fail := func(err error) (*Segment, error) {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail(fmt.Errorf("sizing the %s to %d bytes: %w", what, size, err))
+	}
+	if size > 0 {
+		if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return fail(fmt.Errorf("reserving %d bytes for the %s (is %s big enough? see --shm-dir): %w", size, what, root, err))
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail(fmt.Errorf("stat of the %s: %w", what, err))
+	}
+	mem, err := mmap(fd, size)
+	if err != nil {
+		return fail(fmt.Errorf("mapping the %s: %w", what, err))
+	}
+	return &Segment{root: root, mem: mem, fd: fd, ino: st.Ino}, nil
+}
+
+// Path is where another process of the same user opens an unnamed segment
+// (OpenPath) while its file is open here: /proc/<pid>/fd/<fd>. "" for a
+// named segment or after CloseFile.
+func (s *Segment) Path() string {
+	if s.fd < 0 {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), s.fd)
+}
+
+// Inode identifies the segment's file (OpenPath checks it, so that a
+// recycled pid or descriptor cannot hand over another file).
+func (s *Segment) Inode() uint64 { return s.ino }
+
+// CloseFile closes an unnamed segment's file once every process has opened
+// it; the mappings stay valid. Idempotent; a no-op for named segments.
+func (s *Segment) CloseFile() error {
+	if s.fd < 0 {
+		return nil
+	}
+	err := unix.Close(s.fd)
+	s.fd = -1
+	if err != nil {
+		return fmt.Errorf("closing the shm segment file: %w", err)
+	}
+	return nil
+}
+
+// OpenPath maps the unnamed segment another process created (its Path),
+// checking its size and inode.
+func OpenPath(path string, ino uint64, size int) (*Segment, error) {
+	var pid, n int
+	if _, err := fmt.Sscanf(path, "/proc/%d/fd/%d", &pid, &n); err != nil || path != fmt.Sprintf("/proc/%d/fd/%d", pid, n) {
+		return nil, fmt.Errorf("shm segment path %q: want /proc/<pid>/fd/<n>: %w", path, ErrBadName)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening shm segment %s (rank 0's file; same user, same host and pid namespace needed): %w", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat of shm segment %s: %w", path, err)
+	}
+	if st.Ino != ino || st.Size != int64(size) {
+		return nil, fmt.Errorf("shm segment %s is inode %d of %d bytes, want inode %d of %d: %w", path, st.Ino, st.Size, ino, size, ErrBadName)
+	}
+	mem, err := mmap(fd, size)
+	if err != nil {
+		return nil, fmt.Errorf("mapping shm segment %s: %w", path, err)
+	}
+	return &Segment{mem: mem, fd: -1, ino: ino}, nil
 }
 
 // Open maps an existing segment; size must match what was created.
@@ -114,7 +217,7 @@ func Open(root, name string, size int) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping shm segment %s: %w", p, err)
 	}
-	return &Segment{root: root, name: name, mem: mem}, nil
+	return &Segment{root: root, name: name, mem: mem, fd: -1}, nil
 }
 
 func mmap(fd, size int) ([]byte, error) {
@@ -124,8 +227,12 @@ func mmap(fd, size int) ([]byte, error) {
 	return unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 }
 
-// Unlink removes the segment's name; mappings stay valid. Idempotent.
+// Unlink removes the segment's name; mappings stay valid. Idempotent; a
+// no-op for unnamed segments.
 func (s *Segment) Unlink() error {
+	if s.name == "" || s.name == "anonymous" {
+		return nil
+	}
 	err := unix.Unlink(filepath.Join(s.root, s.name))
 	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unlinking shm segment %s: %w", s.name, err)
@@ -133,8 +240,10 @@ func (s *Segment) Unlink() error {
 	return nil
 }
 
-// Close unmaps the segment. The memory must not be used afterwards.
+// Close unmaps the segment (and closes an unnamed segment's file). The
+// memory must not be used afterwards.
 func (s *Segment) Close() error {
+	_ = s.CloseFile()
 	if s.mem == nil || len(s.mem) == 0 {
 		s.mem = nil
 		return nil
@@ -189,11 +298,11 @@ func Alive(pid int) bool {
 // Release it with unix.Munmap via Segment.Close on the returned Segment.
 func Anonymous(size int) (*Segment, error) {
 	if size == 0 {
-		return &Segment{mem: []byte{}}, nil
+		return &Segment{mem: []byte{}, fd: -1}, nil
 	}
 	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("mapping %d anonymous bytes: %w", size, err)
 	}
-	return &Segment{name: "anonymous", mem: mem}, nil
+	return &Segment{name: "anonymous", mem: mem, fd: -1}, nil
 }

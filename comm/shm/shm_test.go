@@ -127,3 +127,24 @@ func TestSleepFlagWakes(t *testing.T) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func TestOpenPathChecks(t *testing.T) {
+	seg, err := CreateUnnamed(t.TempDir(), 8192)
+	require.NoError(t, err)
+	defer seg.Close()
+	_, err = OpenPath(seg.Path(), seg.Inode()+1, 8192)
+	require.ErrorIs(t, err, ErrBadName, "another file behind the path")
+	_, err = OpenPath(seg.Path(), seg.Inode(), 4096)
+	require.ErrorIs(t, err, ErrBadName, "size mismatch")
+	_, err = OpenPath("/etc/passwd", seg.Inode(), 8192)
+	require.ErrorIs(t, err, ErrBadName, "only /proc/<pid>/fd/<n>")
+	other, err := OpenPath(seg.Path(), seg.Inode(), 8192)
+	require.NoError(t, err)
+	defer other.Close()
+	seg.Bytes()[7] = 9
+	require.Equal(t, byte(9), other.Bytes()[7])
+	require.NoError(t, seg.CloseFile())
+	require.Empty(t, seg.Path())
+	other.Bytes()[8] = 3
+	require.Equal(t, byte(3), seg.Bytes()[8], "mappings outlive the file")
+}
