@@ -131,10 +131,6 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	defer cancel()
 	if _, err := c.ctl.List(cctx, &ctlpb.ListRequest{}); err != nil {
 		conn.Close()
-		if status.Code(err) == codes.Unavailable {
-			return nil, fmt.Errorf("%w? the daemon at %s accepted the connection and dropped it: it serves only its own user and root; run as the daemon's user or root (%s)",
-				ErrPermissionDenied, socket, status.Convert(err).Message())
-		}
 		return nil, c.wrap(err)
 	}
 	return c, nil
@@ -178,7 +174,11 @@ func (c *Client) wrap(err error) error {
 	case codes.Unavailable:
 		return notRunning(c.socket, st.Message())
 	case codes.PermissionDenied:
-		return fmt.Errorf("%w: %s", ErrPermissionDenied, st.Message())
+		msg := st.Message()
+		if !strings.HasPrefix(msg, ErrPermissionDenied.Error()) {
+			msg = ErrPermissionDenied.Error() + ": " + msg
+		}
+		return &RemoteError{Code: st.Code(), Msg: msg, sentinel: ErrPermissionDenied}
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("waiting for the daemon at %s: %w", c.socket, context.DeadlineExceeded)
 	case codes.Canceled:
