@@ -12,6 +12,7 @@ func newRootCmd(s streams) *cobra.Command {
 
   partition  declare, plan and apply MIG layouts (real NVML, or --sim for a simulated node)
   bench      measure collectives (all-reduce, ...) between processes, and check their results
+  run        launch and supervise a training job's workers (torchrun's contract, MIG leases)
   daemon     the node context manager: leases MIG instances, drives memory swaps
   swap       ask the daemon to swap a job's GPU memory out to host or back in`,
 		SilenceUsage:  true,
@@ -25,6 +26,7 @@ func newRootCmd(s streams) *cobra.Command {
 		newBenchCmd(s),
 		newDaemonCmd(s),
 		newSwapCmd(s),
+		newRunCmd(s),
 	)
 	return root
 }

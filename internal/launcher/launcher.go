@@ -122,7 +122,9 @@ type Result struct {
 	// Rendezvous is the address the workers met at.
 	Rendezvous string        `json:"rendezvous" yaml:"rendezvous"`
 	Restarts   int           `json:"restarts" yaml:"restarts"`
-	Duration   time.Duration `json:"duration" yaml:"duration"`
+	Duration   time.Duration `json:"-" yaml:"-"`
+	// Seconds is Duration in seconds (for JSON and YAML).
+	Seconds float64 `json:"seconds" yaml:"seconds"`
 	// RootCause is the last failed generation's first failure (nil when
 	// the job succeeded or never started).
 	RootCause   *supervisor.Failure  `json:"rootCause,omitempty" yaml:"rootCause,omitempty"`
@@ -250,6 +252,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	res = &Result{Job: cfg.Job, World: p.world, Nodes: cfg.NNodes, NodeRank: cfg.NodeRank, Local: cfg.NProc}
 	defer func() {
 		res.Duration = time.Since(started).Round(time.Millisecond)
+		res.Seconds = res.Duration.Seconds()
 		if err != nil {
 			res.Error = err.Error()
 		}
@@ -401,7 +404,12 @@ func (p *plan) hostRendezvous(undo *[]func()) (rendezvousServer, error) {
 		if serr != nil {
 			return nil, fmt.Errorf("%w: --rdzv-endpoint %q: want host:port", ErrInvalid, c.RdzvEndpoint)
 		}
-		lis, err = net.Listen("tcp", ":"+port)
+		// The endpoint's own address when it is this node's; every
+		// address when the name is not bound here (NAT, a load balancer).
+		lis, err = net.Listen("tcp", c.RdzvEndpoint)
+		if errors.Is(err, syscall.EADDRNOTAVAIL) {
+			lis, err = net.Listen("tcp", ":"+port)
+		}
 		p.rdzvAddr = c.RdzvEndpoint
 	case c.Listen != "":
 		if path, ok := strings.CutPrefix(c.Listen, "unix://"); ok {

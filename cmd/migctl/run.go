@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/printer"
+	"github.com/migctl/migctl/internal/supervisor"
+	"github.com/migctl/migctl/mig"
+)
+
+// runOptions are `migctl run`'s flags.
+type runOptions struct {
+	np           int
+	profile      string
+	gpus         string
+	gpu          int
+	node         nodeFlags
+	nnodes       int
+	nodeRank     int
+	rdzvEndpoint string
+	maxRestarts  int
+	grace        time.Duration
+	logDir       string
+	tee          string
+	job          string
+	timeout      time.Duration
+	socket       string
+	swapSocket   string
+	swap         bool
+	swapLib      string
+	priority     int
+	backend      string
+	quiet        bool
+	outputOption
+	streams
+
+	command     []string
+	socketGiven bool
+	prioritySet bool
+	teeV        supervisor.Tee
+	ords        []int
+}
+
+const runLong = `Start --np worker processes of a training program on this node and supervise them:
+torchrun's contract, so a PyTorch script that runs under torchrun runs unchanged, plus what
+migctl's trainer SDK needs.
+
+Devices, one of:
+  --profile P   lease one MIG device of profile P per worker from the daemon ('migctl daemon'),
+                which creates instances when too few are free; released when the run ends.
+  --gpus 0,1    whole GPUs without MIG: workers spread round-robin, several per GPU allowed.
+  --backend host  no device at all (CPU collectives; what CI and --sim use).
+Under MIG every worker sees its own instance as CUDA device 0 (CUDA_VISIBLE_DEVICES is the
+instance's MIG UUID): use device 0 (cuda:0) in the program, not LOCAL_RANK. With --gpus each
+worker likewise sees only its GPU, as device 0.
+
+--sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
+running daemon, a daemon is started inside this process for the run (its sockets in a private
+directory, removed at exit), and the workers get the host backend.
+
+Every worker gets: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node),
+GROUP_WORLD_SIZE (nodes), ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port:
+PyTorch's env:// init hosts its store on rank 0), TORCHELASTIC_RESTART_COUNT,
+TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID (the job), TORCHELASTIC_ERROR_FILE,
+CUDA_VISIBLE_DEVICES, and for the SDK MIGCTL_RDZV_ADDR, MIGCTL_JOB_TOKEN (only ever in the
+environment), MIGCTL_JOB, MIGCTL_GENERATION, MIGCTL_BACKEND, MIGCTL_DEVICE, MIGCTL_TIMEOUT,
+MIGCTL_SOCKET; with --swap also LD_PRELOAD=libmigswap.so, MIGSWAP_JOB (the job: the daemon
+swaps it as a gang), MIGSWAP_PRIORITY and MIGSWAP_SOCKET.
+
+Workers run in their own process groups and never outlive migctl. When one fails, the others
+get SIGTERM, then SIGKILL after --grace, and all are restarted, up to --max-restarts times.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and end the run (at once during start-up);
+SIGUSR1 and SIGUSR2 are forwarded. A stalled worker makes the others fail at the collective
+deadline (--timeout); the run then ends within 1 s + --grace. Output lines are prefixed with
+the rank ("[3]: ..."); --log-dir keeps one directory per attempt and rank (stdout.log,
+stderr.log, error.json), --tee picks what still reaches the terminal. At the end a summary
+names the root cause: the first rank to fail, its exit code or signal, and its error file
+(torchrun's JSON, as written by torch.distributed.elastic's @record).
+
+Several nodes: run migctl on each with the same --nnodes, --rdzv-endpoint host:port (node 0
+hosts the rendezvous there; MASTER_PORT is the next port) and MIGCTL_JOB_TOKEN exported,
+and --node-rank 0..N-1.`
+
+const runExamples = `  # 7 workers on 1g.18gb MIG instances (leased, created if needed, released at the end)
+  migctl run --np 7 --profile 1g.18gb -- python train.py --epochs 3
+
+  # no GPU: a simulated H200 node and the host backend
+  migctl run --sim h200x8 --np 7 --profile 1g.18gb -- ./trainer-example
+
+  # whole GPUs without MIG: 7 workers sharing GPU 0
+  migctl run --np 7 --gpus 0 -- python train.py
+
+  # restarts, logs, JSON summary
+  migctl run --np 4 --gpus 0,1 --max-restarts 3 --log-dir ./logs --tee stderr -o json -- ./train
+
+  # two nodes
+  export MIGCTL_JOB_TOKEN=$(openssl rand -hex 16)
+  migctl run --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --np 7 --profile 1g.18gb -- python train.py
+  migctl run --nnodes 2 --node-rank 1 --rdzv-endpoint node0:29400 --np 7 --profile 1g.18gb -- python train.py`
+
+func newRunCmd(s streams) *cobra.Command {
+	o := &runOptions{streams: s}
+	cmd := &cobra.Command{
+		Use:     "run [flags] -- PROGRAM [ARGS...]",
+		Short:   "Launch and supervise the workers of a training job (torchrun's contract, MIG leases)",
+		Long:    runLong,
+		Example: runExamples,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("no program to run: put it after --, e.g. migctl run --np 2 --backend host -- python train.py")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.command = args
+			o.socketGiven = cmd.Flags().Changed("socket") || os.Getenv(envControlSocket) != ""
+			o.prioritySet = cmd.Flags().Changed("priority")
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.SetInterspersed(false)
+	f.IntVar(&o.np, "np", 1, "workers on this node (torchrun's --nproc-per-node)")
+	f.StringVar(&o.profile, "profile", "", "lease one MIG device of this profile per worker from the daemon (e.g. 1g.18gb)")
+	f.StringVar(&o.gpus, "gpus", "", "whole GPUs without MIG, by CUDA ordinal (\"0,1\"): workers spread round-robin")
+	f.IntVar(&o.gpu, "gpu", -1, "with --profile: lease on this GPU only (-1: any)")
+	o.node.add(cmd)
+	f.IntVar(&o.nnodes, "nnodes", 1, "nodes in the job")
+	f.IntVar(&o.nodeRank, "node-rank", 0, "this node's rank, 0..nnodes-1")
+	f.StringVar(&o.rdzvEndpoint, "rdzv-endpoint", "", "host:port where node 0 hosts the rendezvous (needed with --nnodes > 1)")
+	f.IntVar(&o.maxRestarts, "max-restarts", 0, "restart every worker up to this many times after a failure")
+	f.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "time between SIGTERM and SIGKILL when workers are stopped")
+	f.StringVar(&o.logDir, "log-dir", "", "keep each worker's stdout.log, stderr.log and error.json under DIR/attempt_N/LOCAL_RANK")
+	f.StringVar(&o.tee, "tee", "all", "with --log-dir, what still reaches the terminal: none, stdout, stderr or all")
+	f.StringVar(&o.job, "job", "", "job name (leases, MIGSWAP_JOB, TORCHELASTIC_RUN_ID; default run-<random>)")
+	f.DurationVar(&o.timeout, "timeout", launcher.DefaultTimeout, "collective deadline of the workers (MIGCTL_TIMEOUT)")
+	f.StringVar(&o.socket, "socket", envOr(envControlSocket, ""), "the daemon's control socket (env "+envControlSocket+"; default: the user's or root's daemon)")
+	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, ""), "with --swap and an external daemon: its shim socket (env "+envSwapSocket+")")
+	f.BoolVar(&o.swap, "swap", false, "run the workers under libmigswap.so so the daemon can swap the job out and in as a gang")
+	f.StringVar(&o.swapLib, "swap-lib", "", "libmigswap.so to preload (default: next to the migctl binary)")
+	f.IntVar(&o.priority, "priority", 0, "with --swap: the job's priority (MIGSWAP_PRIORITY; higher wins)")
+	f.StringVar(&o.backend, "backend", "auto", "MIGCTL_BACKEND for the workers: gpu, host, or auto (host with --sim, else gpu)")
+	f.BoolVarP(&o.quiet, "quiet", "q", false, "no progress lines from migctl itself")
+	o.addOutput(cmd)
+	return cmd
+}
+
+// Complete parses flag values.
+func (o *runOptions) Complete() error {
+	if err := o.outputOption.Complete(); err != nil {
+		return err
+	}
+	var err error
+	if o.teeV, err = supervisor.ParseTee(o.tee); err != nil {
+		return err
+	}
+	if o.gpus != "" {
+		for _, g := range strings.Split(o.gpus, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(g))
+			if err != nil || n < 0 {
+				return fmt.Errorf("--gpus %q: want comma-separated CUDA ordinals like 0,1", o.gpus)
+			}
+			o.ords = append(o.ords, n)
+		}
+	}
+	if o.backend == "auto" {
+		o.backend = "gpu"
+		if o.node.sim != "" {
+			o.backend = "host"
+		}
+	}
+	if o.swap && o.swapLib == "" {
+		if self, err := os.Executable(); err == nil {
+			o.swapLib = filepath.Join(filepath.Dir(self), "libmigswap.so")
+		}
+	}
+	if o.swapLib != "" {
+		if o.swapLib, err = filepath.Abs(o.swapLib); err != nil {
+			return fmt.Errorf("--swap-lib: %w", err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the flags and the worker program before anything is
+// leased or started.
+func (o *runOptions) Validate() error {
+	switch {
+	case o.np < 1:
+		return fmt.Errorf("--np %d: give at least 1 worker", o.np)
+	case o.profile != "" && o.gpus != "":
+		return errors.New("--profile (MIG devices from the daemon) and --gpus (whole GPUs) exclude each other: give one")
+	case o.profile == "" && o.gpus == "" && o.backend != "host":
+		return errors.New("no devices: give --profile P (MIG devices leased from the daemon), --gpus 0,1 (whole GPUs) or --backend host (none)")
+	case o.gpus == "" && o.node.sim == "" && o.backend == "host" && o.profile != "":
+		return errors.New("--backend host with --profile needs --sim (a simulated node) or --gpus: the host backend cannot use a real MIG device")
+	case o.backend != "gpu" && o.backend != "host":
+		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
+	case o.node.sim != "" && o.gpus != "":
+		return errors.New("--sim simulates MIG GPUs: use --profile with it, not --gpus")
+	case o.nnodes < 1 || o.nodeRank < 0 || o.nodeRank >= o.nnodes:
+		return fmt.Errorf("--node-rank %d of --nnodes %d: want 0 <= node-rank < nnodes", o.nodeRank, o.nnodes)
+	case o.nnodes > 1 && o.rdzvEndpoint == "":
+		return fmt.Errorf("--nnodes %d needs --rdzv-endpoint host:port (where node 0 hosts the rendezvous)", o.nnodes)
+	case o.nnodes > 1 && os.Getenv(launcher.EnvJobToken) == "":
+		return fmt.Errorf("--nnodes %d needs the same job token on every node: export %s=$(openssl rand -hex 16) before migctl run", o.nnodes, launcher.EnvJobToken)
+	case o.maxRestarts < 0:
+		return fmt.Errorf("--max-restarts %d: want 0 or more", o.maxRestarts)
+	case o.grace <= 0:
+		return fmt.Errorf("--grace %v: want a positive duration", o.grace)
+	case o.timeout <= 0:
+		return fmt.Errorf("--timeout %v: want a positive duration", o.timeout)
+	case o.prioritySet && !o.swap:
+		return errors.New("--priority is the swap priority: give --swap with it")
+	case o.logDir == "" && o.tee != "all":
+		return errors.New("--tee picks what reaches the terminal besides the --log-dir files: give --log-dir with it")
+	}
+	if o.profile != "" {
+		if _, err := mig.ParseProfileName(o.profile); err != nil {
+			return fmt.Errorf("--profile %q is not a MIG profile name (like 1g.18gb or 3g.71gb): see 'migctl partition profiles'", o.profile)
+		}
+	}
+	if o.swap {
+		if _, err := os.Stat(o.swapLib); err != nil {
+			return fmt.Errorf("--swap: no %s: build it with 'make shim' or give --swap-lib", o.swapLib)
+		}
+	}
+	if o.rdzvEndpoint != "" {
+		if _, _, err := splitHostPort(o.rdzvEndpoint); err != nil {
+			return err
+		}
+	}
+	return launcher.CheckCommand(o.command[0], "")
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndex(s, ":")
+	if i <= 0 {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: want host:port", s)
+	}
+	p, err := strconv.Atoi(s[i+1:])
+	if err != nil || p < 1 || p > 65534 {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: want a port in 1..65534", s)
+	}
+	return s[:i], p, nil
+}
+
+// runSignals are the signals migctl run forwards to its workers.
+var runSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// Run obtains the devices (through a daemon, an embedded one with --sim),
+// runs the job and prints the summary.
+func (o *runOptions) Run(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, runSignals...)
+	defer signal.Stop(sigs)
+
+	cfg := launcher.Config{
+		Command: o.command, NProc: o.np, NNodes: o.nnodes, NodeRank: o.nodeRank, RdzvEndpoint: o.rdzvEndpoint,
+		Job: o.job, Token: os.Getenv(launcher.EnvJobToken), Backend: o.backend, Timeout: o.timeout,
+		MaxRestarts: o.maxRestarts, Grace: o.grace, LogDir: o.logDir, Tee: o.teeV,
+		Stdout: o.Out, Stderr: o.ErrOut, Signals: sigs, ShmRoot: "/dev/shm",
+	}
+	if !o.quiet {
+		cfg.Log = o.ErrOut
+	}
+	var swapSocket string
+	switch {
+	case o.gpus != "":
+		devs, err := gpuDevices(o.ords, o.backend)
+		if err != nil {
+			return err
+		}
+		cfg.Devices = devs
+	case o.profile != "":
+		d, err := openRunDaemon(ctx, o)
+		if err != nil {
+			return err
+		}
+		defer d.close()
+		cfg.Devices = &launcher.Leases{Client: d.leaser, Profile: o.profile, GPU: o.gpu, PID: os.Getpid()}
+		cfg.DaemonSocket = d.control
+		swapSocket = d.swap
+	}
+	if o.swap {
+		if o.swapSocket != "" {
+			swapSocket = o.swapSocket
+		}
+		cfg.Swap = &launcher.Swap{Library: o.swapLib, Socket: swapSocket, Priority: o.priority}
+	}
+	res, err := launcher.Run(ctx, cfg)
+	if res != nil && (len(res.Workers) > 0 || res.Interrupted != "") {
+		if perr := printer.Print(o.Out, o.format, runSummary{*res}); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	return err
+}
+
+// runSummary prints a launcher.Result: one row for the job.
+type runSummary struct {
+	launcher.Result `yaml:",inline"`
+}
+
+func (r runSummary) Header() []string {
+	return []string{"job", "ranks", "restarts", "duration", "status", "root cause", "error file"}
+}
+
+func (r runSummary) Rows() [][]string {
+	status := "ok"
+	switch {
+	case r.Interrupted != "":
+		status = "interrupted (" + r.Interrupted + ")"
+	case r.Error != "":
+		status = "failed"
+	}
+	cause, file := "-", "-"
+	if rc := r.RootCause; rc != nil {
+		cause = rc.String()
+		if rc.ErrorFile != "" {
+			file = rc.ErrorFile
+		}
+	} else if r.Error != "" {
+		cause = r.Error
+	}
+	ranks := strconv.Itoa(r.Local)
+	if r.World != r.Local {
+		ranks = fmt.Sprintf("%d of %d", r.Local, r.World)
+	}
+	return [][]string{{r.Job, ranks, strconv.Itoa(r.Restarts), r.Duration.String(), status, cause, file}}
+}
