@@ -100,8 +100,8 @@ func openRunDaemon(ctx context.Context, o *runOptions) (*runDaemon, error) {
 		// A simulated node is this run's own: turning MIG on where it is
 		// off is what a newcomer's first run needs.
 		Leases: ctxmgr.LeaseOptions{EnableMIG: true},
-		Swap:          ctxmgr.Options{GPUMemory: int64(model.MemoryBytes)},
-		Logger:        slog.New(slog.NewTextHandler(logOut, nil)),
+		Swap:   ctxmgr.Options{GPUMemory: int64(model.MemoryBytes)},
+		Logger: slog.New(slog.NewTextHandler(logOut, nil)),
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
