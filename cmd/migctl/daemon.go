@@ -8,33 +8,39 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/bytesize"
+	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
 )
 
-// Default socket paths of the daemon; the shim reads $MIGSWAP_SOCKET.
+// Environment variables naming the daemon's sockets (the shim reads
+// $MIGSWAP_SOCKET too).
 const (
-	defaultControlSocket = "/run/migctl/control.sock"
-	defaultSwapSocket    = "/run/migctl/migswap.sock"
-	envSwapSocket        = "MIGSWAP_SOCKET"
-	envControlSocket     = "MIGCTL_SOCKET"
+	envSwapSocket    = ctxmgr.EnvSwapSocket
+	envControlSocket = ctxmgr.EnvControlSocket
 )
 
 type daemonOptions struct {
-	controlSocket  string
-	swapSocket     string
-	gpuMemory      string
-	headroom       string
-	swapTimeout    time.Duration
-	rebalanceEvery time.Duration
-	logLevel       string
+	controlSocket      string
+	swapSocket         string
+	gpuMemory          string
+	headroom           string
+	swapTimeout        time.Duration
+	rebalanceEvery     time.Duration
+	logLevel           string
+	node               nodeFlags
+	stateFile          string
+	metricsAddr        string
+	metricsAllowRemote bool
+	enableMIG          bool
 
 	capacity    int64
 	headroomSet bool
@@ -45,18 +51,32 @@ type daemonOptions struct {
 
 func newDaemonCmd(s streams) *cobra.Command {
 	o := &daemonOptions{errOut: s.ErrOut}
+	ctlDefault, swapDefault := ctxmgr.DaemonSockets()
 	cmd := &cobra.Command{
 		Use:   "daemon",
-		Short: "Run the node context manager: registry of shimmed processes, swap policy, control API",
-		Long: `The node context manager. It keeps a registry of the processes that run under the
-memory-swap shim (libmigswap.so), decides whose GPU memory is swapped to host when a
-higher-priority process needs memory, swaps it back in when memory frees, and serves
-'migctl swap' on its control socket.
+		Short: "Run the node context manager: MIG leases (created on demand), swap policy, control API",
+		Long: `The node context manager. It leases MIG devices to jobs ('migctl lease', 'migctl run'),
+creating them when too few are free: it plans a repartition of unleased, idle capacity with
+the same planner and journalled apply as 'migctl partition' and never destroys a leased or
+busy instance. A lease ends with 'migctl lease release', when the process it was taken for
+exits, or (if asked) when the client's connection closes. Leases are kept in a state file
+(--state) and re-adopted when the daemon restarts, as long as their processes still run.
+
+It also keeps a registry of the processes that run under the memory-swap shim
+(libmigswap.so), decides whose GPU memory is swapped to host when a higher-priority process
+needs memory, swaps it back in when memory frees, and serves 'migctl swap'.
+
+Without a GPU, --sim h200x8 runs the daemon on a simulated node (the same one
+'migctl partition ... --sim h200x8' shows and changes, state in --sim-state), exactly as on
+NVML; its memory budget is then the simulated GPU's unless --gpu-memory says otherwise.
 
 Two Unix sockets, both owner-only (a missing directory is created 0700, the sockets are
 0600, and each peer's uid is checked with SO_PEERCRED: only the daemon's uid or root):
-  --swap-socket  where shims connect    (default $MIGSWAP_SOCKET, else /run/migctl/migswap.sock)
-  --socket       where 'migctl swap' connects (default $MIGCTL_SOCKET, else /run/migctl/control.sock)
+  --swap-socket  where shims connect    (default $MIGSWAP_SOCKET, else /run/migctl/migswap.sock
+                 for root, $XDG_RUNTIME_DIR/migctl/migswap.sock for other users)
+  --socket       where 'migctl swap', 'migctl lease' and 'migctl run' connect (default
+                 $MIGCTL_SOCKET, else /run/migctl/control.sock for root,
+                 $XDG_RUNTIME_DIR/migctl/control.sock for other users; clients look there too)
 Run the daemon and the jobs as the same user (or the daemon as root). A job started while
 the daemon is not running simply runs without swapping (the shim passes every call through).
 
@@ -76,10 +96,18 @@ Free memory comes from NVML (the GPU driver). On a machine without a GPU, or to 
 smaller budget, give --gpu-memory: then free = that capacity minus what the shimmed
 processes on the device report.
 
+Metrics: --metrics-addr 127.0.0.1:9400 serves Prometheus metrics at /metrics (leases,
+MIG devices per profile and state, swaps, collective calls the SDK reports); off by
+default, and only on a loopback address unless --metrics-allow-remote.
+
 A job that does not run under the shim can still make room: 'migctl swap reserve
 --device D --bytes SIZE --priority P' swaps out lower-priority shimmed jobs until SIZE fits.`,
-		Example: `  # On a GPU node, as root (sockets in /run/migctl):
-  sudo migctl daemon
+		Example: `  # No GPU: a simulated H200 node, sockets in your runtime directory
+  migctl daemon --sim h200x8
+  migctl lease acquire --job demo --profile 1g.18gb --count 7     # in another shell
+
+  # On a GPU node, as root (sockets in /run/migctl), with metrics:
+  sudo migctl daemon --metrics-addr 127.0.0.1:9400
 
   # As yourself, sockets in your runtime directory, no GPU needed:
   migctl daemon --gpu-memory 80GiB \
@@ -103,15 +131,24 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.controlSocket, "socket", envOr(envControlSocket, defaultControlSocket), "control socket for 'migctl swap' (gRPC; env "+envControlSocket+")")
-	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, defaultSwapSocket), "socket the shims connect to (env "+envSwapSocket+")")
+	f.StringVar(&o.controlSocket, "socket", ctlDefault, "control socket for 'migctl swap', 'lease' and 'run' (gRPC; env "+envControlSocket+")")
+	f.StringVar(&o.swapSocket, "swap-socket", swapDefault, "socket the shims connect to (env "+envSwapSocket+")")
 	f.StringVar(&o.gpuMemory, "gpu-memory", "", "declared memory per device, e.g. 80GiB, instead of NVML (no GPU needed; "+bytesize.Units+")")
 	f.StringVar(&o.headroom, "headroom", "256MiB", "memory kept free beyond each need so that a granted allocation really fits (with --gpu-memory: 0 unless given; "+bytesize.Units+")")
 	f.DurationVar(&o.swapTimeout, "swap-timeout", 90*time.Second, "longest a swap started by the policy may take before its need is denied")
 	f.DurationVar(&o.rebalanceEvery, "rebalance-every", 5*time.Second, "how often to retry swapping jobs back in (0: only on events)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
+	o.node.add(cmd)
+	f.StringVar(&o.stateFile, "state", "", "lease state file, re-adopted at start (default <sim-state>.leases.json with --sim, else "+
+		defaultLeaseState+" for root, $XDG_STATE_HOME/migctl/leases.json for others)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
+	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
+	f.BoolVar(&o.enableMIG, "enable-mig", true, "let leasing turn MIG on for an idle GPU whose MIG is off (GPUs already in MIG mode are used first)")
 	return cmd
 }
+
+// defaultLeaseState is root's lease state file.
+const defaultLeaseState = "/var/lib/migctl/leases.json"
 
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
@@ -141,6 +178,28 @@ func (o *daemonOptions) Complete() error {
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	if o.stateFile == "" {
+		switch {
+		case o.node.sim != "":
+			p, err := o.node.statePath()
+			if err != nil {
+				return err
+			}
+			o.stateFile = p + ".leases.json"
+		case os.Geteuid() == 0:
+			o.stateFile = defaultLeaseState
+		default:
+			dir := os.Getenv("XDG_STATE_HOME")
+			if dir == "" {
+				home, err := os.UserHomeDir()
+				if err != nil {
+					return fmt.Errorf("finding a place for the lease state (set --state): %w", err)
+				}
+				dir = filepath.Join(home, ".local", "state")
+			}
+			o.stateFile = filepath.Join(dir, "migctl", "leases.json")
+		}
+	}
 	return nil
 }
 
@@ -168,60 +227,95 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	defer stop()
 	log := slog.New(slog.NewTextHandler(o.errOut, &slog.HandlerOptions{Level: o.level}))
 
-	opts := ctxmgr.Options{GPUMemory: o.capacity, Headroom: o.headroomB, SwapTimeout: o.swapTimeout, RebalanceEvery: o.rebalanceEvery, Logger: log}
+	cfg := ctxmgr.DaemonConfig{
+		ControlSocket: o.controlSocket,
+		SwapSocket:    o.swapSocket,
+		Leases:        ctxmgr.LeaseOptions{StatePath: o.stateFile, EnableMIG: o.enableMIG},
+		Swap: ctxmgr.Options{GPUMemory: o.capacity, Headroom: o.headroomB, SwapTimeout: o.swapTimeout,
+			RebalanceEvery: o.rebalanceEvery},
+		MetricsAddr:        o.metricsAddr,
+		MetricsAllowRemote: o.metricsAllowRemote,
+		Logger:             log,
+	}
 	if o.rebalanceEvery == 0 {
-		opts.RebalanceEvery = -1
+		cfg.Swap.RebalanceEvery = -1
 	}
 	memSource := fmt.Sprintf("declared %s per device", ctxmgr.FormatBytes(o.capacity))
-	if o.gpuMemory == "" {
-		lib := nvml.New()
-		if ret := lib.Init(); ret != nvml.SUCCESS {
-			return fmt.Errorf("NVML is not available (%s): on a machine without a GPU, declare the memory with --gpu-memory SIZE", nvmlError(lib, ret))
+	migSource := "none (leasing off)"
+	switch {
+	case o.node.sim != "":
+		src, model, err := simSource(&o.node)
+		if err != nil {
+			return err
 		}
-		defer lib.Shutdown()
-		opts.Memory = ctxmgr.NewNVMLMemory(lib)
-		memSource = "NVML"
+		cfg.MIG = src
+		migSource = "simulated " + o.node.sim
+		if o.gpuMemory == "" {
+			cfg.Swap.GPUMemory = int64(model.MemoryBytes)
+			memSource = fmt.Sprintf("declared %s per device (the simulated %s)", ctxmgr.FormatBytes(cfg.Swap.GPUMemory), model.Name)
+		}
+	default:
+		lib := nvml.New()
+		ret := lib.Init()
+		if ret != nvml.SUCCESS && o.gpuMemory == "" {
+			return fmt.Errorf("NVML is not available (%s): on a machine without a GPU, run 'migctl daemon --sim h200x8' (a simulated node) or declare the memory with --gpu-memory SIZE", nvmlError(lib, ret))
+		}
+		if ret == nvml.SUCCESS {
+			defer lib.Shutdown()
+			journal := o.node.journal
+			if journal == "" {
+				journal = mig.DefaultJournalPath
+			}
+			cfg.MIG = mig.NewManager(lib, mig.WithJournal(journal))
+			migSource = "NVML"
+			if o.gpuMemory == "" {
+				cfg.Swap.Memory = ctxmgr.NewNVMLMemory(lib)
+				memSource = "NVML"
+			}
+		}
 	}
-	m := ctxmgr.NewManager(opts)
-
-	swapLn, err := ctxmgr.ListenUnix(o.swapSocket, nil)
+	d, err := ctxmgr.StartDaemon(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("shim socket: %w", err)
+		return err
 	}
-	ctlLn, err := ctxmgr.ListenUnix(o.controlSocket, nil)
-	if err != nil {
-		swapLn.Close()
-		return fmt.Errorf("control socket: %w", err)
+	args := []any{"swap-socket", d.SwapSocket(), "control-socket", d.ControlSocket(), "mig", migSource, "memory", memSource,
+		"headroom", ctxmgr.FormatBytes(o.headroomB)}
+	if cfg.MIG != nil {
+		args = append(args, "lease-state", o.stateFile, "leases", len(d.Leases().List()))
 	}
-	srv := grpc.NewServer()
-	ctxmgr.NewControlServer(m).Register(srv)
-	grpcErr := make(chan error, 1)
-	go func() { grpcErr <- srv.Serve(ctlLn) }()
-	log.Info("migctl daemon ready", "swap-socket", o.swapSocket, "control-socket", o.controlSocket, "memory", memSource, "headroom", ctxmgr.FormatBytes(o.headroomB))
-
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- m.Serve(ctx, swapLn) }()
-	var runErr error
-	served := false
+	if a := d.MetricsAddr(); a != "" {
+		args = append(args, "metrics", "http://"+a+"/metrics")
+	}
+	log.Info("migctl daemon ready", args...)
 	select {
-	case runErr = <-serveErr:
-		served = true
-	case err := <-grpcErr:
-		runErr = fmt.Errorf("control server: %w", err)
+	case <-ctx.Done():
+	case <-d.Done():
 	}
-	stop()
-	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		srv.Stop()
-	}
-	if !served {
-		<-serveErr
-	}
+	err = d.Close()
 	log.Info("migctl daemon stopped")
-	return runErr
+	return err
+}
+
+// simSource is a MIG source over the simulated node the flags name: it
+// opens the node for each call (so 'migctl partition ... --sim' can use it
+// meanwhile) and journals applies where 'partition apply --sim' does. It
+// opens the node once first, so a bad --sim fails here. Returns the model too
+// (its memory is the default --gpu-memory).
+func simSource(f *nodeFlags) (*ctxmgr.ReopeningSource, migsim.Model, error) {
+	on, err := f.open()
+	if err != nil {
+		return nil, migsim.Model{}, err
+	}
+	journal := on.journal
+	model := on.sim.Model()
+	on.close()
+	return ctxmgr.NewReopeningSource(func() (nvml.Interface, func(), error) {
+		on, err := f.open()
+		if err != nil {
+			return nil, nil, err
+		}
+		return on.lib, on.close, nil
+	}, mig.WithJournal(journal)), model, nil
 }
 
 func nvmlError(lib nvml.Interface, ret nvml.Return) (s string) {

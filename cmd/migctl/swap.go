@@ -4,17 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/ctlpb"
 )
 
@@ -41,59 +37,51 @@ brings back what it swapped out itself).`,
   migctl swap in --pid 12345 --timeout 2m
   migctl swap reserve --device 0 --bytes 40GiB --priority 10`,
 	}
-	cmd.PersistentFlags().StringVar(&c.socket, "socket", envOr(envControlSocket, defaultControlSocket), "the daemon's control socket (env "+envControlSocket+")")
+	cmd.PersistentFlags().StringVar(&c.socket, "socket", ctxmgr.DefaultControlSocket(), "the daemon's control socket (env "+envControlSocket+")")
 	cmd.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up waiting after this long (a swap in progress goes on in the daemon)")
 	cmd.AddCommand(newSwapOutCmd(s, c), newSwapInCmd(s, c), newSwapStatusCmd(s, c), newSwapReserveCmd(s, c))
 	return cmd
 }
 
-// errDaemonNotRunning says how to start the daemon.
-var errDaemonNotRunning = errors.New("the migctl daemon is not running")
+// errDaemonNotRunning: nothing listens on the control socket (the error
+// says how to start the daemon).
+var errDaemonNotRunning = ctxmgr.ErrDaemonNotRunning
 
-// dial checks that the daemon listens on the socket and returns a client.
-func (c *swapConn) dial(ctx context.Context) (ctlpb.ControlClient, func(), error) {
-	hint := fmt.Sprintf("start it with 'sudo migctl daemon' (or 'migctl daemon --socket %s --swap-socket ... --gpu-memory SIZE' without a GPU), or point --socket at the socket it uses", c.socket)
-	d := net.Dialer{Timeout: 2 * time.Second}
-	probe, err := d.DialContext(ctx, "unix", c.socket)
-	switch {
-	case errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.ENOENT):
-		return nil, nil, fmt.Errorf("%w (no socket at %s): %s", errDaemonNotRunning, c.socket, hint)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return nil, nil, fmt.Errorf("%w (%s is a stale socket): %s", errDaemonNotRunning, c.socket, hint)
-	case errors.Is(err, os.ErrPermission), errors.Is(err, syscall.EACCES):
-		return nil, nil, fmt.Errorf("permission denied on %s: the daemon's sockets are owner-only; run as the daemon's user or root", c.socket)
-	case err != nil:
-		return nil, nil, fmt.Errorf("connecting to the daemon at %s: %w", c.socket, err)
-	}
-	probe.Close()
-	conn, err := grpc.NewClient("passthrough:///migctl-daemon",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", c.socket)
-		}))
-	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to the daemon at %s: %w", c.socket, err)
-	}
-	return ctlpb.NewControlClient(conn), func() { conn.Close() }, nil
-}
-
-// client dials the daemon with a context bounded by --timeout; done closes
+// connect dials the daemon with a context bounded by --timeout; done closes
 // the connection and releases the context.
-func (c *swapConn) client(ctx context.Context) (context.Context, ctlpb.ControlClient, func(), error) {
+func (c *swapConn) connect(ctx context.Context) (context.Context, *ctxmgr.Client, func(), error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	cl, closeConn, err := c.dial(ctx)
+	cl, err := ctxmgr.Dial(ctx, c.socket)
 	if err != nil {
 		cancel()
-		return nil, nil, nil, err
+		return nil, nil, nil, c.explain(err)
 	}
-	return ctx, cl, func() { closeConn(); cancel() }, nil
+	return ctx, cl, func() { cl.Close(); cancel() }, nil
 }
 
-// explain turns a control API error into a message for people.
+// client is connect for callers that speak the gRPC API themselves.
+func (c *swapConn) client(ctx context.Context) (context.Context, ctlpb.ControlClient, func(), error) {
+	ctx, cl, done, err := c.connect(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ctx, cl.Control(), done, nil
+}
+
+// explain turns a daemon error (from the Client, or a raw gRPC status) into
+// a message for people.
 func (c *swapConn) explain(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ctxmgr.ErrNoSuchProcess), errors.Is(err, ctxmgr.ErrNoSuchJob):
+		return fmt.Errorf("%w (see 'migctl swap status' for the shimmed processes)", err)
+	case errors.Is(err, context.DeadlineExceeded), status.Code(err) == codes.DeadlineExceeded:
+		return fmt.Errorf("gave up after --timeout %s; a swap in progress goes on in the daemon (see 'migctl swap status')", c.timeout)
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -101,12 +89,12 @@ func (c *swapConn) explain(err error) error {
 	switch st.Code() {
 	case codes.NotFound:
 		return fmt.Errorf("%s (see 'migctl swap status' for the shimmed processes)", st.Message())
-	case codes.FailedPrecondition, codes.Aborted, codes.InvalidArgument:
+	case codes.FailedPrecondition, codes.Aborted, codes.InvalidArgument, codes.ResourceExhausted:
 		return errors.New(st.Message())
-	case codes.DeadlineExceeded:
-		return fmt.Errorf("gave up after --timeout %s; a swap in progress goes on in the daemon (see 'migctl swap status')", c.timeout)
+	case codes.PermissionDenied:
+		return errors.New(st.Message())
 	case codes.Unavailable:
-		return fmt.Errorf("%w (%s): start it with 'sudo migctl daemon'", errDaemonNotRunning, st.Message())
+		return fmt.Errorf("%w at %s (%s): start it with 'sudo migctl daemon' (or 'migctl daemon --sim h200x8' without a GPU)", errDaemonNotRunning, c.socket, st.Message())
 	default:
 		return fmt.Errorf("daemon: %s", st.Message())
 	}

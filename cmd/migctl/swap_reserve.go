@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	ctxmgr "github.com/migctl/migctl/context"
-	"github.com/migctl/migctl/context/ctlpb"
 	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 )
@@ -113,19 +112,15 @@ func (v reserveView) Rows() [][]string {
 }
 
 func (o *swapReserveOptions) Run(ctx context.Context) error {
-	ctx, cl, done, err := o.conn.client(ctx)
+	ctx, cl, done, err := o.conn.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	r, err := cl.Reserve(ctx, &ctlpb.ReserveRequest{Device: o.device, Bytes: o.bytes, Priority: int32(o.priority),
-		HoldSeconds: o.hold.Seconds()})
+	r, err := cl.Reserve(ctx, ctxmgr.Request{Device: o.device, Bytes: o.bytes, Priority: o.priority}, o.hold)
 	if err != nil {
 		return o.conn.explain(err)
 	}
-	v := reserveView{Device: o.device, Bytes: o.bytes, FreeWas: r.GetFree(), Victims: []int{}, HeldFor: o.hold.String(), Priority: o.priority}
-	for _, p := range r.GetVictims() {
-		v.Victims = append(v.Victims, int(p))
-	}
+	v := reserveView{Device: o.device, Bytes: o.bytes, FreeWas: r.Free, Victims: r.Victims, HeldFor: o.hold.String(), Priority: o.priority}
 	return printer.Print(o.s.Out, o.format, v)
 }

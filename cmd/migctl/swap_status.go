@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	ctxmgr "github.com/migctl/migctl/context"
-	"github.com/migctl/migctl/context/ctlpb"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -104,32 +105,25 @@ func (v statusView) Rows() [][]string {
 	return rows
 }
 
-func unixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
-
 func (o *swapStatusOptions) Run(ctx context.Context) error {
-	ctx, cl, done, err := o.conn.client(ctx)
+	ctx, cl, done, err := o.conn.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	st, err := cl.Status(ctx, &ctlpb.StatusRequest{})
+	procs, free, err := cl.Status(ctx)
 	if err != nil {
 		return o.conn.explain(err)
 	}
 	v := statusView{Processes: []processView{}, Devices: []deviceView{}}
-	for _, p := range st.GetProcesses() {
-		v.Processes = append(v.Processes, processView{PID: int(p.GetPid()), PeerPID: int(p.GetPeerPid()), Job: p.GetJob(),
-			Priority: int(p.GetPriority()), Device: p.GetDevice(), State: p.GetState(), Hold: p.GetHold(),
-			Bytes: p.GetBytes(), GPUBytes: p.GetGpuBytes(), Started: unixNano(p.GetStartedUnixNano()),
-			LastProgress: unixNano(p.GetLastProgressUnixNano()), Done: p.GetDone(), Total: p.GetTotal(), Waiting: p.GetWaiting()})
+	for _, p := range procs {
+		v.Processes = append(v.Processes, processView{PID: p.PID, PeerPID: p.PeerPID, Job: p.Job,
+			Priority: p.Priority, Device: p.Device, State: string(p.State), Hold: p.Hold,
+			Bytes: p.Bytes, GPUBytes: p.GPUBytes(), Started: p.Started,
+			LastProgress: p.LastProgress, Done: p.Done, Total: p.Total, Waiting: p.Waiting})
 	}
-	for _, d := range st.GetDevices() {
-		v.Devices = append(v.Devices, deviceView{Device: d.GetDevice(), Free: d.GetFree()})
+	for _, d := range slices.Sorted(maps.Keys(free)) {
+		v.Devices = append(v.Devices, deviceView{Device: d, Free: free[d]})
 	}
 	return printer.Print(o.s.Out, o.format, v)
 }
