@@ -421,15 +421,21 @@ func (g *Group) Abort(reason string) {
 }
 
 // Store is a small key-value store shared by the group's ranks (the
-// rendezvous'). Keys are written once; Get blocks until the key exists.
+// rendezvous'). Keys are written once; Get blocks until the key exists;
+// Barrier returns once every rank has entered the barrier of that name.
 type Store interface {
 	Put(ctx context.Context, key string, value []byte) error
 	Get(ctx context.Context, key string) ([]byte, error)
+	Barrier(ctx context.Context, name string) error
 }
 
-// Store returns the group's key-value store. Its keys do not collide with
-// the ones migctl uses itself.
-func (g *Group) Store() Store { return prefixStore{kv: g.kv, prefix: "user/"} }
+// StorePrefix is put before every key and barrier name of Store at the
+// rendezvous, so they do not collide with the ones migctl uses itself (a
+// launcher that waits for a barrier of its ranks names it with the prefix).
+const StorePrefix = "user/"
+
+// Store returns the group's key-value store.
+func (g *Group) Store() Store { return prefixStore{kv: g.kv, prefix: StorePrefix} }
 
 type prefixStore struct {
 	kv     comm.KV
@@ -441,4 +447,7 @@ func (s prefixStore) Put(ctx context.Context, k string, v []byte) error {
 }
 func (s prefixStore) Get(ctx context.Context, k string) ([]byte, error) {
 	return s.kv.Get(ctx, s.prefix+k)
+}
+func (s prefixStore) Barrier(ctx context.Context, name string) error {
+	return s.kv.Barrier(ctx, s.prefix+name)
 }

@@ -161,7 +161,7 @@ func mergeResults(ctx context.Context, g *trainer.Group, spec benchSpec, coll al
 		return nil, err
 	}
 	if g.Rank() != 0 {
-		return nil, g.Barrier(ctx)
+		return nil, st.Barrier(ctx, benchDone)
 	}
 	n := g.Size()
 	rep := &benchReport{Coll: spec.Coll, NP: n, Backend: string(g.Backend()), Transport: string(g.Transport()),
@@ -198,11 +198,16 @@ func mergeResults(ctx context.Context, g *trainer.Group, spec benchSpec, coll al
 			row.BusBW = row.AlgBW * busFactor(spec.Coll, n)
 		}
 	}
-	if err := g.Barrier(ctx); err != nil {
+	if err := st.Barrier(ctx, benchDone); err != nil {
 		return nil, err
 	}
 	return rep, nil
 }
+
+// benchDone is the rendezvous barrier every rank enters once rank 0 has
+// merged the results; a launcher that hosts the rendezvous without ranks
+// waits for it (as trainer.StorePrefix+benchDone).
+const benchDone = "bench/done"
 
 // rankRunner runs one rank's calls of a sweep on buffers of the group's
 // device, sized for the largest row.
