@@ -14,6 +14,7 @@ func newRootCmd(s streams) *cobra.Command {
   bench      measure collectives (all-reduce, ...) between processes, and check their results
   run        launch and supervise a training job's workers (torchrun's contract, MIG leases)
   daemon     the node context manager: leases MIG instances, drives memory swaps
+  lease      list, acquire and release the MIG devices the daemon leases to jobs
   swap       ask the daemon to swap a job's GPU memory out to host or back in`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -25,6 +26,7 @@ func newRootCmd(s streams) *cobra.Command {
 		newPartitionCmd(s),
 		newBenchCmd(s),
 		newDaemonCmd(s),
+		newLeaseCmd(s),
 		newSwapCmd(s),
 		newRunCmd(s),
 	)
