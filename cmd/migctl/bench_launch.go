@@ -1,36 +1,28 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/internal/launcher"
 )
 
-// listenRendezvous opens the rendezvous listener: addr as given ("unix:///p"
-// or host:port), or a private Unix socket in a fresh temporary directory.
-func listenRendezvous(addr string) (lis net.Listener, dial string, cleanup func(), err error) {
-	cleanup = func() {}
-	if addr == "" {
-		dir, err := os.MkdirTemp("", "migctl-bench-")
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("making a socket directory: %w", err)
-		}
-		cleanup = func() { _ = os.RemoveAll(dir) }
-		addr = "unix://" + filepath.Join(dir, "rendezvous.sock")
-	}
+// benchGrace is the time a bench rank gets between SIGTERM and SIGKILL once
+// another rank failed: with the launcher's 1 s settle, a bench with a
+// stalled rank ends within --timeout + 3 s (issue 8 item 1).
+const benchGrace = 2 * time.Second
+
+// listenRendezvous opens the rendezvous listener of a host-only bench
+// (--local 0): addr as given ("unix:///p" or host:port).
+func listenRendezvous(addr string) (lis net.Listener, dial string, err error) {
 	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
 		lis, err = net.Listen("unix", p)
 	} else {
@@ -40,33 +32,37 @@ func listenRendezvous(addr string) (lis net.Listener, dial string, cleanup func(
 		}
 	}
 	if err != nil {
-		cleanup()
-		return nil, "", nil, fmt.Errorf("listening for the rendezvous on %s: %w", addr, err)
+		return nil, "", fmt.Errorf("listening for the rendezvous on %s: %w", addr, err)
 	}
-	return lis, addr, cleanup, nil
+	return lis, addr, nil
 }
 
-// launchBench hosts the rendezvous and starts local ranks as separate
-// processes (this binary's hidden `bench worker`). It returns rank 0's
-// report when rank 0 is local.
-func launchBench(ctx context.Context, spec benchSpec, listen, token string, local int, s streams) (*benchReport, error) {
+// hostBench hosts the rendezvous only (--local 0) and waits until the ranks
+// that joined it finish.
+func hostBench(ctx context.Context, spec benchSpec, listen, token string, s streams) error {
 	srv, err := rendezvous.NewServer(token, spec.NP)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	lis, addr, cleanup, err := listenRendezvous(listen)
+	lis, addr, err := listenRendezvous(listen)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer cleanup()
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	if listen != "" && !spec.Quiet {
-		fmt.Fprintf(s.ErrOut, "bench: rendezvous at %s, token %s, %d ranks (%d started here)\n", addr, token, spec.NP, local)
+	if !spec.Quiet {
+		fmt.Fprintf(s.ErrOut, "bench: rendezvous at %s, token %s, %d ranks (0 started here)\n", addr, token, spec.NP)
 	}
+	return srv.WaitBarrier(ctx, "bench/done")
+}
+
+// launchBench starts local ranks (this binary's hidden `bench worker`)
+// through the launcher, which hosts the rendezvous (a private socket, or
+// --listen so that other ranks can join) and hands each rank the job token
+// in its environment. It returns rank 0's report.
+func launchBench(ctx context.Context, spec benchSpec, listen, token string, local int, s streams) (*benchReport, error) {
 	if local == 0 {
-		// Host only: wait until the joined ranks finish.
-		return nil, srv.WaitBarrier(ctx, "bench/done")
+		return nil, hostBench(ctx, spec, listen, token, s)
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -76,73 +72,37 @@ func launchBench(ctx context.Context, spec benchSpec, listen, token string, loca
 	if err != nil {
 		return nil, err
 	}
-	type proc struct {
-		cmd *exec.Cmd
-		out bytes.Buffer
-		err error
+	dir, err := os.MkdirTemp("", "migctl-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("making a directory for the report: %w", err)
 	}
-	procs := make([]*proc, local)
-	for r := range local {
-		p := &proc{}
-		p.cmd = exec.CommandContext(ctx, self, "bench", "worker", "--spec", string(specJSON),
-			"--rendezvous", addr, "--token", token, "--rank", strconv.Itoa(r))
-		p.cmd.Stdout = &p.out
-		p.cmd.Stderr = s.ErrOut
-		// A rank never outlives the launcher.
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := p.cmd.Start(); err != nil {
-			for _, q := range procs[:r] {
-				_ = q.cmd.Process.Kill()
-				_ = q.cmd.Wait()
-			}
-			return nil, fmt.Errorf("starting rank %d: %w", r, err)
-		}
-		if !spec.Quiet {
-			fmt.Fprintf(s.ErrOut, "bench: started rank %d (pid %d)\n", r, p.cmd.Process.Pid)
-		}
-		procs[r] = p
+	defer os.RemoveAll(dir)
+	report := filepath.Join(dir, "report.json")
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, runSignals...)
+	defer signal.Stop(sigs)
+	cfg := launcher.Config{
+		Command: []string{self, "bench", "worker", "--spec", string(specJSON), "--report", report},
+		NProc:   local, World: spec.NP, Listen: listen, Job: spec.Job, Token: token,
+		Backend: spec.Backend, Timeout: spec.Timeout, Grace: benchGrace,
+		// Rank output goes to stderr: stdout is the report's.
+		Stdout: s.ErrOut, Stderr: s.ErrOut, Signals: sigs,
 	}
-	// Wait for every rank. Once one fails, the others get the collective
-	// deadline plus a grace period to fail on their own, then are killed.
-	var wg sync.WaitGroup
-	failed := make(chan struct{})
-	var once sync.Once
-	for _, p := range procs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.err = p.cmd.Wait()
-			if p.err != nil {
-				srv.AbortJob(fmt.Sprintf("a rank exited: %v", p.err))
-				once.Do(func() { close(failed) })
-			}
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-failed:
-		select {
-		case <-done:
-		case <-time.After(spec.Timeout + 30*time.Second):
-			for _, p := range procs {
-				_ = p.cmd.Process.Kill()
-			}
-			<-done
+	if !spec.Quiet {
+		cfg.OnStart = func(rank, pid int) { fmt.Fprintf(s.ErrOut, "bench: started rank %d (pid %d)\n", rank, pid) }
+		if listen != "" {
+			fmt.Fprintf(s.ErrOut, "bench: rendezvous at %s, token %s, %d ranks (%d started here)\n", listen, token, spec.NP, local)
 		}
 	}
-	var errs []error
-	for r, p := range procs {
-		if p.err != nil {
-			errs = append(errs, fmt.Errorf("rank %d: %w", r, p.err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if _, err := launcher.Run(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("bench %s failed: %w", spec.Coll, err)
 	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		return nil, fmt.Errorf("rank 0 wrote no report: %w", err)
+	}
 	var rep benchReport
-	if err := json.Unmarshal(procs[0].out.Bytes(), &rep); err != nil {
+	if err := json.Unmarshal(b, &rep); err != nil {
 		return nil, fmt.Errorf("reading rank 0's report: %w", err)
 	}
 	return &rep, nil

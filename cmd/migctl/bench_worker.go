@@ -2,24 +2,26 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 )
 
-// benchWorkerOptions are one launched rank's: the spec from the launcher,
-// and where to meet the others.
+// benchWorkerOptions are one launched rank's: the spec from the launcher and
+// where rank 0 writes the report. Everything else (rank, rendezvous, job
+// token) comes from the environment the launcher set, never the command
+// line.
 type benchWorkerOptions struct {
 	specJSON string
 	spec     benchSpec
-	addr     string
-	token    string
-	rank     int
+	report   string
 	streams  streams
 }
 
 // newBenchWorkerCmd is the hidden command a bench launcher starts once per
-// rank; rank 0 writes the merged report to stdout as JSON.
+// rank; rank 0 writes the merged report to --report as JSON.
 func newBenchWorkerCmd(s streams) *cobra.Command {
 	o := &benchWorkerOptions{streams: s}
 	c := &cobra.Command{
@@ -38,9 +40,7 @@ func newBenchWorkerCmd(s streams) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&o.specJSON, "spec", "", "benchmark spec (JSON)")
-	c.Flags().StringVar(&o.addr, "rendezvous", "", "rendezvous address")
-	c.Flags().StringVar(&o.token, "token", "", "job token")
-	c.Flags().IntVar(&o.rank, "rank", -1, "rank")
+	c.Flags().StringVar(&o.report, "report", "", "file rank 0 writes the report to (JSON)")
 	return c
 }
 
@@ -52,19 +52,26 @@ func (o *benchWorkerOptions) Complete() error {
 }
 
 func (o *benchWorkerOptions) Validate() error {
-	if o.addr == "" || o.token == "" {
-		return fmt.Errorf("worker needs --rendezvous and --token")
+	if o.report == "" {
+		return errors.New("worker needs --report")
+	}
+	if os.Getenv("MIGCTL_RDZV_ADDR") == "" || os.Getenv("MIGCTL_JOB_TOKEN") == "" {
+		return errors.New("bench worker: no MIGCTL_RDZV_ADDR / MIGCTL_JOB_TOKEN in the environment; it is started by 'migctl bench', not by hand")
 	}
 	return nil
 }
 
 func (o *benchWorkerOptions) Run(cmd *cobra.Command) error {
-	rep, err := runRank(cmd.Context(), o.spec, o.addr, o.token, o.rank, o.streams.ErrOut)
+	rep, err := runRank(cmd.Context(), o.spec, "", "", -1, o.streams.ErrOut)
 	if err != nil {
 		return err
 	}
 	if rep == nil {
 		return nil
 	}
-	return json.NewEncoder(o.streams.Out).Encode(rep)
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(o.report, b, 0o600)
 }

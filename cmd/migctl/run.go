@@ -338,6 +338,9 @@ func (r runSummary) Rows() [][]string {
 	cause, file := "-", "-"
 	if rc := r.RootCause; rc != nil {
 		cause = rc.String()
+		if r.Blame != "" {
+			cause += "; rendezvous: " + r.Blame
+		}
 		if rc.ErrorFile != "" {
 			file = rc.ErrorFile
 		}

@@ -130,7 +130,12 @@ type Result struct {
 	RootCause   *supervisor.Failure  `json:"rootCause,omitempty" yaml:"rootCause,omitempty"`
 	Failures    []supervisor.Failure `json:"failures,omitempty" yaml:"failures,omitempty"`
 	Interrupted string               `json:"interrupted,omitempty" yaml:"interrupted,omitempty"`
-	Workers     []supervisor.Exit    `json:"workers,omitempty" yaml:"workers,omitempty"`
+	// Blame is why the rendezvous had aborted the job when the first worker
+	// failed ("" if it had not): a rank that noticed a stalled or dead peer
+	// says so there ("rank 2: ... rank 1 has not heartbeaten for 5s"), so
+	// this names the culprit when the first to exit is only a witness.
+	Blame   string            `json:"blame,omitempty" yaml:"blame,omitempty"`
+	Workers []supervisor.Exit `json:"workers,omitempty" yaml:"workers,omitempty"`
 	// Error is Run's error as text ("" on success), for printing.
 	Error string `json:"error,omitempty" yaml:"error,omitempty"`
 }
@@ -144,6 +149,7 @@ type plan struct {
 	masterAddr string
 	masterPort int
 	devs       []Device
+	blame      string // set by the supervisor's OnFailure (its goroutine)
 }
 
 // complete fills Config's defaults and checks it; nothing is created.
@@ -358,7 +364,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		res.Interrupted = sres.Interrupted
 		res.Workers = sres.Workers
 	}
+	res.Blame = p.blame
 	if err != nil {
+		if p.blame != "" && errors.Is(err, supervisor.ErrWorkerFailed) {
+			return res, fmt.Errorf("job %s: %w (the rendezvous had aborted the job: %s)", cfg.Job, err, p.blame)
+		}
 		return res, fmt.Errorf("job %s: %w", cfg.Job, err)
 	}
 	return res, nil
@@ -505,6 +515,13 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 	}
 	sc.OnFailure = func(f supervisor.Failure) {
 		p.logf("run: %s", f)
+		p.blame = ""
+		if es, ok := srv.(interface{ Err() error }); ok {
+			var ae *rendezvous.AbortError
+			if errors.As(es.Err(), &ae) {
+				p.blame = ae.Reason
+			}
+		}
 		if srv != nil {
 			srv.AbortJob(fmt.Sprintf("rank %d failed: %s", f.Rank, f))
 		}

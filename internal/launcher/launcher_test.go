@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/internal/supervisor"
 )
 
@@ -239,7 +240,10 @@ func TestFailureNamesRootCause(t *testing.T) {
 type fakeRendezvous struct {
 	aborts []string
 	gens   int
+	err    error
 }
+
+func (f *fakeRendezvous) Err() error { return f.err }
 
 func (f *fakeRendezvous) Serve(net.Listener) error { return nil }
 func (f *fakeRendezvous) Stop()                    {}
@@ -252,8 +256,15 @@ func TestHooksDriveTheRendezvous(t *testing.T) {
 	sc := p.supervisorConfig(fr, nil)
 	sc.OnFailure(supervisor.Failure{Exit: supervisor.Exit{Rank: 1, PID: 9, ExitCode: -1, Signal: "SIGKILL"}})
 	require.Equal(t, []string{"rank 1 failed: rank 1 (pid 9) was killed by SIGKILL"}, fr.aborts)
+	require.Empty(t, p.blame)
 	require.NoError(t, sc.BeforeRestart(context.Background(), 1))
 	require.Equal(t, 1, fr.gens)
+
+	// A rank that noticed a stalled peer aborted the job first: the
+	// failure carries its reason.
+	fr.err = &rendezvous.AbortError{Rank: 2, Reason: "rank 2: rank 1 has not heartbeaten for 5s"}
+	sc.OnFailure(supervisor.Failure{Exit: supervisor.Exit{Rank: 0, PID: 8, ExitCode: 1}})
+	require.Equal(t, "rank 2: rank 1 has not heartbeaten for 5s", p.blame)
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {
