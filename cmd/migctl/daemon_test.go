@@ -37,15 +37,24 @@ type testDaemon struct {
 	log                   *syncBuffer
 }
 
-// startTestDaemon runs `migctl daemon` in-process with declared memory.
+// startTestDaemon runs `migctl daemon` in-process with its sockets in a
+// fresh directory (and extra flags).
 func startTestDaemon(t *testing.T, extra ...string) *testDaemon {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "mcd") // short: Unix socket paths are limited to 108 bytes
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	d := &testDaemon{swapSocket: filepath.Join(dir, "run", "swap.sock"), ctlSocket: filepath.Join(dir, "run", "ctl.sock"), log: &syncBuffer{}}
+	runTestDaemon(t, d, append([]string{"daemon", "--swap-socket", d.swapSocket, "--socket", d.ctlSocket, "--rebalance-every", "0"}, extra...))
+	return d
+}
+
+// runTestDaemon runs the daemon command args in-process until the test
+// ends, and waits until it is ready.
+func runTestDaemon(t *testing.T, d *testDaemon, args []string) {
+	t.Helper()
 	cmd := newRootCmd(streams{In: strings.NewReader(""), Out: d.log, ErrOut: d.log})
-	cmd.SetArgs(append([]string{"daemon", "--swap-socket", d.swapSocket, "--socket", d.ctlSocket, "--rebalance-every", "0"}, extra...))
+	cmd.SetArgs(args)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
@@ -69,7 +78,6 @@ func startTestDaemon(t *testing.T, extra ...string) *testDaemon {
 		}
 		return strings.Contains(d.log.String(), "migctl daemon ready")
 	}, 10*time.Second, 10*time.Millisecond)
-	return d
 }
 
 // migctl runs one CLI command in-process and returns stdout, stderr, error.
