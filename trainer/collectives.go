@@ -23,7 +23,7 @@ func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *W
 	if op < Sum || op > Max {
 		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
 	}
-	return g.submit(ctx, name, func(ctx context.Context) error {
+	return g.submit(ctx, name, "all_reduce", send.Bytes(), func(ctx context.Context) error {
 		if g.transport == TransportIPC && n > 0 {
 			return g.allReduceIPC(ctx, send, recv, op)
 		}
@@ -53,7 +53,7 @@ func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op
 	if op < Sum || op > Max {
 		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
 	}
-	return g.submit(ctx, name, func(ctx context.Context) error {
+	return g.submit(ctx, name, "reduce_scatter", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, block*g.size, block, func(s, r comm.Buffer) error {
 			return g.cm.ReduceScatter(ctx, s, r, block, send.dtype, op)
 		})
@@ -77,7 +77,7 @@ func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
 	if err := checkOperands(send, recv, block, block*g.size); err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
-	return g.submit(ctx, name, func(ctx context.Context) error {
+	return g.submit(ctx, name, "all_gather", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, block, block*g.size, func(s, r comm.Buffer) error {
 			return g.cm.AllGather(ctx, s, r, block, send.dtype)
 		})
@@ -104,7 +104,7 @@ func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int)
 	if err := checkOperands(send, recv, n, n); err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
-	return g.submit(ctx, name, func(ctx context.Context) error {
+	return g.submit(ctx, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
 		})
@@ -116,7 +116,7 @@ func (g *Group) Barrier(ctx context.Context) error { return g.wait(g.BarrierAsyn
 
 // BarrierAsync issues Barrier and returns at once.
 func (g *Group) BarrierAsync(ctx context.Context) *Work {
-	return g.submit(ctx, "barrier", func(ctx context.Context) error { return g.cm.Barrier(ctx) })
+	return g.submit(ctx, "barrier", "barrier", 0, func(ctx context.Context) error { return g.cm.Barrier(ctx) })
 }
 
 // wait is Wait for the synchronous calls: they return when the collective

@@ -62,8 +62,9 @@ type Group struct {
 	queue   chan *Work
 	stopped chan struct{}
 
-	hold *holdState
-	swap *swapMember
+	hold   *holdState
+	swap   *swapMember
+	daemon *daemonLink
 
 	// Owned by the worker goroutine.
 	scratch map[string]comm.Buffer
@@ -155,6 +156,7 @@ func Init(ctx context.Context, opts ...Option) (_ *Group, err error) {
 	if g.swap, err = joinSwap(ctx, g); err != nil {
 		return nil, err
 	}
+	g.daemon = linkDaemon(ctx, g)
 	go g.work()
 	return g, nil
 }
@@ -376,6 +378,9 @@ func (g *Group) Close() error {
 // release frees what Init acquired, in reverse order.
 func (g *Group) release() error {
 	var errs []error
+	if g.daemon != nil {
+		errs = append(errs, g.daemon.Close())
+	}
 	if g.swap != nil {
 		errs = append(errs, g.swap.Close())
 	}

@@ -177,7 +177,7 @@ func (g *Group) Write(ctx context.Context, dst Buffer, src []byte) error {
 	if len(src) > dst.Bytes() {
 		return fmt.Errorf("writing %d bytes into a %d-byte buffer: %w", len(src), dst.Bytes(), comm.ErrInvalid)
 	}
-	return g.wait(g.submit(ctx, "write", func(ctx context.Context) error {
+	return g.wait(g.submit(ctx, "write", "", 0, func(ctx context.Context) error {
 		if !dst.OnDevice() {
 			copy(dst.host, src)
 			return nil
@@ -201,7 +201,7 @@ func (g *Group) Read(ctx context.Context, dst []byte, src Buffer) error {
 	if len(dst) > src.Bytes() {
 		return fmt.Errorf("reading %d bytes from a %d-byte buffer: %w", len(dst), src.Bytes(), comm.ErrInvalid)
 	}
-	return g.wait(g.submit(ctx, "read", func(ctx context.Context) error {
+	return g.wait(g.submit(ctx, "read", "", 0, func(ctx context.Context) error {
 		if !src.OnDevice() {
 			copy(dst, src.host)
 			return nil

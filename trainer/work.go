@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 )
 
 // Work is a collective issued with an Async method.
 type Work struct {
-	name string
+	name  string
+	op    string // the daemon's metric name ("" for copies)
+	bytes int
 	ctx  context.Context
 	run  func(ctx context.Context) error
 	done chan struct{}
@@ -46,10 +50,11 @@ func failed(name string, err error) *Work {
 	return w
 }
 
-// submit queues run as the next collective. ctx bounds it (with the group's
-// deadline on top, which does not run while the job is held).
-func (g *Group) submit(ctx context.Context, name string, run func(ctx context.Context) error) *Work {
-	w := &Work{name: name, ctx: ctx, run: run, done: make(chan struct{})}
+// submit queues run as the next collective; op and bytes name it for the
+// daemon's metrics ("" for copies). ctx bounds it (with the group's deadline
+// on top, which does not run while the job is held).
+func (g *Group) submit(ctx context.Context, name, op string, bytes int, run func(ctx context.Context) error) *Work {
+	w := &Work{name: name, op: op, bytes: bytes, ctx: ctx, run: run, done: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -58,6 +63,8 @@ func (g *Group) submit(ctx context.Context, name string, run func(ctx context.Co
 	g.queue <- w
 	return w
 }
+
+func itoa(n int) string { return strconv.Itoa(n) }
 
 // work runs the queued collectives one at a time, in order.
 func (g *Group) work() {
@@ -78,8 +85,12 @@ func (g *Group) runWork(w *Work) error {
 	}
 	ctx, stop := g.hold.deadline(w.ctx, g.cfg.timeout)
 	defer stop()
+	start := time.Now()
 	err := w.run(ctx)
 	if err == nil {
+		if w.op != "" {
+			g.daemon.count(w.op, w.bytes, time.Since(start))
+		}
 		return nil
 	}
 	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, ErrTimeout) {
