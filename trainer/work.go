@@ -13,10 +13,10 @@ type Work struct {
 	name  string
 	op    string // the daemon's metric name ("" for copies)
 	bytes int
-	ctx  context.Context
-	run  func(ctx context.Context) error
-	done chan struct{}
-	err  error
+	ctx   context.Context
+	run   func(ctx context.Context) error
+	done  chan struct{}
+	err   error
 }
 
 // Wait blocks until the collective has finished and returns its error, or
