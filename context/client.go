@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/mig"
 )
 
 // Where the daemon listens unless told otherwise.
@@ -147,7 +148,7 @@ func (c *Client) Control() ctlpb.ControlClient { return c.ctl }
 
 // sentinels the daemon's messages carry, recognised by their text.
 var remoteSentinels = []error{ErrNoSuchProcess, ErrNoSuchJob, ErrAlreadyOut, ErrAlreadyIn, ErrBusy, ErrDisconnected, ErrDenied,
-	ErrNoFreeInstance, ErrLeased, ErrNoLease, ErrBadRequest, ErrNoMIG}
+	ErrNoFreeInstance, ErrLeased, ErrNoLease, mig.ErrUnknownProfile, ErrBadRequest, ErrNoMIG}
 
 // RemoteError is an error the daemon returned: Error is its message, Code
 // its gRPC code, and errors.Is matches the sentinel the message carries.

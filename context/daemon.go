@@ -109,16 +109,6 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 	so.OnSwapDone = func(r Result) { d.publish(Event{Type: EventSwapDone, Job: r.Job, Time: time.Now(), Swap: &r}) }
 	d.m = NewManager(so)
 
-	if d.leases != nil {
-		kept, dropped, err := d.leases.Restore(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("starting the daemon: %w", err)
-		}
-		if len(kept)+len(dropped) > 0 {
-			log.Info("leases re-adopted", "kept", len(kept), "dropped", len(dropped), "state", cfg.Leases.StatePath)
-		}
-	}
-
 	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers)
 	if err != nil {
 		return nil, fmt.Errorf("shim socket: %w", err)
@@ -136,6 +126,22 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 			return nil, err
 		}
 		d.metAddr = metLn.Addr().String()
+	}
+	// Re-adopt leases once the sockets are ours (a second daemon fails
+	// above without touching the state file), before anyone is served.
+	if d.leases != nil {
+		kept, dropped, err := d.leases.Restore(ctx)
+		if err != nil {
+			swapLn.Close()
+			ctlLn.Close()
+			if metLn != nil {
+				metLn.Close()
+			}
+			return nil, fmt.Errorf("starting the daemon: %w", err)
+		}
+		if len(kept)+len(dropped) > 0 {
+			log.Info("leases re-adopted", "kept", len(kept), "dropped", len(dropped), "state", cfg.Leases.StatePath)
+		}
 	}
 
 	ctl := NewControlServer(d.m, WithEvents(d.hub), WithMetrics(d.metrics))

@@ -21,6 +21,7 @@ import (
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/ctlpb"
 	"github.com/migctl/migctl/context/fakeshim"
+	"github.com/migctl/migctl/mig"
 )
 
 // shortDir is a temporary directory with a short path (Unix socket paths
@@ -108,8 +109,10 @@ func TestDaemonLeasesOverGRPC(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, re.Code)
 
 	_, err = c.Acquire(ctx, ctxmgr.AcquireRequest{Job: "b", Profile: "9g.1gb", GPU: -1})
+	require.ErrorIs(t, err, mig.ErrUnknownProfile)
+	require.ErrorContains(t, err, "'migctl partition profiles' lists them")
+	_, err = c.Acquire(ctx, ctxmgr.AcquireRequest{Job: "", Profile: "1g.18gb", GPU: -1})
 	require.ErrorIs(t, err, ctxmgr.ErrBadRequest)
-	require.ErrorContains(t, err, "unknown profile")
 
 	rel, err := c.Release(ctx, "a")
 	require.NoError(t, err)
@@ -203,6 +206,9 @@ func TestDaemonRestartKeepsLeases(t *testing.T) {
 	got, err := c2.Leases(ctx)
 	require.NoError(t, err)
 	require.Equal(t, keep, got, "the live job's leases survive the restart; the dead one's are gone")
+	_, err = ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{ControlSocket: d2.ControlSocket(), SwapSocket: d2.SwapSocket(), MIG: mm,
+		Leases: ctxmgr.LeaseOptions{StatePath: filepath.Join(dir, "leases.json")}})
+	require.ErrorContains(t, err, "another daemon is listening")
 	_, err = c2.Acquire(ctx, ctxmgr.AcquireRequest{Job: "next", Profile: "1g.18gb", Count: 3, GPU: -1})
 	require.NoError(t, err, "the dead job's instances are free again")
 	require.Equal(t, []string{"1g.18gb×7"}, counts(t, mm))
