@@ -231,7 +231,13 @@ func (o *benchOptions) Complete() error {
 		o.token = hex.EncodeToString(b)
 	}
 	if o.spec.Job == "" {
-		o.spec.Job = o.token[:min(8, len(o.token))]
+		// A name of its own, never a piece of the token: job names show in
+		// leases, logs and other users' views.
+		b := make([]byte, 4)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("making a job name: %w", err)
+		}
+		o.spec.Job = "bench-" + hex.EncodeToString(b)
 	}
 	return nil
 }
