@@ -285,11 +285,18 @@ func TestNewGeneration(t *testing.T) {
 	require.Equal(t, 0, s.Generation())
 	var old []*Client
 	for gen := range 4 {
+		formed := s.Formed()
+		select {
+		case <-formed:
+			t.Fatalf("generation %d formed before anyone registered", gen)
+		default:
+		}
 		a, b := dial(t, addr), dial(t, addr)
 		ms, errs := registerAll(ctx, []*Client{a, b}, []int{0, 1},
 			[]Peer{{Settings: map[string]string{"gen": fmt.Sprint(gen)}}, {Settings: map[string]string{"gen": fmt.Sprint(gen)}}})
 		require.NoError(t, errors.Join(errs...), "generation %d: ranks re-register, settings compared afresh", gen)
 		require.Equal(t, gen, ms[0].Generation)
+		<-formed
 		short, c := context.WithTimeout(ctx, 100*time.Millisecond)
 		_, err := a.Get(short, "k")
 		c()

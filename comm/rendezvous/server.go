@@ -106,6 +106,14 @@ func (s *Server) Generation() int {
 	return s.cur.n
 }
 
+// Formed is closed when every rank of the current generation has
+// registered (the world formed). Call it again after NewGeneration.
+func (s *Server) Formed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.full
+}
+
 // Failed is closed when the current generation is aborted (by a rank, a
 // rank that left, mismatched settings, or AbortJob); Err then says why.
 // NewGeneration closes the old generation's channel and starts a new one:
