@@ -118,6 +118,10 @@ func Dial(addr, token string, opts ...DialOption) (*Client, error) {
 	conn, err := grpc.NewClient("passthrough:///rendezvous",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialer),
+		// Never idle the connection: the server takes a registered rank's
+		// connection closing as the rank leaving (gRPC's default closes it
+		// after 30 idle minutes, which would abort any long job).
+		grpc.WithIdleTimeout(0),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 5 * time.Second,
