@@ -35,6 +35,7 @@ type trials struct {
 	failures []string
 	worst    time.Duration
 	skipped  string
+	note     string
 }
 
 // try runs one trial: f returns how long the fault took to reach its outcome
@@ -63,7 +64,7 @@ func (s *suite) row(t *testing.T, area, class, expected string, f func(t *testin
 		ran = true
 		tr := &trials{}
 		f(t, tr)
-		r := Row{Area: area, Class: class, Expected: expected, Trials: tr.n, Failed: len(tr.failures), Worst: tr.worst, Skipped: tr.skipped}
+		r := Row{Area: area, Class: class, Expected: expected, Trials: tr.n, Failed: len(tr.failures), Worst: tr.worst, Skipped: tr.skipped, Note: tr.note}
 		r.Failures = tr.failures
 		if len(r.Failures) > 3 {
 			r.Failures = append(r.Failures[:3:3], fmt.Sprintf("and %d more", len(tr.failures)-3))
@@ -258,7 +259,3 @@ func tempDir(t *testing.T, mode os.FileMode) string {
 	}
 	return dir
 }
-
-func (s *suite) cliRows(t *testing.T)   {}
-func (s *suite) crashRows(t *testing.T) {}
-func (s *suite) benchRows(t *testing.T) {}

@@ -23,6 +23,8 @@ type Row struct {
 	Worst time.Duration
 	// Skipped, when not empty, says why the row did not run.
 	Skipped string
+	// Note adds what the trials measured to the outcome (may be empty).
+	Note string
 }
 
 // Outcome is the row's outcome column.
@@ -31,9 +33,16 @@ func (r Row) Outcome() string {
 	case r.Skipped != "":
 		return "SKIPPED: " + r.Skipped
 	case r.Failed == 0:
-		return "ok: " + r.Expected
+		return "ok: " + r.Expected + r.note()
 	}
-	return fmt.Sprintf("FAIL (%d/%d): %s", r.Failed, r.Trials, strings.Join(r.Failures, "; "))
+	return fmt.Sprintf("FAIL (%d/%d): %s%s (expected: %s)", r.Failed, r.Trials, strings.Join(r.Failures, "; "), r.note(), r.Expected)
+}
+
+func (r Row) note() string {
+	if r.Note == "" {
+		return ""
+	}
+	return " (" + r.Note + ")"
 }
 
 // Markdown renders rows as the document docs/reliability.md: a title, how to
@@ -67,7 +76,7 @@ func Markdown(header string, rows []Row) string {
 func cell(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	s = strings.ReplaceAll(s, "|", `\|`)
-	const max = 600
+	const max = 900
 	if len(s) > max {
 		s = s[:max] + "…"
 	}
