@@ -311,21 +311,45 @@ func (e *RefusalError) Error() string {
 		fmt.Fprintf(&b, "; these GPUs can never hold more than %d × %s: ask for at most %d", e.Max, e.Profile, e.Max)
 	}
 	if len(e.InTheWay) > 0 {
-		const show = 8
-		var parts []string
+		// leased devices grouped by GPU, job, process and profile; busy
+		// ones one by one
+		type group struct {
+			gpu     int
+			job     string
+			pid     int
+			profile string
+		}
+		var order []group
+		n := map[group]int{}
+		var parts, jobList []string
 		jobs := map[string]bool{}
-		var jobList []string
-		for i, o := range e.InTheWay {
-			if i < show {
-				parts = append(parts, fmt.Sprintf("GPU %d: %s", o.GPU, o))
-			}
+		for _, o := range e.InTheWay {
 			if o.Job != "" && !jobs[o.Job] {
 				jobs[o.Job] = true
 				jobList = append(jobList, o.Job)
 			}
+			if o.Job == "" || len(o.Busy) > 0 {
+				parts = append(parts, fmt.Sprintf("GPU %d: %s", o.GPU, o))
+				continue
+			}
+			g := group{o.GPU, o.Job, o.PID, o.Profile}
+			if n[g] == 0 {
+				order = append(order, g)
+			}
+			n[g]++
 		}
-		if len(e.InTheWay) > show {
-			parts = append(parts, fmt.Sprintf("and %d more", len(e.InTheWay)-show))
+		var leased []string
+		for _, g := range order {
+			s := fmt.Sprintf("GPU %d: %d × %s leased by job %s", g.gpu, n[g], g.profile, g.job)
+			if g.pid != 0 {
+				s += fmt.Sprintf(" (pid %d)", g.pid)
+			}
+			leased = append(leased, s)
+		}
+		parts = append(leased, parts...)
+		const show = 8
+		if len(parts) > show {
+			parts = append(parts[:show], fmt.Sprintf("and %d more", len(parts)-show))
 		}
 		fmt.Fprintf(&b, "; in the way: %s", strings.Join(parts, "; "))
 		if len(jobList) > 0 {
