@@ -13,6 +13,7 @@ import (
 
 	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/trainer"
 )
 
 // benchGrace is the time a bench rank gets between SIGTERM and SIGKILL once
@@ -53,7 +54,7 @@ func hostBench(ctx context.Context, spec benchSpec, listen, token string, s stre
 	if !spec.Quiet {
 		fmt.Fprintf(s.ErrOut, "bench: rendezvous at %s, token %s, %d ranks (0 started here)\n", addr, token, spec.NP)
 	}
-	return srv.WaitBarrier(ctx, "bench/done")
+	return srv.WaitBarrier(ctx, trainer.StorePrefix+benchDone)
 }
 
 // launchBench starts local ranks (this binary's hidden `bench worker`)
