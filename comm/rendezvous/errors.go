@@ -24,8 +24,8 @@ var (
 	// ErrMismatch reports ranks that joined with different settings or
 	// world sizes (the job is aborted: errors.Is(err, ErrAborted) too).
 	ErrMismatch = errors.New("ranks disagree on the job's settings")
-	// ErrRankTaken reports a Register for a rank another process holds;
-	// the running job is not disturbed.
+	// ErrRankTaken reports a Register for a rank another process holds, or
+	// when every rank is taken; the running job is not disturbed.
 	ErrRankTaken = errors.New("rank taken")
 	// ErrStaleGeneration reports a call from a rank of a generation the job
 	// has restarted past.
@@ -121,7 +121,7 @@ func (c *Client) fromStatus(err, exists error) error {
 		return &callError{st: st, sentinel: ErrAborted}
 	case codes.Unavailable:
 		return c.unreachable(true)
-	case codes.AlreadyExists:
+	case codes.AlreadyExists, codes.ResourceExhausted:
 		return &callError{st: st, sentinel: exists}
 	case codes.FailedPrecondition:
 		return &callError{st: st, sentinel: ErrStaleGeneration}

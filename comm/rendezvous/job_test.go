@@ -189,6 +189,13 @@ func TestDuplicateRankRefusedWithoutAbort(t *testing.T) {
 			// What a failing rank does on its way out (bench's deferred
 			// Abort) must not take the running job down.
 			require.NoError(t, dup.Abort(ctx, "could not register"))
+			if formed {
+				extra := dial(t, addr)
+				_, err := extra.Register(ctx, -1, Peer{Host: "h"})
+				require.ErrorIs(t, err, ErrRankTaken, "no free rank left")
+				require.Equal(t, codes.ResourceExhausted, status.Code(err))
+				require.NoError(t, extra.Abort(ctx, "could not register"))
+			}
 			if !formed {
 				go func() { _, err := b.Register(ctx, 1, Peer{Host: "h"}); regB <- err }()
 				require.NoError(t, <-regB)
@@ -276,6 +283,12 @@ func TestAbortNamesRank(t *testing.T) {
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, 0, ae.Rank)
 	require.ErrorContains(t, err, "rank 0 exited with status 3")
+
+	s3, addr3 := serveServer(t, "tok", 2)
+	require.NoError(t, dial(t, addr3).Abort(ctx, "cannot open the device"), "a rank that fails before it registers")
+	require.ErrorAs(t, s3.Err(), &ae)
+	require.Equal(t, -1, ae.Rank)
+	require.Equal(t, "job aborted: a process that had not registered: cannot open the device", ae.Error())
 }
 
 func TestNewGeneration(t *testing.T) {
@@ -391,4 +404,15 @@ func TestAbsentServerFailsFast(t *testing.T) {
 		_, err = c.Register(ctx, 0, Peer{})
 		require.NoError(t, err, "retried until the server listened")
 	})
+}
+
+func TestStopIsNoAbort(t *testing.T) {
+	s, addr := serveServer(t, "tok", 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, errs := registerAll(ctx, []*Client{dial(t, addr), dial(t, addr)}, []int{0, 1}, make([]Peer, 2))
+	require.NoError(t, errors.Join(errs...))
+	s.Stop()
+	time.Sleep(50 * time.Millisecond) // connection ends are handled asynchronously
+	require.NoError(t, s.Err(), "the connections the server closes itself are no rank leaving")
 }

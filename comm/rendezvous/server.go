@@ -33,8 +33,9 @@ type Server struct {
 	mu  sync.Mutex
 	cur *generation // s.mu guards it and everything in it
 
-	conns atomic.Uint64 // last connection id handed out
-	grpc  *grpc.Server
+	conns    atomic.Uint64 // last connection id handed out
+	grpc     *grpc.Server
+	stopping bool // Stop was called: closing connections is no rank leaving
 }
 
 // generation is one run of the job.
@@ -150,6 +151,7 @@ func (s *Server) Serve(lis net.Listener) error {
 // connection; calls still blocked fail.
 func (s *Server) Stop() {
 	s.mu.Lock()
+	s.stopping = true
 	g := s.grpc
 	s.mu.Unlock()
 	if g == nil {
@@ -198,6 +200,9 @@ func (s *Server) connGone(id uint64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopping {
+		return
+	}
 	g := s.cur
 	for r, o := range g.owner {
 		if o != id {
@@ -261,10 +266,15 @@ func (g *generation) abortLocked(rank int, reason string, mismatch bool) {
 // AbortJob fails every blocked and future call of the current generation
 // with codes.Aborted, naming no rank. The first abort sticks. Safe to call
 // more than once.
-func (s *Server) AbortJob(reason string) { s.AbortRank(-1, reason) }
+func (s *Server) AbortJob(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur.abortLocked(-1, reason, false)
+}
 
 // AbortRank is AbortJob naming the rank at fault (the launcher saw it exit,
-// say): every rank's error carries it (AbortError.Rank).
+// say): every rank's error carries it (AbortError.Rank), and the reason is
+// prefixed with "rank N: " unless it names the rank already.
 func (s *Server) AbortRank(rank int, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -273,7 +283,10 @@ func (s *Server) AbortRank(rank int, reason string) {
 
 // withRank prefixes reason with "rank N: " unless it already names the rank.
 func withRank(rank int, reason string) string {
-	if rank < 0 || strings.HasPrefix(reason, fmt.Sprintf("rank %d:", rank)) || strings.HasPrefix(reason, fmt.Sprintf("rank %d ", rank)) {
+	if rank < 0 {
+		return "a process that had not registered: " + reason
+	}
+	if strings.HasPrefix(reason, fmt.Sprintf("rank %d:", rank)) || strings.HasPrefix(reason, fmt.Sprintf("rank %d ", rank)) {
 		return reason
 	}
 	return fmt.Sprintf("rank %d: %s", rank, reason)
