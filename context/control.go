@@ -26,6 +26,10 @@ type ControlServer struct {
 	hub      *EventHub
 	metrics  *Metrics
 	nextConn atomic.Uint64
+	// draining: the server is stopping; connections that end now do not
+	// end their leases (the clients live on, and the pids keep the leases
+	// across the restart).
+	draining atomic.Bool
 }
 
 var _ ctlpb.ControlServer = (*ControlServer)(nil)

@@ -104,6 +104,11 @@ func (c *ControlServer) ReportCollectives(_ context.Context, req *ctlpb.Collecti
 	return &ctlpb.CollectiveReply{}, nil
 }
 
+// Drain marks the server as stopping: from now on a closing connection does
+// not end the leases bound to it (call it before grpc.Server.Stop, so a
+// daemon restart keeps them; the state file drops those without a pid).
+func (c *ControlServer) Drain() { c.draining.Store(true) }
+
 // connKey keys a connection's id in its context.
 type connKey struct{}
 
@@ -116,7 +121,7 @@ func (t connTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.
 }
 
 func (t connTracker) HandleConn(ctx context.Context, s stats.ConnStats) {
-	if _, ok := s.(*stats.ConnEnd); !ok || t.c.leases == nil {
+	if _, ok := s.(*stats.ConnEnd); !ok || t.c.leases == nil || t.c.draining.Load() {
 		return
 	}
 	if id, ok := ctx.Value(connKey{}).(uint64); ok {

@@ -64,6 +64,7 @@ type Daemon struct {
 	hub     *EventHub
 	metrics *Metrics
 	srv     *grpc.Server
+	ctl     *ControlServer
 	httpSrv *http.Server
 	metAddr string
 
@@ -148,6 +149,7 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 	if d.leases != nil {
 		WithLeases(d.leases)(ctl)
 	}
+	d.ctl = ctl
 	d.srv = grpc.NewServer(ctl.ServerOptions()...)
 	ctl.Register(d.srv)
 
@@ -257,6 +259,7 @@ func (d *Daemon) fail(err error) {
 // daemon, if any. Safe to call more than once.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
+		d.ctl.Drain()
 		d.cancel()
 		stopped := make(chan struct{})
 		go func() { d.srv.GracefulStop(); close(stopped) }()

@@ -219,6 +219,12 @@ func (l *Leases) Acquire(ctx context.Context, req AcquireRequest) ([]Lease, erro
 			return nil, err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		// The client gave up while instances were made: leasing now would
+		// hand them to a job that never learns of them.
+		return nil, fmt.Errorf("leasing %s for %s: the request was abandoned (%w); nothing leased, the %d instances created stay free",
+			req.Profile, req.Job, err, len(created))
+	}
 	now := l.opts.Now().UTC().Round(0) // as the state file and the wire give it back
 	out := make([]Lease, 0, req.Count)
 	for _, le := range append(picked, created...) {

@@ -352,8 +352,12 @@ func (e *RefusalError) Error() string {
 			parts = append(parts[:show], fmt.Sprintf("and %d more", len(parts)-show))
 		}
 		fmt.Fprintf(&b, "; in the way: %s", strings.Join(parts, "; "))
-		if len(jobList) > 0 {
-			fmt.Fprintf(&b, "; to make room, job %s would have to release its leases ('migctl lease release --job %s')", strings.Join(jobList, ", job "), jobList[0])
+		switch len(jobList) {
+		case 0:
+		case 1:
+			fmt.Fprintf(&b, "; to make room, job %s would have to release its leases ('migctl lease release --job %s')", jobList[0], jobList[0])
+		default:
+			fmt.Fprintf(&b, "; to make room, jobs %s would have to release their leases ('migctl lease release --job %s', ...)", strings.Join(jobList, ", "), jobList[0])
 		}
 	}
 	if e.Note != "" {

@@ -481,3 +481,31 @@ func TestPIDAlive(t *testing.T) {
 	require.False(t, ctxmgr.PIDAlive(cmd.Process.Pid), "an exited and reaped child")
 	require.False(t, ctxmgr.PIDAlive(0))
 }
+
+// applyHook runs onApply before each Apply of the source it wraps.
+type applyHook struct {
+	ctxmgr.MIGSource
+	onApply func()
+}
+
+func (a applyHook) Apply(ctx context.Context, reqs map[int]mig.Request, opts mig.ApplyOptions) (*mig.ApplyResult, error) {
+	a.onApply()
+	return a.MIGSource.Apply(ctx, reqs, opts)
+}
+
+func TestAcquireAbandonedMidCreateLeasesNothing(t *testing.T) {
+	_, mm := simNode(t, 1, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := ctxmgr.NewLeases(applyHook{MIGSource: mm, onApply: cancel}, ctxmgr.LeaseOptions{EnableMIG: true})
+	_, err := l.Acquire(ctx, acq("gone", "1g.18gb", 3))
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorContains(t, err, "nothing leased, the 3 instances created stay free")
+	require.Empty(t, l.List())
+	require.Equal(t, []string{"1g.18gb×3"}, counts(t, mm), "the apply ran to its end, not torn by the cancel")
+	ls, err := l.Acquire(context.Background(), acq("next", "1g.18gb", 3))
+	require.NoError(t, err)
+	for _, le := range ls {
+		require.False(t, le.Created, "the next job gets the instances made for the abandoned one")
+	}
+}
