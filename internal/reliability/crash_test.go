@@ -99,7 +99,8 @@ func (s *suite) crashRows(t *testing.T) {
 				return s.converge(state, k%2 == 1)
 			})
 		}
-		// Random: SIGKILL from outside at a random moment of the apply.
+		// Random: SIGKILL from outside at a random moment of the apply (some
+		// land after it finished: convergence must hold all the same).
 		midApply := 0
 		const random = 20
 		for i := range random {
@@ -112,9 +113,25 @@ func (s *suite) crashRows(t *testing.T) {
 				if err := cmd.Start(); err != nil {
 					return 0, err
 				}
-				time.Sleep(time.Duration(2+rand.IntN(40)) * time.Millisecond)
+				// Kill at a random moment once the apply has started its
+				// journal (the window is a few milliseconds on tmpfs).
+				done := make(chan struct{})
+				go func() { _ = cmd.Wait(); close(done) }()
+			poll:
+				for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+					select {
+					case <-done:
+						break poll
+					default:
+					}
+					if _, err := os.Stat(state + ".journal"); err == nil {
+						break
+					}
+					time.Sleep(50 * time.Microsecond)
+				}
+				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
+				<-done
 				if _, err := os.Stat(state + ".journal"); err == nil {
 					midApply++
 				}

@@ -82,6 +82,9 @@ func (s *suite) row(t *testing.T, area, class, expected string, f func(t *testin
 				t.Error(f)
 			}
 		}
+		if tr.note != "" {
+			t.Log(tr.note)
+		}
 		if tr.skipped != "" {
 			t.Skip(tr.skipped)
 		}
@@ -125,8 +128,12 @@ func header(t *testing.T, took time.Duration) string {
 		dirty = " plus uncommitted changes in the tree"
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return fmt.Sprintf("Measured %s at commit %s%s; %s, Linux %s, %d CPUs, uid %d; the suite took %s.",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), commit, dirty, runtime.Version(), strings.TrimSpace(string(kernel)),
+	bin := "migctl built from the tree"
+	if b := os.Getenv("MIGCTL_BIN"); b != "" {
+		bin = "$MIGCTL_BIN"
+	}
+	return fmt.Sprintf("Measured %s at commit %s%s (%s); %s, Linux %s, %d CPUs, uid %d; the suite took %s.",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), commit, dirty, bin, runtime.Version(), strings.TrimSpace(string(kernel)),
 		runtime.NumCPU(), os.Getuid(), took.Round(time.Second))
 }
 
