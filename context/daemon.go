@@ -110,11 +110,11 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 	so.OnSwapDone = func(r Result) { d.publish(Event{Type: EventSwapDone, Job: r.Job, Time: time.Now(), Swap: &r}) }
 	d.m = NewManager(so)
 
-	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers)
+	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers, WithLogger(log))
 	if err != nil {
 		return nil, fmt.Errorf("shim socket: %w", err)
 	}
-	ctlLn, err := ListenUnix(cfg.ControlSocket, cfg.Peers)
+	ctlLn, err := ListenUnix(cfg.ControlSocket, cfg.Peers, WithLogger(log))
 	if err != nil {
 		swapLn.Close()
 		return nil, fmt.Errorf("control socket: %w", err)

@@ -69,10 +69,18 @@
 //     no MemoryInfo the Manager uses a declared capacity minus the bytes its
 //     registry holds on each device (tests, --gpu-memory, --sim).
 //
-// Processes are keyed by the pid the shim sends in its hello (PROTOCOL.md).
-// The pid the kernel reports for the socket peer (SO_PEERCRED, the daemon's
-// pid namespace, what ps and nvidia-smi on the host show) is kept as PeerPID
-// when it differs (a shim in a container), and a swap by pid matches either.
+// Processes are keyed by the pid the shim sends in its hello (PROTOCOL.md),
+// which is only a label the kernel must confirm: it must be the socket peer's
+// pid (SO_PEERCRED, the daemon's pid namespace, what ps and nvidia-smi on the
+// host show) or the peer's pid in its own namespace (the last NSpid of
+// /proc/<pid>/status: a shim in a container); any other claim is refused. In
+// the second case the peer's pid is kept as PeerPID, and a swap by pid
+// matches either. (A peer in the daemon's own process, such as fakeshim in
+// tests, may claim any pid.) Every field of every shim message is checked
+// against the limits of PROTOCOL.md (swapproto.Message.Validate, and byte
+// counts at most the device's memory); a shim that breaks them is told why,
+// disconnected and logged. A peer whose uid the socket policy refuses is
+// logged and told so in its protocol (gRPC PermissionDenied for the CLI).
 //
 // Sentinel errors (ErrNoSuchProcess, ErrNoSuchJob, ErrAlreadyOut, ErrAlreadyIn,
 // ErrBusy, ErrDisconnected, ErrDenied; ErrNoFreeInstance, ErrLeased,
