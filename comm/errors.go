@@ -69,6 +69,9 @@ func (e *AbortError) Is(target error) bool {
 	return target == ErrAborted || (target == ErrPeerDead && (e.Cause == AbortExited || e.Cause == AbortStalled))
 }
 
+// FaultRank is the rank at fault (rendezvous.Client.AbortWith reports it).
+func (e *AbortError) FaultRank() int { return e.Rank }
+
 // PeerError reports a peer found dead by this rank's liveness check.
 type PeerError struct {
 	Rank int
@@ -85,3 +88,6 @@ func (e *PeerError) Error() string {
 
 // Is matches ErrPeerDead.
 func (e *PeerError) Is(target error) bool { return target == ErrPeerDead }
+
+// FaultRank is the dead peer (rendezvous.Client.AbortWith reports it).
+func (e *PeerError) FaultRank() int { return e.Rank }

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"testing"
 	"time"
@@ -98,4 +99,12 @@ func TestAbortNamesTheRankAtFault(t *testing.T) {
 			require.Equal(t, wantRank, ae.Rank, "the rank at fault")
 		})
 	}
+}
+
+func TestFaultRank(t *testing.T) {
+	var fr interface{ FaultRank() int }
+	require.ErrorAs(t, fmt.Errorf("x: %w", &AbortError{Rank: 3, By: 1, Cause: AbortExited}), &fr)
+	require.Equal(t, 3, fr.FaultRank())
+	require.ErrorAs(t, fmt.Errorf("x: %w", &PeerError{Rank: 5, PID: 9}), &fr)
+	require.Equal(t, 5, fr.FaultRank())
 }

@@ -291,6 +291,27 @@ func (c *Client) Barrier(ctx context.Context, name string) error {
 // client whose Register was refused (its rank taken, say) has no part in
 // the job: its Abort does nothing.
 func (c *Client) Abort(ctx context.Context, reason string) error {
+	return c.abort(ctx, nil, reason)
+}
+
+// FaultRanker is an error that names the rank at fault (comm.AbortError and
+// comm.PeerError do: a peer that exited or stalled).
+type FaultRanker interface {
+	FaultRank() int
+}
+
+// AbortWith is Abort for err: when err names another rank at fault (a
+// FaultRanker in its chain), the job's AbortError names that rank.
+func (c *Client) AbortWith(ctx context.Context, err error) error {
+	var fr FaultRanker
+	if errors.As(err, &fr) {
+		f := int32(fr.FaultRank())
+		return c.abort(ctx, &f, err.Error())
+	}
+	return c.abort(ctx, nil, err.Error())
+}
+
+func (c *Client) abort(ctx context.Context, fault *int32, reason string) error {
 	c.mu.Lock()
 	rank, gen, refused := c.rank, c.gen, c.refused
 	c.mu.Unlock()
@@ -298,7 +319,7 @@ func (c *Client) Abort(ctx context.Context, reason string) error {
 		return nil
 	}
 	err := c.call(ctx, nil, func() error {
-		_, err := c.rpc.Abort(ctx, &pb.AbortRequest{Token: c.token, Rank: int32(rank), Reason: reason, Generation: gen})
+		_, err := c.rpc.Abort(ctx, &pb.AbortRequest{Token: c.token, Rank: int32(rank), Reason: reason, Generation: gen, FaultRank: fault})
 		return err
 	})
 	if err != nil {

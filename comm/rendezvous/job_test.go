@@ -284,6 +284,16 @@ func TestAbortNamesRank(t *testing.T) {
 	require.Equal(t, 0, ae.Rank)
 	require.ErrorContains(t, err, "rank 0 exited with status 3")
 
+	// A rank that found a peer dead names the peer.
+	s4, addr4 := serveServer(t, "tok", 3)
+	cs = []*Client{dial(t, addr4), dial(t, addr4), dial(t, addr4)}
+	_, errs = registerAll(ctx, cs, []int{0, 1, 2}, make([]Peer, 3))
+	require.NoError(t, errors.Join(errs...))
+	require.NoError(t, cs[0].AbortWith(ctx, fmt.Errorf("rank 0, 4096 bytes: %w", faultErr{2})))
+	require.ErrorAs(t, s4.Err(), &ae)
+	require.Equal(t, 2, ae.Rank, "the dead peer, not the rank that reported it")
+	require.Equal(t, "job aborted: rank 0, 4096 bytes: rank 2 exited", ae.Error())
+
 	s3, addr3 := serveServer(t, "tok", 2)
 	require.NoError(t, dial(t, addr3).Abort(ctx, "cannot open the device"), "a rank that fails before it registers")
 	require.ErrorAs(t, s3.Err(), &ae)
@@ -416,3 +426,8 @@ func TestStopIsNoAbort(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // connection ends are handled asynchronously
 	require.NoError(t, s.Err(), "the connections the server closes itself are no rank leaving")
 }
+
+type faultErr struct{ rank int }
+
+func (e faultErr) Error() string  { return fmt.Sprintf("rank %d exited", e.rank) }
+func (e faultErr) FaultRank() int { return e.rank }

@@ -278,7 +278,10 @@ func (s *Server) AbortJob(reason string) {
 func (s *Server) AbortRank(rank int, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cur.abortLocked(rank, withRank(rank, reason), false)
+	if rank >= 0 {
+		reason = withRank(rank, reason)
+	}
+	s.cur.abortLocked(rank, reason, false)
 }
 
 // withRank prefixes reason with "rank N: " unless it already names the rank.
@@ -286,7 +289,7 @@ func withRank(rank int, reason string) string {
 	if rank < 0 {
 		return "a process that had not registered: " + reason
 	}
-	if strings.HasPrefix(reason, fmt.Sprintf("rank %d:", rank)) || strings.HasPrefix(reason, fmt.Sprintf("rank %d ", rank)) {
+	if p := fmt.Sprintf("rank %d", rank); strings.HasPrefix(reason, p+":") || strings.HasPrefix(reason, p+" ") || strings.HasPrefix(reason, p+",") {
 		return reason
 	}
 	return fmt.Sprintf("rank %d: %s", rank, reason)
@@ -316,7 +319,11 @@ func (s *Server) Abort(_ context.Context, req *pb.AbortRequest) (*pb.AbortRespon
 	if req.Generation != nil && int(req.GetGeneration()) != g.n {
 		return &pb.AbortResponse{}, nil // an earlier generation's rank cannot abort this one
 	}
-	g.abortLocked(int(req.GetRank()), withRank(int(req.GetRank()), req.GetReason()), false)
+	fault := int(req.GetRank())
+	if req.FaultRank != nil && req.GetFaultRank() >= 0 && int(req.GetFaultRank()) < s.world {
+		fault = int(req.GetFaultRank())
+	}
+	g.abortLocked(fault, withRank(int(req.GetRank()), req.GetReason()), false)
 	return &pb.AbortResponse{}, nil
 }
 

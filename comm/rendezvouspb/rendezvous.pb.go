@@ -655,7 +655,10 @@ type AbortRequest struct {
 	Rank   int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Generation from RegisterResponse; unset before Register.
-	Generation    *int32 `protobuf:"varint,4,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
+	Generation *int32 `protobuf:"varint,4,opt,name=generation,proto3,oneof" json:"generation,omitempty"`
+	// The rank at fault when it is not the caller (a peer the caller found
+	// dead or stalled); unset: the caller.
+	FaultRank     *int32 `protobuf:"varint,5,opt,name=fault_rank,json=faultRank,proto3,oneof" json:"fault_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -714,6 +717,13 @@ func (x *AbortRequest) GetReason() string {
 func (x *AbortRequest) GetGeneration() int32 {
 	if x != nil && x.Generation != nil {
 		return *x.Generation
+	}
+	return 0
+}
+
+func (x *AbortRequest) GetFaultRank() int32 {
+	if x != nil && x.FaultRank != nil {
+		return *x.FaultRank
 	}
 	return 0
 }
@@ -999,15 +1009,18 @@ const file_rendezvous_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x05H\x00R\n" +
 	"generation\x88\x01\x01B\r\n" +
 	"\v_generation\"\x11\n" +
-	"\x0fBarrierResponse\"\x84\x01\n" +
+	"\x0fBarrierResponse\"\xb7\x01\n" +
 	"\fAbortRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12#\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05H\x00R\n" +
-	"generation\x88\x01\x01B\r\n" +
-	"\v_generation\"\x0f\n" +
+	"generation\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"fault_rank\x18\x05 \x01(\x05H\x01R\tfaultRank\x88\x01\x01B\r\n" +
+	"\v_generationB\r\n" +
+	"\v_fault_rank\"\x0f\n" +
 	"\rAbortResponse\"\x98\x01\n" +
 	"\fLeaveRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12#\n" +
