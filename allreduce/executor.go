@@ -179,9 +179,17 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if e.trace != nil {
 		e.trace.begin(sched.Params, sched.Steps[r], e.tr)
 	}
-	err := e.run(ctx, sched, call, epoch, fence)
+	direct := sched.Params.Algorithm == RingIPC && sched.Params.World > 1
+	err := e.enterDirect(ctx, direct, epoch)
+	if err == nil {
+		err = e.run(ctx, sched, call, epoch, fence)
+	}
 	if e.trace != nil && err == nil {
 		e.trace.end(e.tr)
+	}
+	if err == nil {
+		e.tr.Set(FlagOf(r, RoleFin), epoch|1)
+		err = e.leaveDirect(ctx, direct, epoch)
 	}
 	if err != nil {
 		e.tr.Abort()
@@ -189,7 +197,39 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 		e.drain()
 		return err
 	}
-	e.tr.Set(FlagOf(r, RoleFin), epoch|1)
+	return nil
+}
+
+// enterDirect and leaveDirect bracket a schedule whose steps read the
+// previous rank's user buffers directly (RingIPC). A rank's send buffer is
+// its input only from the moment it enters the call, so a rank announces
+// its entry (its end-of-call flag at epoch|0, which is more than any earlier
+// call's epoch|1) and waits for the previous rank's before it reads; and
+// the next rank reads this rank's buffers until its own last step, so a
+// rank returns only once the next rank has finished — after that the caller
+// may reuse its buffers, as after any collective.
+func (e *Executor) enterDirect(ctx context.Context, direct bool, epoch uint64) error {
+	if !direct {
+		return nil
+	}
+	r, n := e.tr.Rank(), e.tr.World()
+	e.tr.Set(FlagOf(r, RoleFin), epoch)
+	prev := (r + n - 1) % n
+	if err := e.tr.Wait(ctx, FlagOf(prev, RoleFin), epoch); err != nil {
+		return fmt.Errorf("rank %d waiting for rank %d to enter the collective: %w", r, prev, err)
+	}
+	return nil
+}
+
+func (e *Executor) leaveDirect(ctx context.Context, direct bool, epoch uint64) error {
+	if !direct {
+		return nil
+	}
+	r, n := e.tr.Rank(), e.tr.World()
+	next := (r + 1) % n
+	if err := e.tr.Wait(ctx, FlagOf(next, RoleFin), epoch|1); err != nil {
+		return fmt.Errorf("rank %d waiting for rank %d to finish reading its buffers: %w", r, next, err)
+	}
 	return nil
 }
 

@@ -67,8 +67,9 @@ type Group struct {
 	daemon *daemonLink
 
 	// Owned by the worker goroutine.
-	scratch map[string]comm.Buffer
-	ipc     *ipcState
+	scratch    map[string]comm.Buffer
+	ipc        *ipcState
+	registered map[[2]uintptr]*comm.PeerBuffers // RegisterIPC'd (send, recv) pairs
 
 	closeOnce sync.Once
 	closeErr  error

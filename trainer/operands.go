@@ -229,11 +229,50 @@ type ipcState struct {
 	epoch      int
 }
 
-// allReduceIPC runs an all-reduce over the IPC ring: the caller's data is
-// copied device to device into buffers the ring's peers have opened.
+// RegisterIPC exports send and recv (buffers from Alloc) to the IPC ring's
+// peers once, so that all-reduces from send into recv run straight on them
+// instead of through the group's scratch (two device-to-device copies
+// fewer). A collective: every rank registers its buffers of the same calls,
+// in the same order. A no-op unless the group's transport is ipc.
+func (g *Group) RegisterIPC(ctx context.Context, send, recv Buffer) error {
+	if send.own == nil || recv.own == nil {
+		return fmt.Errorf("registering buffers for IPC: only buffers from Alloc can be exported: %w", comm.ErrInvalid)
+	}
+	return g.wait(g.submit(ctx, "register", "", 0, func(ctx context.Context) error {
+		if g.transport != TransportIPC {
+			return nil
+		}
+		ipcDev, ok := g.dev.(comm.IPCDevice)
+		if !ok {
+			return fmt.Errorf("transport ipc on a device without CUDA IPC: %w", ErrUnsupported)
+		}
+		tag := fmt.Sprintf("trainer/reg/%d", len(g.registered))
+		bufs := []comm.Buffer{send.own}
+		if !same(send, recv) {
+			bufs = append(bufs, recv.own)
+		}
+		peers, err := comm.ExchangeIPC(ctx, g.kv, ipcDev, g.rank, g.size, tag, bufs...)
+		if err != nil {
+			return err
+		}
+		if g.registered == nil {
+			g.registered = map[[2]uintptr]*comm.PeerBuffers{}
+		}
+		g.registered[[2]uintptr{send.ptr, recv.ptr}] = peers
+		return nil
+	}))
+}
+
+// allReduceIPC runs an all-reduce over the IPC ring: on registered buffers
+// directly, else with the caller's data copied device to device into
+// scratch buffers the ring's peers have opened.
 func (g *Group) allReduceIPC(ctx context.Context, send, recv Buffer, op Op) error {
 	if err := g.waitStreams(ctx, send, recv); err != nil {
 		return err
+	}
+	if p, ok := g.registered[[2]uintptr{send.ptr, recv.ptr}]; ok && send.own != nil && recv.own != nil {
+		prevRecv := p.Bufs[len(p.Bufs)-1]
+		return g.cm.AllReduceIPC(ctx, send.own, recv.own, p.Bufs[0], prevRecv, send.count, send.dtype, op)
 	}
 	es := send.dtype.Size()
 	n := send.count * es
@@ -310,6 +349,10 @@ func (g *Group) growIPC(ctx context.Context, n int) error {
 }
 
 func (g *Group) freeIPC() {
+	for k, p := range g.registered {
+		_ = p.Close()
+		delete(g.registered, k)
+	}
 	if g.ipc == nil {
 		return
 	}

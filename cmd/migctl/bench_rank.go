@@ -241,6 +241,13 @@ func newRankRunner(g *trainer.Group, spec benchSpec, coll allreduce.Coll, dt com
 			return nil, fmt.Errorf("allocating %d elements: %w", recvN, err)
 		}
 	}
+	// The IPC ring runs on these buffers directly (no-op on other transports).
+	if coll == allreduce.AllReduce {
+		if err := g.RegisterIPC(context.Background(), r.send, r.recv); err != nil {
+			r.free()
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
