@@ -110,6 +110,11 @@ type peerListener struct {
 	log   *slog.Logger
 	slots chan struct{} // refused peers being answered
 
+	// logWindow, logged, suppressed rate-limit the refusal log (Accept's
+	// goroutine only).
+	logWindow          time.Time
+	logged, suppressed int
+
 	closeOnce sync.Once
 	closed    chan struct{}
 	mu        sync.Mutex
@@ -132,7 +137,7 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		if l.allow(cred.Uid) {
 			return c, nil
 		}
-		l.log.Warn("peer refused", "socket", l.path, "uid", cred.Uid, "pid", cred.Pid, "reason", refusalReason(cred.Uid, l.self))
+		l.logRefusal(cred)
 		select {
 		case l.slots <- struct{}{}:
 			go l.answer(c, cred.Uid)
@@ -140,6 +145,29 @@ func (l *peerListener) Accept() (net.Conn, error) {
 			c.Close() // too many at once: no answer
 		}
 	}
+}
+
+// refusalLogRate is how many refusals a listener logs per second; more are
+// counted and the count logged with the next one logged (a refused user
+// looping on the socket must not fill the daemon's log).
+const refusalLogRate = 10
+
+func (l *peerListener) logRefusal(cred *unix.Ucred) {
+	now := time.Now()
+	if now.Sub(l.logWindow) >= time.Second {
+		l.logWindow, l.logged = now, 0
+	}
+	if l.logged >= refusalLogRate {
+		l.suppressed++
+		return
+	}
+	l.logged++
+	args := []any{"socket", l.path, "uid", cred.Uid, "pid", cred.Pid, "reason", refusalReason(cred.Uid, l.self)}
+	if l.suppressed > 0 {
+		args = append(args, "not_logged_before", l.suppressed)
+		l.suppressed = 0
+	}
+	l.log.Warn("peer refused", args...)
 }
 
 // Close stops listening and ends the answers to refused peers.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -112,4 +114,27 @@ func TestRefusedUIDProcessGetsPermissionDenied(t *testing.T) {
 	require.Contains(t, string(out), "uid=65534 code=PermissionDenied msg=permission denied by the daemon (uid 65534 is not allowed; run as root)")
 	require.Contains(t, log.String(), "peer refused")
 	require.Contains(t, log.String(), "uid=65534")
+}
+
+// TestRefusalLogIsRateLimited: a refused user looping on the socket gets an
+// answer every time but cannot fill the daemon's log.
+func TestRefusalLogIsRateLimited(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "run", "s.sock")
+	log := &syncLog{}
+	ln, err := ctxmgr.ListenUnix(socket, func(uint32) bool { return false }, ctxmgr.WithLogger(slog.New(slog.NewTextHandler(log, nil))))
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() { _, _ = ln.Accept() }() // Accept only returns allowed peers: none
+	for range 50 {
+		c, err := net.Dial("unix", socket)
+		require.NoError(t, err)
+		_, _ = c.Write([]byte("{\"type\":\"hello\",\"version\":1}\n"))
+		b, err := io.ReadAll(c) // the answer, then the close
+		c.Close()
+		require.NoError(t, err)
+		require.Contains(t, string(b), "permission denied by the daemon")
+	}
+	n := strings.Count(log.String(), "peer refused")
+	require.GreaterOrEqual(t, n, 10)
+	require.Less(t, n, 50, "logged at most 10 a second")
 }
