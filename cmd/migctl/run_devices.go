@@ -78,7 +78,7 @@ func openRunDaemon(ctx context.Context, o *runOptions) (*runDaemon, error) {
 	journal := on.journal
 	on.close()
 	model, _, _ := migsim.ParseSpec(o.node.sim)
-	dir, err := os.MkdirTemp("", "migctl-daemon-")
+	dir, err := launcher.SocketDir("migctl-daemon-")
 	if err != nil {
 		return nil, fmt.Errorf("making a private directory for the embedded daemon: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -150,6 +151,45 @@ type plan struct {
 	masterPort int
 	devs       []Device
 	blame      string // set by the supervisor's OnFailure (its goroutine)
+	// accepts counts connections to the rendezvous; genAccepts is the
+	// count when the current generation started.
+	accepts    atomic.Int64
+	genAccepts int64
+}
+
+// countingListener counts accepted connections: a worker that connected to
+// the rendezvous uses the SDK, so until the world forms it is still
+// starting up.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// maxSocketPath is the longest Unix socket path used (sun_path is 108
+// bytes with its NUL).
+const maxSocketPath = 100
+
+// SocketDir makes a private (0700) directory for Unix sockets under
+// $TMPDIR, or under /tmp when $TMPDIR is so deep that a socket path in it
+// would not fit.
+func SocketDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", err
+	}
+	if len(dir)+len("/rendezvous.sock") <= maxSocketPath {
+		return dir, nil
+	}
+	_ = os.Remove(dir)
+	return os.MkdirTemp("/tmp", prefix)
 }
 
 // complete fills Config's defaults and checks it; nothing is created.
@@ -432,7 +472,7 @@ func (p *plan) hostRendezvous(undo *[]func()) (rendezvousServer, error) {
 			}
 		}
 	default:
-		dir, derr := os.MkdirTemp("", "migctl-run-")
+		dir, derr := SocketDir("migctl-run-")
 		if derr != nil {
 			return nil, fmt.Errorf("making a private directory for the rendezvous socket: %w", derr)
 		}
@@ -456,6 +496,7 @@ func (p *plan) hostRendezvous(undo *[]func()) (rendezvousServer, error) {
 		lis.Close()
 		return nil, err
 	}
+	lis = countingListener{Listener: lis, n: &p.accepts}
 	served := make(chan struct{})
 	go func() { _ = srv.Serve(lis); close(served) }()
 	*undo = append(*undo, func() {
@@ -526,9 +567,18 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 			srv.AbortJob(fmt.Sprintf("rank %d failed: %s", f.Rank, f))
 		}
 	}
-	if srv != nil {
-		if formed, ok := srv.(interface{ Formed() <-chan struct{} }); ok {
-			sc.Ready = func(int) <-chan struct{} { return formed.Formed() }
+	// Still starting up = some worker connected to the rendezvous in this
+	// generation and the world has not formed: a Ctrl-C then kills at once
+	// (a rank blocked joining cannot act on it). Workers that never connect
+	// (a plain PyTorch script) are past start-up as soon as they run.
+	if formed, ok := srv.(interface{ Formed() <-chan struct{} }); ok {
+		sc.Ready = func(int) bool {
+			select {
+			case <-formed.Formed():
+				return true
+			default:
+				return p.accepts.Load() == p.genAccepts
+			}
 		}
 	}
 	sc.BeforeRestart = func(_ context.Context, gen int) error {
@@ -538,6 +588,7 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 		if g, ok := srv.(interface{ NewGeneration() int }); ok {
 			g.NewGeneration()
 		}
+		p.genAccepts = p.accepts.Load()
 		p.logf("run: restarting every worker (restart %d of at most %d)", gen, c.MaxRestarts)
 		return nil
 	}

@@ -48,8 +48,8 @@
 // never calls signal.Notify. SIGINT, SIGTERM, SIGHUP and SIGQUIT are
 // forwarded to every worker's process group and end the run: no restart, the
 // workers get Grace to exit, then SIGKILL. While the workers are still
-// starting (before Config.Ready's channel closes, or while processes are
-// being spawned) such a signal kills them at once. Any other signal
+// starting (while processes are being spawned, or while Config.Ready
+// says they are not past start-up) such a signal kills them at once. Any other signal
 // (SIGUSR1, SIGUSR2, ...) is forwarded and nothing else happens; a worker
 // that dies of it is a failure like any other. Cancelling the context acts as
 // a SIGTERM.

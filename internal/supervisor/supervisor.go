@@ -82,11 +82,11 @@ type Config struct {
 	// Signals, when not nil, delivers the signals to forward (the caller
 	// registers them with signal.Notify; this package never does).
 	Signals <-chan os.Signal
-	// Ready, when not nil, returns for a generation a channel closed when
-	// the workers are past start-up (e.g. all registered at a rendezvous);
-	// until then a termination signal kills them at once. nil: ready once
-	// every process is started.
-	Ready func(generation int) <-chan struct{}
+	// Ready, when not nil, is asked when a termination signal arrives
+	// whether the generation's workers are past start-up (e.g. all
+	// registered at a rendezvous); if not, they are killed at once instead
+	// of getting Grace. nil: ready once every process is started.
+	Ready func(generation int) bool
 	// OnStart is called after each worker starts (nil: nothing).
 	OnStart func(w Worker, pid int)
 	// OnFailure is called with a generation's root cause as soon as it is
@@ -362,18 +362,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 		}
 	}
 
-	var ready <-chan struct{} = closedChan
-	if cfg.Ready != nil {
-		ready = cfg.Ready(gen)
-	}
-	isReady := func() bool {
-		select {
-		case <-ready:
-			return true
-		default:
-			return false
-		}
-	}
+	isReady := func() bool { return cfg.Ready == nil || cfg.Ready(gen) }
 	var settleC, graceC <-chan time.Time
 	terminating := false
 	terminate := func() {
@@ -442,8 +431,6 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 	}
 	return g
 }
-
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // start starts one worker with its pipes, log files and error file.
 func (s *run) start(w Worker) (*proc, error) {

@@ -388,7 +388,7 @@ func TestInterruptDuringStartup(t *testing.T) {
 	dir := tdir(cfg)
 	sigs := make(chan os.Signal, 1)
 	cfg.Signals = sigs
-	cfg.Ready = func(int) <-chan struct{} { return make(chan struct{}) } // never ready
+	cfg.Ready = func(int) bool { return false } // still starting
 	tr := &tracker{}
 	cfg.OnStart = tr.onStart
 	go func() {
