@@ -511,6 +511,8 @@ func innermostNSpid(status string) (int, bool) {
 // claim any pid: it could call the Manager directly anyway.
 func shimPID(claim int, peer peerProc, self int) (pid, peerPID int, err error) {
 	switch {
+	case peer.pid <= 0: // SO_PEERCRED reports 0 for a peer outside the daemon's pid namespace
+		return 0, 0, fmt.Errorf("hello claims pid %d, but the connecting process is not in the daemon's pid namespace (run the daemon on the host)", claim)
 	case claim == 0 || claim == peer.pid:
 		return peer.pid, 0, nil
 	case claim == peer.nspid || peer.pid == self:

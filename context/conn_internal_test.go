@@ -49,6 +49,8 @@ func TestShimPID(t *testing.T) {
 		{"foreign pid", 1, peerProc{pid: 4242, nspid: 4242}, 0, 0, "hello claims pid 1, but the connecting process is pid 4242"},
 		{"foreign pid from a container", 8, peerProc{pid: 4242, nspid: 7}, 0, 0, "is pid 4242 (pid 7 in its own namespace)"},
 		{"in-process fake", 555, peerProc{pid: self, nspid: self}, 555, self, ""},
+		{"peer outside the daemon's namespace", 0, peerProc{}, 0, 0, "not in the daemon's pid namespace"},
+		{"claim from outside the daemon's namespace", 9, peerProc{}, 0, 0, "not in the daemon's pid namespace"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
