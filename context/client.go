@@ -114,7 +114,7 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return nil, notRunning(socket, "a stale socket: the daemon that made it is gone")
 	case errors.Is(err, os.ErrPermission), errors.Is(err, syscall.EACCES):
-		return nil, fmt.Errorf("%w: cannot open %s: the daemon's sockets are owner-only; run as the daemon's user or root", ErrPermissionDenied, socket)
+		return nil, fmt.Errorf("%w: %s is owner-only (uid %d may not open it); run as the daemon's user or root", ErrPermissionDenied, socket, os.Getuid())
 	case err != nil:
 		return nil, fmt.Errorf("connecting to the daemon at %s: %w", socket, err)
 	}

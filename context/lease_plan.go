@@ -297,7 +297,8 @@ type RefusalError struct {
 	// with nothing leased or running.
 	Max      int        `json:"max"`
 	InTheWay []Obstacle `json:"inTheWay,omitempty"`
-	// Note adds what else limits the request (MIG off and --enable-mig=false).
+	// Note adds what else limits the request (MIG off on GPUs the daemon
+	// may not turn it on for).
 	Note string `json:"note,omitempty"`
 }
 
@@ -416,7 +417,8 @@ func (l *Leases) refusal(node *mig.Node, req AcquireRequest, name mig.ProfileNam
 		}
 	}
 	if len(off) > 0 {
-		e.Note = fmt.Sprintf("GPU %s: MIG is off and the daemon runs with --enable-mig=false", strings.Join(off, ","))
+		e.Note = fmt.Sprintf("GPU %s: MIG is off and the daemon may not turn it on (start it with --enable-mig, or turn MIG on: 'migctl partition mode enable --gpus %s')",
+			strings.Join(off, ","), strings.Join(off, ","))
 	}
 	return e
 }

@@ -196,7 +196,7 @@ func TestAcquireCreates(t *testing.T) {
 		{desc: "7 × 1g.18gb from nothing on an empty H200", gpus: 1, enableMIG: true,
 			req: acq("b", "1g.18gb", 7), created: 7, counts: []string{"1g.18gb×7"}},
 		{desc: "MIG left off without EnableMIG", gpus: 1,
-			req: acq("b", "1g.18gb", 1), wantErr: "MIG is off and the daemon runs with --enable-mig=false", counts: []string{"-"}},
+			req: acq("b", "1g.18gb", 1), wantErr: "GPU 0: MIG is off and the daemon may not turn it on (start it with --enable-mig", counts: []string{"-"}},
 		{desc: "room beside a lease is used before turning MIG on elsewhere", gpus: 2, enableMIG: true,
 			held: []ctxmgr.AcquireRequest{acq("a", "3g.71gb", 1)},
 			req:  acq("b", "1g.18gb", 4), created: 4, counts: []string{"1g.18gb×4, 3g.71gb×1", "-"}},

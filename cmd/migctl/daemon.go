@@ -61,6 +61,8 @@ the same planner and journalled apply as 'migctl partition' and never destroys a
 busy instance. A lease ends with 'migctl lease release', when the process it was taken for
 exits, or (if asked) when the client's connection closes. Leases are kept in a state file
 (--state) and re-adopted when the daemon restarts, as long as their processes still run.
+On real GPUs it only repartitions GPUs already in MIG mode unless --enable-mig lets it turn
+MIG on for an idle GPU (the default with --sim).
 
 It also keeps a registry of the processes that run under the memory-swap shim
 (libmigswap.so), decides whose GPU memory is swapped to host when a higher-priority process
@@ -121,6 +123,9 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.headroomSet = cmd.Flags().Changed("headroom")
+			if !cmd.Flags().Changed("enable-mig") {
+				o.enableMIG = o.node.sim != "" // a simulated node is yours to reconfigure; a real GPU's mode is the admin's
+			}
 			if err := o.Complete(); err != nil {
 				return err
 			}
@@ -143,7 +148,7 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 		defaultLeaseState+" for root, $XDG_STATE_HOME/migctl/leases.json for others)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
-	f.BoolVar(&o.enableMIG, "enable-mig", true, "let leasing turn MIG on for an idle GPU whose MIG is off (GPUs already in MIG mode are used first)")
+	f.BoolVar(&o.enableMIG, "enable-mig", false, "let leasing turn MIG on for an idle GPU whose MIG is off, after the GPUs already in MIG mode (default: on with --sim, off on real GPUs)")
 	return cmd
 }
 
@@ -281,7 +286,7 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	args := []any{"swap-socket", d.SwapSocket(), "control-socket", d.ControlSocket(), "mig", migSource, "memory", memSource,
 		"headroom", ctxmgr.FormatBytes(o.headroomB)}
 	if cfg.MIG != nil {
-		args = append(args, "lease-state", o.stateFile, "leases", len(d.Leases().List()))
+		args = append(args, "lease-state", o.stateFile, "leases", len(d.Leases().List()), "enable-mig", o.enableMIG)
 	}
 	if a := d.MetricsAddr(); a != "" {
 		args = append(args, "metrics", "http://"+a+"/metrics")

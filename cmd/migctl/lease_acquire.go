@@ -30,8 +30,8 @@ func newLeaseAcquireCmd(s streams, c *leaseConn) *cobra.Command {
 		Long: `Lease --count MIG devices of --profile to --job, all or nothing, and print them (the
 UUID column is what CUDA_VISIBLE_DEVICES takes). Free devices are leased first; for the rest
 the daemon creates devices by repartitioning capacity that nobody leases or uses (GPUs
-already in MIG mode first, then idle GPUs with MIG off unless the daemon runs with
---enable-mig=false, then reshaping unleased idle devices). It never destroys a leased or
+already in MIG mode first, then idle GPUs with MIG off if the daemon runs with
+--enable-mig, the default with --sim, then reshaping unleased idle devices). It never destroys a leased or
 busy device; when the request cannot fit, nothing is leased or created and the error names
 what is leased, by which job, and what would have to go.
 
