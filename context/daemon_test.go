@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -250,6 +251,16 @@ func TestDaemonWatchSeesSwaps(t *testing.T) {
 	require.Equal(t, ctxmgr.EventSwapDone, e.Type)
 	require.True(t, e.Swap.OK)
 	require.Equal(t, int64(1<<30), e.Swap.Bytes)
+
+	rec := httptest.NewRecorder()
+	d.Metrics().Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{
+		`migctl_swaps_total{direction="swap-out",outcome="ok"} 1`,
+		`migctl_swap_bytes_total{direction="swap-out"} 1.073741824e+09`,
+		`migctl_swap_seconds_count{direction="swap-out"} 1`,
+	} {
+		require.Contains(t, rec.Body.String(), want)
+	}
 
 	_, err = c.Acquire(ctx, ctxmgr.AcquireRequest{Job: "x", Profile: "1g.18gb", GPU: -1})
 	require.ErrorIs(t, err, ctxmgr.ErrNoMIG, "a daemon without a MIG source says so")
