@@ -16,7 +16,8 @@
 // Joining and leaving. Until every rank has registered, a rank whose
 // Register gives up (its ctx ends, its process dies, its connection closes)
 // is unregistered and its rank is free again; asking for a rank that is
-// taken fails with ErrRankTaken without touching the job. Once the world
+// taken, or joining a job whose world has formed (whatever the joiner's
+// settings), fails with ErrRankTaken without touching the job. Once the world
 // has formed, a rank that leaves (Client.Leave, or its connection closing
 // without Client.Close) aborts the job naming it; Client.Close is the clean
 // way out. Client.Abort and Server.AbortRank abort naming a rank; the first

@@ -195,6 +195,12 @@ func TestDuplicateRankRefusedWithoutAbort(t *testing.T) {
 				require.ErrorIs(t, err, ErrRankTaken, "no free rank left")
 				require.Equal(t, codes.ResourceExhausted, status.Code(err))
 				require.NoError(t, extra.Abort(ctx, "could not register"))
+				// A late joiner expecting another world size, or with other
+				// settings, is refused too: the running job goes on.
+				late := dial(t, addr)
+				_, err = late.Register(ctx, 1, Peer{Host: "h", World: 3, Settings: map[string]string{"dtype": "int32"}})
+				require.ErrorIs(t, err, ErrRankTaken)
+				require.NotErrorIs(t, err, ErrAborted)
 			}
 			if !formed {
 				go func() { _, err := b.Register(ctx, 1, Peer{Host: "h"}); regB <- err }()

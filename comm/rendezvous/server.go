@@ -388,6 +388,17 @@ func (s *Server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	}
 	s.mu.Lock()
 	r := int(req.GetRank())
+	if g.formed {
+		// The job runs: a late joiner is refused, whatever it expects,
+		// and the job goes on.
+		s.mu.Unlock()
+		if r >= 0 && r < s.world {
+			p := g.peers[r]
+			return nil, status.Errorf(codes.AlreadyExists, "rank %d is already taken (by pid %d on %s): the job's %d ranks have all joined",
+				r, p.GetPid(), p.GetHost(), s.world)
+		}
+		return nil, status.Errorf(codes.ResourceExhausted, "all %d ranks of the job are taken: it has already started", s.world)
+	}
 	if w := int(req.GetWorld()); w != 0 && w != s.world {
 		who := fmt.Sprintf("rank %d", r)
 		if r < 0 {
