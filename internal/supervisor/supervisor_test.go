@@ -82,6 +82,16 @@ func worker(mode string) int {
 		_ = os.WriteFile(filepath.Join(os.Getenv("T_DIR"), "grandchild-"+id), []byte(strconv.Itoa(gc.Process.Pid)), 0o600)
 		time.Sleep(time.Minute)
 		return 0
+	case "stall": // rank 1 stops itself (SIGSTOP); rank 0 fails as at a deadline
+		if rank == 1 {
+			touch("ready-" + id)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			time.Sleep(time.Minute)
+			return 0
+		}
+		waitFile(os.Getenv("T_DIR"), "ready-"+fmt.Sprintf("%d-1", gen))
+		time.Sleep(300 * time.Millisecond)
+		return 1
 	case "trap": // notes SIGUSR1 and SIGTERM, exits 3 on SIGTERM
 		ch := make(chan os.Signal, 4)
 		signal.Notify(ch, syscall.SIGUSR1, syscall.SIGTERM)
@@ -344,6 +354,25 @@ func TestGraceThenKill(t *testing.T) {
 		gc, _ := strconv.Atoi(string(b))
 		require.NotZero(t, gc)
 	}
+	tr.requireNoGroups(t)
+}
+
+// TestStalledWorkerEndsWithinTheMargin: a stopped (SIGSTOP) worker is ended
+// by the SIGTERM + SIGCONT that follows the first failure, well before the
+// grace period: the run ends within Settle + Grace of the first failure.
+func TestStalledWorkerEndsWithinTheMargin(t *testing.T) {
+	cfg := baseConfig(t, 2, "stall")
+	cfg.Grace = 20 * time.Second
+	cfg.Settle = 200 * time.Millisecond
+	tr := &tracker{}
+	cfg.OnStart = tr.onStart
+	var failedAt time.Time
+	cfg.OnFailure = func(Failure) { failedAt = time.Now() }
+	res, err := Run(context.Background(), cfg)
+	require.ErrorIs(t, err, ErrWorkerFailed)
+	require.Equal(t, 0, res.RootCause().Rank)
+	require.Less(t, time.Since(failedAt), cfg.Settle+2*time.Second, "a stopped worker waited for the grace period")
+	require.Equal(t, "SIGTERM", res.Workers[1].Signal)
 	tr.requireNoGroups(t)
 }
 
