@@ -148,3 +148,18 @@ func TestOpenPathChecks(t *testing.T) {
 	other.Bytes()[8] = 3
 	require.Equal(t, byte(3), seg.Bytes()[8], "mappings outlive the file")
 }
+
+func TestCreateUnnamedFallsBackToMemfd(t *testing.T) {
+	// procfs holds no files: the segment becomes a memfd.
+	seg, err := CreateUnnamed("/proc", 4096)
+	require.NoError(t, err)
+	defer seg.Close()
+	target, err := os.Readlink(seg.Path())
+	require.NoError(t, err)
+	require.Contains(t, target, "memfd:")
+	other, err := OpenPath(seg.Path(), seg.Inode(), 4096)
+	require.NoError(t, err)
+	defer other.Close()
+	seg.Bytes()[1] = 5
+	require.Equal(t, byte(5), other.Bytes()[1])
+}
