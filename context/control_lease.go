@@ -14,10 +14,13 @@ import (
 	"github.com/migctl/migctl/mig"
 )
 
+// errNoMIG says what to do about a daemon without MIG devices.
+var errNoMIG = fmt.Errorf("%w: it runs without a MIG source (no NVML); restart it on a GPU node, or with --sim h200x8 for a simulated one", ErrNoMIG)
+
 // Acquire leases MIG devices, creating them when too few are free.
 func (c *ControlServer) Acquire(ctx context.Context, req *ctlpb.AcquireRequest) (*ctlpb.AcquireReply, error) {
 	if c.leases == nil {
-		return nil, toStatus(ErrNoMIG)
+		return nil, toStatus(errNoMIG)
 	}
 	r := AcquireRequest{Job: req.GetJob(), Profile: req.GetProfile(), Count: int(req.GetCount()), GPU: int(req.GetGpu()), PID: int(req.GetPid())}
 	if req.GetBindToConnection() {
@@ -37,7 +40,7 @@ func (c *ControlServer) Acquire(ctx context.Context, req *ctlpb.AcquireRequest) 
 // Release ends a job's leases, or one device's.
 func (c *ControlServer) Release(_ context.Context, req *ctlpb.ReleaseRequest) (*ctlpb.ReleaseReply, error) {
 	if c.leases == nil {
-		return nil, toStatus(ErrNoMIG)
+		return nil, toStatus(errNoMIG)
 	}
 	if (req.GetJob() == "") == (req.GetUuid() == "") {
 		return nil, status.Error(codes.InvalidArgument, "give exactly one of job and uuid")
