@@ -155,12 +155,7 @@ const envScript = `env > "$T_DIR/env-$RANK"; tr '\0' ' ' < /proc/$$/cmdline > "$
 // TestRunCLI drives the built migctl binary: the worker environment
 // contract, restarts, failures, signals, logs, and bad input.
 func TestRunCLI(t *testing.T) {
-	bin := os.Getenv("MIGCTL_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "migctl")
-		out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-		require.NoError(t, err, "building migctl: %s", out)
-	}
+	bin := migctlBinary(t)
 
 	t.Run("environment on a simulated node", func(t *testing.T) {
 		r := newRunCLI(t, bin)
