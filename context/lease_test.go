@@ -292,47 +292,64 @@ func TestRefusalNamesWhatIsLeased(t *testing.T) {
 	require.True(t, ls[0].Created)
 }
 
-// TestAcquireUnderFaults makes every mutating NVML call of a reshaping
-// Acquire fail in turn, before or after it takes effect: the leased
-// instance survives every time, and a failed Acquire leaves nothing leased
-// and the layout as it was.
+// TestAcquireUnderFaults makes every mutating NVML call of an Acquire that
+// must create instances fail in turn, before or after it takes effect: the
+// leased instance survives every time, and a failed Acquire leaves nothing
+// leased and every GPU as it was (a GPU changed before the failing one is
+// converged back).
 func TestAcquireUnderFaults(t *testing.T) {
 	ctx := context.Background()
-	const start = "3g.71gb=1,2g.35gb=1,1g.18gb=1"
-	setup := func(t *testing.T, fault migsim.Fault) (*ctxmgr.Leases, *mig.Manager, ctxmgr.Lease) {
-		node, _ := simNode(t, 1, layoutReq(start))
-		mm := mig.NewManager(migsim.Faulty(node, fault), mig.WithJournal(filepath.Join(t.TempDir(), "journal")))
-		l := ctxmgr.NewLeases(mm, ctxmgr.LeaseOptions{})
-		ls, err := l.Acquire(ctx, acq("keeper", "3g.71gb", 1))
-		require.NoError(t, err)
-		return l, mm, ls[0]
+	scenarios := []struct {
+		desc   string
+		gpus   int
+		layout string // GPU 0's; the others keep MIG off
+		keep   ctxmgr.AcquireRequest
+		req    ctxmgr.AcquireRequest
+	}{
+		{"reshaping unleased instances beside a lease", 1, "3g.71gb=1,2g.35gb=1,1g.18gb=1", acq("keeper", "3g.71gb", 1), acq("b", "1g.18gb", 4)},
+		{"two GPUs: room beside a lease, then MIG turned on", 2, "3g.71gb=1", acq("keeper", "3g.71gb", 1), acq("b", "1g.18gb", 6)},
 	}
-	// a clean run counts the mutating calls
-	calls := 0
-	l, mm, kept := setup(t, func(migsim.Call) (nvml.Return, migsim.When) { calls++; return nvml.SUCCESS, migsim.Before })
-	_, err := l.Acquire(ctx, acq("b", "1g.18gb", 4))
-	require.NoError(t, err)
-	require.Contains(t, devices(t, mm), kept.UUID)
-	require.GreaterOrEqual(t, calls, 5, "the reshape destroys and creates instances")
-
-	for k := 1; k <= calls; k++ {
-		for _, when := range []migsim.When{migsim.Before, migsim.After} {
-			t.Run(fmt.Sprintf("call %d fails %s", k, map[migsim.When]string{migsim.Before: "before", migsim.After: "after"}[when]), func(t *testing.T) {
-				l, mm, kept := setup(t, func(c migsim.Call) (nvml.Return, migsim.When) {
-					if c.Seq == k {
-						return nvml.ERROR_UNKNOWN, when
-					}
-					return nvml.SUCCESS, when
-				})
-				before, layoutBefore := devices(t, mm), layouts(t, mm)
-				_, err := l.Acquire(ctx, acq("b", "1g.18gb", 4))
-				require.Error(t, err, "call %d fails", k)
-				after := devices(t, mm)
-				require.Equal(t, before[kept.UUID], after[kept.UUID], "the leased instance survives, same GPU/GI/CI")
-				require.Equal(t, []ctxmgr.Lease{kept}, l.List(), "nothing more is leased")
-				require.Equal(t, layoutBefore, layouts(t, mm), "the layout is as it was")
-			})
+	for _, sc := range scenarios {
+		setup := func(t *testing.T, fault migsim.Fault) (*ctxmgr.Leases, *mig.Manager, ctxmgr.Lease) {
+			node := migsim.New(migsim.H200, sc.gpus)
+			_, err := mig.NewManager(node).Apply(ctx, map[int]mig.Request{0: *layoutReq(sc.layout)}, mig.ApplyOptions{})
+			require.NoError(t, err)
+			mm := mig.NewManager(migsim.Faulty(node, fault), mig.WithJournal(filepath.Join(t.TempDir(), "journal")))
+			l := ctxmgr.NewLeases(mm, ctxmgr.LeaseOptions{EnableMIG: true})
+			ls, err := l.Acquire(ctx, sc.keep)
+			require.NoError(t, err)
+			require.False(t, ls[0].Created)
+			return l, mm, ls[0]
 		}
+		t.Run(sc.desc, func(t *testing.T) {
+			// a clean run counts the mutating calls
+			calls := 0
+			l, mm, kept := setup(t, func(migsim.Call) (nvml.Return, migsim.When) { calls++; return nvml.SUCCESS, migsim.Before })
+			_, err := l.Acquire(ctx, sc.req)
+			require.NoError(t, err)
+			require.Contains(t, devices(t, mm), kept.UUID)
+			require.GreaterOrEqual(t, calls, 5, "instances are created (and destroyed)")
+
+			for k := 1; k <= calls; k++ {
+				for _, when := range []migsim.When{migsim.Before, migsim.After} {
+					t.Run(fmt.Sprintf("call %d fails %s", k, map[migsim.When]string{migsim.Before: "before", migsim.After: "after"}[when]), func(t *testing.T) {
+						l, mm, kept := setup(t, func(c migsim.Call) (nvml.Return, migsim.When) {
+							if c.Seq == k {
+								return nvml.ERROR_UNKNOWN, when
+							}
+							return nvml.SUCCESS, when
+						})
+						before, layoutBefore := devices(t, mm), layouts(t, mm)
+						_, err := l.Acquire(ctx, sc.req)
+						require.Error(t, err, "call %d fails", k)
+						after := devices(t, mm)
+						require.Equal(t, before[kept.UUID], after[kept.UUID], "the leased instance survives, same GPU/GI/CI")
+						require.Equal(t, []ctxmgr.Lease{kept}, l.List(), "nothing more is leased")
+						require.Equal(t, layoutBefore, layouts(t, mm), "every GPU is as it was")
+					})
+				}
+			}
+		})
 	}
 }
 
