@@ -75,10 +75,11 @@ NVML; its memory budget is then the simulated GPU's unless --gpu-memory says oth
 Two Unix sockets, both owner-only (a missing directory is created 0700, the sockets are
 0600, and each peer's uid is checked with SO_PEERCRED: only the daemon's uid or root):
   --swap-socket  where shims connect    (default $MIGSWAP_SOCKET, else /run/migctl/migswap.sock
-                 for root, $XDG_RUNTIME_DIR/migctl/migswap.sock for other users)
+                 for root, $XDG_RUNTIME_DIR/migctl/migswap.sock for other users, or
+                 /tmp/migctl-UID/migswap.sock without XDG_RUNTIME_DIR)
   --socket       where 'migctl swap', 'migctl lease' and 'migctl run' connect (default
-                 $MIGCTL_SOCKET, else /run/migctl/control.sock for root,
-                 $XDG_RUNTIME_DIR/migctl/control.sock for other users; clients look there too)
+                 $MIGCTL_SOCKET, else /run/migctl/control.sock for root, control.sock beside
+                 the user's swap socket for other users; clients look there too)
 Run the daemon and the jobs as the same user (or the daemon as root). A job started while
 the daemon is not running simply runs without swapping (the shim passes every call through).
 
