@@ -72,3 +72,56 @@ func TestBenchStalledRank(t *testing.T) {
 	}
 	t.Logf("ended %v after the stop (deadline %v)", took.Round(time.Millisecond), deadline)
 }
+
+// TestBenchLauncherKilled (issue 8 item 6): a bench launcher killed with
+// SIGKILL at any moment after start leaves no rank running and no
+// shared-memory segment behind.
+func TestBenchLauncherKilled(t *testing.T) {
+	bin := migctlBinary(t)
+	for _, delay := range []time.Duration{0, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, time.Second} {
+		t.Run(delay.String(), func(t *testing.T) {
+			shmDir := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "3", "--backend", "host",
+				"-b", "1MiB", "-e", "1MiB", "-n", "1000000", "-w", "0", "--timeout", "30s", "--shm-dir", shmDir)
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			started := regexp.MustCompile(`started rank \d \(pid (\d+)\)`)
+			var pids []int
+			sc := bufio.NewScanner(stderr)
+			for len(pids) < 3 && sc.Scan() {
+				if m := started.FindStringSubmatch(sc.Text()); m != nil {
+					pid, _ := strconv.Atoi(m[1])
+					pids = append(pids, pid)
+				}
+			}
+			require.Len(t, pids, 3)
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			time.Sleep(delay)
+			require.NoError(t, cmd.Process.Kill())
+			_ = cmd.Wait()
+			var alive []int
+			for range 250 {
+				alive = alive[:0]
+				for _, pid := range pids {
+					if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z") {
+						alive = append(alive, pid)
+					}
+				}
+				if len(alive) == 0 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			require.Empty(t, alive, "ranks outlived the launcher")
+			ents, err := os.ReadDir(shmDir)
+			require.NoError(t, err)
+			require.Empty(t, ents, "shared-memory segments left behind")
+		})
+	}
+}

@@ -313,6 +313,36 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 		r.requireClean(t)
 	})
 
+	t.Run("launcher killed with SIGKILL: no worker survives", func(t *testing.T) {
+		r := newRunCLI(t, bin)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c := r.cmd(ctx, nil, append(r.sim, "--np", "3", "--profile", "1g.18gb", "--", "sh", "-c",
+			`trap '' TERM INT HUP; echo $$ > "$T_DIR/pid-$RANK"; exec sleep 60`)...)
+		require.NoError(t, c.Start())
+		for i := 0; i < 200 && len(readPids(t, r.dir, "pid-")) < 3; i++ {
+			time.Sleep(50 * time.Millisecond)
+		}
+		pids := readPids(t, r.dir, "pid-")
+		require.Len(t, pids, 3)
+		require.NoError(t, c.Process.Kill())
+		_ = c.Wait()
+		var alive []int
+		for range 100 {
+			alive = alive[:0]
+			for _, pid := range pids {
+				if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(b), ") Z") {
+					alive = append(alive, pid)
+				}
+			}
+			if len(alive) == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		require.Empty(t, alive, "workers outlived the launcher")
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		taken, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
