@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/internal/supervisor"
@@ -125,7 +126,7 @@ func newRunCmd(s streams) *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.command = args
-			o.socketGiven = cmd.Flags().Changed("socket") || os.Getenv(envControlSocket) != ""
+			o.socketGiven = cmd.Flags().Changed("socket") || os.Getenv(ctxmgr.EnvControlSocket) != ""
 			o.prioritySet = cmd.Flags().Changed("priority")
 			if err := o.Complete(); err != nil {
 				return err
@@ -141,7 +142,7 @@ func newRunCmd(s streams) *cobra.Command {
 	f.IntVar(&o.np, "np", 1, "workers on this node (torchrun's --nproc-per-node)")
 	f.StringVar(&o.profile, "profile", "", "lease one MIG device of this profile per worker from the daemon (e.g. 1g.18gb)")
 	f.StringVar(&o.gpus, "gpus", "", "whole GPUs without MIG, by CUDA ordinal (\"0,1\"): workers spread round-robin")
-	f.IntVar(&o.gpu, "gpu", -1, "with --profile: lease on this GPU only (-1: any)")
+	f.IntVar(&o.gpu, "lease-gpu", -1, "with --profile: lease on this GPU index only (-1: any)")
 	o.node.add(cmd)
 	f.IntVar(&o.nnodes, "nnodes", 1, "nodes in the job")
 	f.IntVar(&o.nodeRank, "node-rank", 0, "this node's rank, 0..nnodes-1")
@@ -152,8 +153,8 @@ func newRunCmd(s streams) *cobra.Command {
 	f.StringVar(&o.tee, "tee", "all", "with --log-dir, what still reaches the terminal: none, stdout, stderr or all")
 	f.StringVar(&o.job, "job", "", "job name (leases, MIGSWAP_JOB, TORCHELASTIC_RUN_ID; default run-<random>)")
 	f.DurationVar(&o.timeout, "timeout", launcher.DefaultTimeout, "collective deadline of the workers (MIGCTL_TIMEOUT)")
-	f.StringVar(&o.socket, "socket", envOr(envControlSocket, ""), "the daemon's control socket (env "+envControlSocket+"; default: the user's or root's daemon)")
-	f.StringVar(&o.swapSocket, "swap-socket", envOr(envSwapSocket, ""), "with --swap and an external daemon: its shim socket (env "+envSwapSocket+")")
+	f.StringVar(&o.socket, "socket", os.Getenv(ctxmgr.EnvControlSocket), "the daemon's control socket (env "+ctxmgr.EnvControlSocket+"; default: the user's or root's daemon)")
+	f.StringVar(&o.swapSocket, "swap-socket", os.Getenv(ctxmgr.EnvSwapSocket), "with --swap and an external daemon: its shim socket (env "+ctxmgr.EnvSwapSocket+")")
 	f.BoolVar(&o.swap, "swap", false, "run the workers under libmigswap.so so the daemon can swap the job out and in as a gang")
 	f.StringVar(&o.swapLib, "swap-lib", "", "libmigswap.so to preload (default: next to the migctl binary)")
 	f.IntVar(&o.priority, "priority", 0, "with --swap: the job's priority (MIGSWAP_PRIORITY; higher wins)")
