@@ -3,6 +3,7 @@ package ctxmgr
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,8 @@ type ControlServer struct {
 	// end their leases (the clients live on, and the pids keep the leases
 	// across the restart).
 	draining atomic.Bool
+	stopping chan struct{} // closed by Drain: watches end
+	stopOnce sync.Once
 }
 
 var _ ctlpb.ControlServer = (*ControlServer)(nil)
@@ -38,7 +41,7 @@ var _ ctlpb.ControlServer = (*ControlServer)(nil)
 // metrics when given (without leases, Acquire and Release answer
 // FAILED_PRECONDITION; without events, Watch does).
 func NewControlServer(m *Manager, opts ...ControlOption) *ControlServer {
-	c := &ControlServer{m: m}
+	c := &ControlServer{m: m, stopping: make(chan struct{})}
 	for _, o := range opts {
 		o(c)
 	}

@@ -85,6 +85,8 @@ func (c *ControlServer) Watch(req *ctlpb.WatchRequest, stream grpc.ServerStreami
 		select {
 		case <-stream.Context().Done():
 			return nil
+		case <-c.stopping:
+			return status.Error(codes.Unavailable, "the daemon is stopping")
 		case e, ok := <-w.Events():
 			if !ok {
 				return status.Error(codes.ResourceExhausted, "the watch fell too far behind and was dropped; watch again")
@@ -107,10 +109,14 @@ func (c *ControlServer) ReportCollectives(_ context.Context, req *ctlpb.Collecti
 	return &ctlpb.CollectiveReply{}, nil
 }
 
-// Drain marks the server as stopping: from now on a closing connection does
-// not end the leases bound to it (call it before grpc.Server.Stop, so a
-// daemon restart keeps them; the state file drops those without a pid).
-func (c *ControlServer) Drain() { c.draining.Store(true) }
+// Drain marks the server as stopping: watches end (so a graceful stop does
+// not wait for them), and from now on a closing connection does not end the
+// leases bound to it (call it before grpc.Server.GracefulStop, so a daemon
+// restart keeps them; a restart drops those without a pid).
+func (c *ControlServer) Drain() {
+	c.draining.Store(true)
+	c.stopOnce.Do(func() { close(c.stopping) })
+}
 
 // connKey keys a connection's id in its context.
 type connKey struct{}
