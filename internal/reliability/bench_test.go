@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,4 +192,113 @@ func (s *suite) benchRows(t *testing.T) {
 			}
 			tr.note = "worst = from the stop until the launcher and every rank had exited"
 		})
+}
+
+// joinRows: ranks started by hand against a rendezvous (the --rendezvous /
+// --listen path), with bad input.
+func (s *suite) joinRows(t *testing.T) {
+	const deadline = 5 * time.Second
+	limit := deadline + benchMargin
+	common := []string{"-q", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0", "--timeout", deadline.String()}
+	s.row(t, "bench", "joining a rendezvous that is not there, or with the wrong token", "the joiner exits non-zero within the deadline ("+deadline.String()+") + "+benchMargin.String()+", naming the address (or the token)", func(t *testing.T, tr *trials) {
+		dir := tempDir(t, 0o700)
+		for _, c := range []struct{ name, addr, want string }{
+			{"TCP port with no listener", "127.0.0.1:1", "127.0.0.1:1"},
+			{"absent Unix socket", "unix://" + dir + "/absent.sock", "absent.sock"},
+		} {
+			tr.try(c.name, func() (time.Duration, error) {
+				r := s.run(observe, nil, nil, append([]string{"bench", "allreduce", "--np", "2", "--rendezvous", c.addr, "--token", "t0ken", "--rank", "0"}, common...)...)
+				if err := rejected(r, c.want); err != nil {
+					return r.took, err
+				}
+				if r.took > limit {
+					return r.took, fmt.Errorf("took %s (limit %s)", r.took.Round(time.Millisecond), limit)
+				}
+				return r.took, nil
+			})
+		}
+		tr.try("wrong token (the joiner)", func() (time.Duration, error) {
+			sock := "unix://" + dir + "/r.sock"
+			host := exec.Command(s.bin, append([]string{"bench", "allreduce", "--np", "1", "--listen", sock, "--token", "right", "--local", "0"}, common...)...)
+			if err := host.Start(); err != nil {
+				return 0, err
+			}
+			defer func() { _ = host.Process.Kill(); _ = host.Wait() }()
+			time.Sleep(300 * time.Millisecond)
+			r := s.run(observe, nil, nil, append([]string{"bench", "allreduce", "--np", "1", "--rendezvous", sock, "--token", "wrong", "--rank", "0"}, common...)...)
+			if err := rejected(r, "token"); err != nil {
+				return r.took, err
+			}
+			if r.took > limit {
+				return r.took, fmt.Errorf("took %s (limit %s)", r.took.Round(time.Millisecond), limit)
+			}
+			return r.took, nil
+		})
+	})
+	s.row(t, "bench", "ranks joining with different settings (dtype/op, world size)", "every process exits non-zero within the deadline + "+benchMargin.String()+"; the ranks' message names the rank and the difference", func(t *testing.T, tr *trials) {
+		dir := tempDir(t, 0o700)
+		for i, c := range []struct {
+			name  string
+			extra []string
+			want  string
+		}{
+			{"-d int32 --op max against float/sum", []string{"-d", "int32", "--op", "max"}, "dtype"},
+			{"--np 3 against --np 2", []string{"--np", "3"}, "rank 1"},
+			{"-n 5 against -n 2", []string{"-n", "5"}, "rank 1"},
+		} {
+			tr.try(c.name, func() (time.Duration, error) {
+				sock := fmt.Sprintf("unix://%s/r%d.sock", dir, i)
+				rs := s.group(observe,
+					append([]string{"bench", "allreduce", "--np", "2", "--listen", sock, "--token", "tok", "--local", "0"}, common...),
+					append([]string{"bench", "allreduce", "--np", "2", "--rendezvous", sock, "--token", "tok", "--rank", "0"}, common...),
+					append(append([]string{"bench", "allreduce", "--np", "2", "--rendezvous", sock, "--token", "tok", "--rank", "1"}, common...), c.extra...))
+				if err := allRejected(rs, limit); err != nil {
+					return worst(rs), err
+				}
+				if !strings.Contains(rs[1].stderr+rs[2].stderr, c.want) {
+					return worst(rs), fmt.Errorf("the ranks' errors do not say %q: %s", c.want, firstLines(rs[2].stderr, 2))
+				}
+				return worst(rs), nil
+			})
+		}
+	})
+}
+
+// group runs the commands at once (the first 300 ms ahead: it hosts the
+// rendezvous) and returns how each ended.
+func (s *suite) group(limit time.Duration, cmds ...[]string) []result {
+	rs := make([]result, len(cmds))
+	var wg sync.WaitGroup
+	for i, args := range cmds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs[i] = s.run(limit, nil, nil, args...)
+		}()
+		if i == 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	wg.Wait()
+	return rs
+}
+
+func worst(rs []result) time.Duration {
+	var w time.Duration
+	for _, r := range rs {
+		w = max(w, r.took)
+	}
+	return w
+}
+
+func allRejected(rs []result, limit time.Duration) error {
+	for i, r := range rs {
+		if err := rejected(r); err != nil {
+			return fmt.Errorf("process %d: %w", i, err)
+		}
+		if r.took > limit {
+			return fmt.Errorf("process %d took %s (limit %s)", i, r.took.Round(time.Millisecond), limit)
+		}
+	}
+	return nil
 }

@@ -105,6 +105,7 @@ func TestReliability(t *testing.T) {
 	s.cliRows(t)
 	s.crashRows(t)
 	s.benchRows(t)
+	s.joinRows(t)
 	if !s.write {
 		return
 	}
@@ -186,11 +187,11 @@ type result struct {
 
 func (r result) String() string {
 	s := fmt.Sprintf("exit %d", r.code)
-	if r.signal != 0 {
+	switch {
+	case r.timedOut:
+		s = "did not end (killed at the limit)"
+	case r.signal != 0:
 		s = "killed by " + r.signal.String()
-	}
-	if r.timedOut {
-		s += " (timed out)"
 	}
 	msg := strings.TrimSpace(r.stderr)
 	if len(msg) > 200 {
