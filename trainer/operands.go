@@ -235,13 +235,13 @@ type ipcState struct {
 // fewer). A collective: every rank registers its buffers of the same calls,
 // in the same order. A no-op unless the group's transport is ipc.
 func (g *Group) RegisterIPC(ctx context.Context, send, recv Buffer) error {
+	if g.transport != TransportIPC {
+		return nil
+	}
 	if send.own == nil || recv.own == nil {
 		return fmt.Errorf("registering buffers for IPC: only buffers from Alloc can be exported: %w", comm.ErrInvalid)
 	}
 	return g.wait(g.submit(ctx, "register", "", 0, func(ctx context.Context) error {
-		if g.transport != TransportIPC {
-			return nil
-		}
 		ipcDev, ok := g.dev.(comm.IPCDevice)
 		if !ok {
 			return fmt.Errorf("transport ipc on a device without CUDA IPC: %w", ErrUnsupported)
