@@ -126,11 +126,20 @@ type connKey struct{}
 type connTracker struct{ c *ControlServer }
 
 func (t connTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connKey{}, t.c.nextConn.Add(1))
+	id := t.c.nextConn.Add(1)
+	if t.c.leases != nil {
+		t.c.leases.connOpened(id)
+	}
+	return context.WithValue(ctx, connKey{}, id)
 }
 
 func (t connTracker) HandleConn(ctx context.Context, s stats.ConnStats) {
-	if _, ok := s.(*stats.ConnEnd); !ok || t.c.leases == nil || t.c.draining.Load() {
+	if _, ok := s.(*stats.ConnEnd); !ok || t.c.leases == nil {
+		return
+	}
+	if t.c.draining.Load() {
+		// the daemon is stopping: the client lives on, and so do its
+		// leases that have a pid (Restore)
 		return
 	}
 	if id, ok := ctx.Value(connKey{}).(uint64); ok {

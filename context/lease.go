@@ -117,8 +117,9 @@ type Leases struct {
 
 	op sync.Mutex // serialises what reads the node and changes it (Acquire, Repartition, Restore, Prune)
 
-	mu     sync.Mutex // guards byUUID; never held across MIG calls
+	mu     sync.Mutex // guards byUUID and conns; never held across MIG calls
 	byUUID map[string]*leaseRec
+	conns  map[uint64]bool // control connections open now (connOpened .. ReleaseConn)
 }
 
 // leaseRec is a lease and what the registry needs to keep it honest.
@@ -140,7 +141,7 @@ func NewLeases(src MIGSource, opts LeaseOptions) *Leases {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Leases{src: src, opts: opts, log: log, byUUID: map[string]*leaseRec{}}
+	return &Leases{src: src, opts: opts, log: log, byUUID: map[string]*leaseRec{}, conns: map[uint64]bool{}}
 }
 
 // validate normalises req and checks what can be checked without the node.
@@ -234,6 +235,9 @@ func (l *Leases) Acquire(ctx context.Context, req AcquireRequest) ([]Lease, erro
 	sortLeases(out)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if req.conn != 0 && !l.conns[req.conn] {
+		return nil, fmt.Errorf("leasing %s for %s: the connection the leases were to be bound to has closed; nothing leased", req.Profile, req.Job)
+	}
 	for _, le := range out {
 		l.byUUID[le.UUID] = &leaseRec{Lease: le, PIDStart: start, conn: req.conn}
 	}
@@ -319,11 +323,22 @@ func (l *Leases) ReleaseUUID(uuid string) (Lease, error) {
 	return out[0], nil
 }
 
-// ReleaseConn ends the leases bound to control connection conn (it closed).
+// connOpened records a control connection leases may be bound to.
+func (l *Leases) connOpened(conn uint64) {
+	l.mu.Lock()
+	l.conns[conn] = true
+	l.mu.Unlock()
+}
+
+// ReleaseConn ends the leases bound to control connection conn (it closed);
+// an Acquire for it still in flight then leases nothing.
 func (l *Leases) ReleaseConn(conn uint64) []Lease {
 	if conn == 0 {
 		return nil
 	}
+	l.mu.Lock()
+	delete(l.conns, conn)
+	l.mu.Unlock()
 	return l.end(func(r *leaseRec) bool { return r.conn == conn }, EventExpired, "the client's connection closed")
 }
 
