@@ -213,6 +213,9 @@ func TestAcquireCreates(t *testing.T) {
 			req: acq("b", "3g.71gb", 3), wantErr: "can never hold more than 2 × 3g.71gb", counts: []string{"-"}},
 		{desc: "a busy unleased instance is not destroyed", gpus: 1, layout: layoutReq("7g.141gb=1"), busy: true,
 			req: acq("b", "1g.18gb", 1), wantErr: "processes [4242] run on it", counts: []string{"7g.141gb×1"}},
+		{desc: "compute instances of a shared GPU instance", gpus: 1, enableMIG: true,
+			held: []ctxmgr.AcquireRequest{acq("a", "1c.2g.35gb", 1)},
+			req:  acq("b", "1c.2g.35gb", 3), created: 3, counts: []string{"1c.2g.35gb×4"}},
 		{desc: "an idle unleased 7g is split", gpus: 1, layout: layoutReq("7g.141gb=1"),
 			req: acq("b", "3g.71gb", 2), created: 2, counts: []string{"3g.71gb×2"}},
 	}
