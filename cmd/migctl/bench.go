@@ -14,6 +14,7 @@ import (
 
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -89,20 +90,26 @@ All-reduces up to --small-bytes take the small-message path (every rank reduces 
 input itself: one copy each way, one flag round). MIGCTL_TRACE=1 in the environment makes
 rank 0 print, at the end, where the time of each size went: per step, the wait for other
 ranks' flags, the time to issue it and the device's time to complete it (MIGCTL_TRACE=all:
-every rank).`
+every rank).
+
+Sizes (-b, -e, --chunk, --small-bytes) are ` + bytesize.Units + `:
+8KiB = 8192, 8KB = 8K = 8000. -b and -e must be multiples of the element size (4 for float).
+Reduce-scatter and all-gather split each size into np equal blocks, rounding it down to a
+multiple of np elements as nccl-tests do (the SIZE column shows the bytes measured); -b
+must then give every rank at least one element.`
 
 const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results checked element by element
-  migctl bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
+  migctl bench allreduce --np 4 --backend host -b 8KiB -e 64MiB -f 8 -c 1
 
   # the MIG path measured on one GPU: 7 processes on CUDA device 0 through shared host memory
-  migctl bench allreduce --np 7 --backend gpu --transport shm -b 256M -e 256M -n 10 -w 3
+  migctl bench allreduce --np 7 --backend gpu --transport shm -b 256MiB -e 256MiB -n 10 -w 3
 
   # where the time of an 8 KiB all-reduce goes, step by step (printed by rank 0)
-  MIGCTL_TRACE=1 migctl bench allreduce --np 7 --backend gpu --transport shm -b 8K -e 8K -n 1000
+  MIGCTL_TRACE=1 migctl bench allreduce --np 7 --backend gpu --transport shm -b 8KiB -e 8KiB -n 1000
 
   # other collectives, other types and ops
   migctl bench reducescatter --np 3 --backend host --dtype bf16 --op max -c 1
-  migctl bench broadcast --np 4 --backend host --root 2 -b 1M -e 1M -c 1 -o json
+  migctl bench broadcast --np 4 --backend host --root 2 -b 1MiB -e 1MiB -c 1 -o json
 
   # ranks started elsewhere: host the rendezvous here, join it from each rank
   migctl bench allreduce --np 2 --listen 127.0.0.1:7777 --token s3cret --local 0 &
@@ -125,7 +132,13 @@ func newBenchCmd(s streams) *cobra.Command {
 }
 
 func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
-	o := &benchOptions{streams: s}
+	return benchCollCmd(&benchOptions{streams: s}, coll)
+}
+
+// benchCollCmd builds the command of one collective around o, which its
+// flags fill (tests parse flags into o and call Complete and Validate
+// without running anything).
+func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	o.spec.Coll = coll.String()
 	c := &cobra.Command{
 		Use:     coll.String(),
@@ -150,8 +163,8 @@ func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (hoststaged when all ranks share a GPU or use the host backend, else ring), hoststaged or ring")
 	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
 	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
-	f.StringVarP(&o.sizeMin, "minbytes", "b", "8", "smallest message size in bytes (suffixes K, M, G)")
-	f.StringVarP(&o.sizeMax, "maxbytes", "e", "64M", "largest message size in bytes")
+	f.StringVarP(&o.sizeMin, "minbytes", "b", "8", "smallest message size, a multiple of the element size ("+bytesize.Units+")")
+	f.StringVarP(&o.sizeMax, "maxbytes", "e", "64MiB", "largest message size, a multiple of the element size (same units as -b)")
 	f.IntVarP(&o.spec.Factor, "stepfactor", "f", 2, "multiply the size by this between rows")
 	f.IntVarP(&o.spec.Iters, "iters", "n", 20, "timed iterations per size")
 	f.IntVarP(&o.spec.Warmup, "warmup_iters", "w", 5, "untimed iterations per size")
@@ -160,9 +173,9 @@ func newBenchCollCmd(s streams, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
 	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
-	f.StringVar(&o.chunk, "chunk", "4M", "shared-memory slot size (pipeline chunk)")
+	f.StringVar(&o.chunk, "chunk", "4MiB", "shared-memory slot size (pipeline chunk), a multiple of 4KiB (same units as -b)")
 	f.IntVar(&o.spec.Slots, "slots", 8, "slots per rank in shared memory (pipeline depth)")
-	f.StringVar(&o.small, "small-bytes", "64K", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never")
+	f.StringVar(&o.small, "small-bytes", "64KiB", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
 	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
 	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
 	f.DurationVar(&o.spec.Spin, "spin", 0, "how long waits poll before they sleep (0: defaults, 20µs for flags, 30µs for device events)")
@@ -190,20 +203,26 @@ func (o *benchOptions) Complete() error {
 	if _, err = parseOp(o.spec.Op); err != nil {
 		return err
 	}
-	if o.spec.MinBytes, err = parseBytes(o.sizeMin); err != nil {
-		return err
+	if o.spec.MinBytes, err = bytesize.Parse(o.sizeMin); err != nil {
+		return fmt.Errorf("-b: %w", err)
 	}
-	if o.spec.MaxBytes, err = parseBytes(o.sizeMax); err != nil {
-		return err
+	if o.spec.MaxBytes, err = bytesize.Parse(o.sizeMax); err != nil {
+		return fmt.Errorf("-e: %w", err)
 	}
-	chunk, err := parseBytes(o.chunk)
+	chunk, err := bytesize.Parse(o.chunk)
 	if err != nil {
-		return err
+		return fmt.Errorf("--chunk: %w", err)
+	}
+	if chunk > 1<<30 {
+		return fmt.Errorf("--chunk %s: at most 1GiB", o.chunk)
 	}
 	o.spec.Chunk = int(chunk)
-	small, err := parseBytes(o.small)
+	small, err := bytesize.Parse(o.small)
 	if err != nil {
 		return fmt.Errorf("--small-bytes: %w", err)
+	}
+	if small > 1<<30 {
+		return fmt.Errorf("--small-bytes %s: at most 1GiB", o.small)
 	}
 	o.spec.Small = int(small)
 	o.spec.Trace = os.Getenv("MIGCTL_TRACE")
@@ -242,9 +261,14 @@ func (o *benchOptions) Complete() error {
 	return nil
 }
 
-// Validate checks the options before anything starts.
+// Validate checks the options before anything starts: every message size
+// a rank would be given is whole elements (a size that is not would be
+// measured silently smaller), and every rank of a reduce-scatter or
+// all-gather gets at least one element.
 func (o *benchOptions) Validate() error {
 	s := o.spec
+	es := int64(o.dt.Size())
+	blocked := s.Coll == allreduce.ReduceScatter.String() || s.Coll == allreduce.AllGather.String()
 	switch {
 	case s.NP < 1 || s.NP > 256:
 		return fmt.Errorf("--np %d: want 1..256", s.NP)
@@ -257,7 +281,13 @@ func (o *benchOptions) Validate() error {
 	case s.MinBytes < 0 || s.MaxBytes < s.MinBytes:
 		return fmt.Errorf("sizes -b %d -e %d: want 0 <= b <= e", s.MinBytes, s.MaxBytes)
 	case s.MaxBytes > 64<<30:
-		return fmt.Errorf("-e %d: at most 64G", s.MaxBytes)
+		return fmt.Errorf("-e %d: at most 64GiB", s.MaxBytes)
+	case s.Coll != allreduce.Barrier.String() && (s.MinBytes%es != 0 || s.MaxBytes%es != 0):
+		return fmt.Errorf("sizes -b %d -e %d: want multiples of the %s element size, %d bytes (e.g. -b %d -e %d)",
+			s.MinBytes, s.MaxBytes, s.DType, es, roundUp(s.MinBytes, es), roundUp(s.MaxBytes, es))
+	case blocked && s.MinBytes > 0 && s.MinBytes < es*int64(s.NP):
+		return fmt.Errorf("-b %d: %s splits each size into %d blocks of whole %s elements; want at least %d bytes (one element per rank)",
+			s.MinBytes, s.Coll, s.NP, s.DType, es*int64(s.NP))
 	case s.Factor < 2 && s.MinBytes != s.MaxBytes:
 		return fmt.Errorf("-f %d: want at least 2", s.Factor)
 	case s.Iters < 1 || s.Warmup < 0:
@@ -267,7 +297,7 @@ func (o *benchOptions) Validate() error {
 	case s.Timeout <= 0:
 		return fmt.Errorf("--timeout %v: want > 0", s.Timeout)
 	case s.Chunk < 4096 || s.Chunk%4096 != 0 || s.Chunk < 64*s.NP*8:
-		return fmt.Errorf("--chunk %d: want a multiple of 4096 and at least 512·np", s.Chunk)
+		return fmt.Errorf("--chunk %d: want a multiple of 4096 (4KiB) and at least 512·np, e.g. --chunk 4MiB", s.Chunk)
 	case s.Slots < 1 || s.Depth < 1:
 		return fmt.Errorf("--slots %d --depth %d: want >= 1", s.Slots, s.Depth)
 	case s.Backend == "host" && s.Transport == "ipc":
@@ -307,26 +337,8 @@ func (o *benchOptions) Run(ctx context.Context) error {
 	return rep.verdict()
 }
 
-func parseBytes(s string) (int64, error) {
-	t := strings.TrimSpace(strings.ToUpper(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'K':
-			mult, t = 1<<10, t[:n-1]
-		case 'M':
-			mult, t = 1<<20, t[:n-1]
-		case 'G':
-			mult, t = 1<<30, t[:n-1]
-		}
-	}
-	v, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q: want a byte count like 8, 8K, 256M or 1G", s)
-	}
-	return v * mult, nil
-}
+// roundUp is n rounded up to a multiple of m.
+func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
 
 func parseDType(s string) (comm.DType, error) {
 	switch strings.ToLower(s) {

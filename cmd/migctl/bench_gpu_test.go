@@ -22,9 +22,9 @@ func TestBenchGPUBackendOnFakeCUDA(t *testing.T) {
 	}{
 		{"allreduce", "float", "sum", "hoststaged", 3, 1000},
 		{"allreduce", "float", "avg", "ring", 3, 1000},
-		{"allreduce", "bfloat16", "max", "ring", 2, 777},
+		{"allreduce", "bfloat16", "max", "ring", 2, 778},
 		{"allreduce", "int64", "min", "ring", 4, 4096},
-		{"allreduce", "half", "avg", "hoststaged", 2, 333},
+		{"allreduce", "half", "avg", "hoststaged", 2, 334},
 		{"reducescatter", "uint8", "sum", "auto", 3, 999},
 		{"allgather", "double", "sum", "auto", 2, 512},
 	}
@@ -34,7 +34,7 @@ func TestBenchGPUBackendOnFakeCUDA(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			args := []string{tc.coll, "--np", strconv.Itoa(tc.np), "--backend", "gpu", "--transport", "shm",
 				"--dtype", tc.dtype, "--op", tc.op, "-b", strconv.Itoa(tc.b), "-e", strconv.Itoa(tc.b * 300), "-f", "17",
-				"-n", "2", "-w", "1", "-c", "1", "--chunk", "64K", "--slots", "3", "--timeout", "60s",
+				"-n", "2", "-w", "1", "-c", "1", "--chunk", "64KiB", "--slots", "3", "--timeout", "60s",
 				"--shm-dir", shmDir, "-q"}
 			if tc.coll == "allreduce" {
 				args = append(args, "--algo", tc.algo)

@@ -79,6 +79,7 @@ func TestBenchProcesses(t *testing.T) {
 	type tc struct {
 		coll, dtype, op string
 	}
+	elem := map[string]int{"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int32": 4, "int64": 8, "uint8": 1}
 	var cases []tc
 	for _, d := range dtypes {
 		for _, op := range ops {
@@ -94,12 +95,18 @@ func TestBenchProcesses(t *testing.T) {
 	shmDir := t.TempDir()
 	for _, c := range cases {
 		np := 1 + rng.IntN(4)
-		b := 1 + rng.IntN(3000)
+		// odd sizes, but whole elements, and for reduce-scatter and
+		// all-gather at least one per rank (Validate refuses less)
+		es := elem[c.dtype]
+		b := es * (1 + rng.IntN(3000/es))
+		if c.coll == "reducescatter" || c.coll == "allgather" {
+			b = max(b, es*np)
+		}
 		name := fmt.Sprintf("%s/%s/%s/np%d/b%d", c.coll, c.dtype, c.op, np, b)
 		t.Run(name, func(t *testing.T) {
 			args := []string{c.coll, "--np", strconv.Itoa(np), "--backend", "host", "--dtype", c.dtype, "--op", c.op,
 				"-b", strconv.Itoa(b), "-e", strconv.Itoa(b * 400), "-f", "20", "-n", "2", "-w", "1", "-c", "1",
-				"--chunk", "64K", "--slots", "3", "--timeout", "60s", "--shm-dir", shmDir, "-q"}
+				"--chunk", "64KiB", "--slots", "3", "--timeout", "60s", "--shm-dir", shmDir, "-q"}
 			if rng.IntN(2) == 0 {
 				args = append(args, "--inplace")
 			}
@@ -133,7 +140,7 @@ func TestBenchRankKilled(t *testing.T) {
 	defer cancel()
 	const deadline = 20 * time.Second
 	cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "3", "--backend", "host",
-		"-b", "4M", "-e", "4M", "-n", "1000000", "-w", "0", "--timeout", deadline.String(), "--shm-dir", shmDir)
+		"-b", "4MiB", "-e", "4MiB", "-n", "1000000", "-w", "0", "--timeout", deadline.String(), "--shm-dir", shmDir)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	cmd.Stdout = &bytes.Buffer{}
@@ -174,7 +181,7 @@ func TestBenchRankKilled(t *testing.T) {
 func TestBenchJoinRendezvous(t *testing.T) {
 	bin := benchMigctl(t)
 	sock := "unix://" + filepath.Join(t.TempDir(), "rdv.sock")
-	common := []string{"--np", "2", "--backend", "host", "-b", "64K", "-e", "1M", "-f", "16", "-c", "1", "--token", "t0k", "--timeout", "60s"}
+	common := []string{"--np", "2", "--backend", "host", "-b", "64KiB", "-e", "1MiB", "-f", "16", "-c", "1", "--token", "t0k", "--timeout", "60s"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	host := exec.CommandContext(ctx, bin, append([]string{"bench", "allreduce", "--listen", sock, "--local", "0"}, common...)...)

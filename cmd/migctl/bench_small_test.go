@@ -29,16 +29,16 @@ func TestBenchSmallMessages(t *testing.T) {
 		smallMax  int // largest size expected on the small path (0: none)
 		inPlace   bool
 	}{
-		{np: 3, op: "sum", dtype: "float", small: "64K", smallMax: 64 << 10},
-		{np: 7, op: "avg", dtype: "float", small: "4K", smallMax: 4 << 10, inPlace: true},
+		{np: 3, op: "sum", dtype: "float", small: "64KiB", smallMax: 64 << 10},
+		{np: 7, op: "avg", dtype: "float", small: "4KiB", smallMax: 4 << 10, inPlace: true},
 		{np: 2, op: "max", dtype: "bfloat16", small: "0"},
-		{np: 1, op: "sum", dtype: "int32", small: "64K", smallMax: 64 << 10},
+		{np: 1, op: "sum", dtype: "int32", small: "64KiB", smallMax: 64 << 10},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("np%d/%s/%s/small=%s", tc.np, tc.op, tc.dtype, tc.small), func(t *testing.T) {
 			args := []string{"bench", "allreduce", "--np", strconv.Itoa(tc.np), "--backend", "host", "--op", tc.op,
-				"--dtype", tc.dtype, "-b", "4", "-e", "256K", "-f", "4", "-n", "3", "-w", "1", "-c", "1",
-				"--chunk", "64K", "--slots", "4", "--small-bytes", tc.small, "--timeout", "60s", "--shm-dir", shmDir, "-q", "-o", "json"}
+				"--dtype", tc.dtype, "-b", "4", "-e", "256KiB", "-f", "4", "-n", "3", "-w", "1", "-c", "1",
+				"--chunk", "64KiB", "--slots", "4", "--small-bytes", tc.small, "--timeout", "60s", "--shm-dir", shmDir, "-q", "-o", "json"}
 			if tc.inPlace {
 				args = append(args, "--inplace")
 			}

@@ -5,29 +5,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-)
 
-func TestParseBytes(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int64
-		bad  bool
-	}{
-		{"8", 8, false}, {"8K", 8 << 10, false}, {"256M", 256 << 20, false}, {"1G", 1 << 30, false},
-		{"64MiB", 64 << 20, false}, {"4kb", 4 << 10, false}, {"", 0, true}, {"-1", 0, true}, {"1T", 0, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := parseBytes(tc.in)
-			if tc.bad {
-				require.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
-		})
-	}
-}
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/internal/bytesize"
+)
 
 func TestBenchSizesAndBusFactor(t *testing.T) {
 	s := benchSpec{Coll: "allreduce", MinBytes: 8, MaxBytes: 256 << 20, Factor: 2}
@@ -41,28 +22,98 @@ func TestBenchSizesAndBusFactor(t *testing.T) {
 	require.InDelta(t, 1, busFactor("broadcast", 7), 1e-12)
 }
 
-func TestBenchFlagsValidated(t *testing.T) {
+// benchValidate parses args into the options of `migctl bench COLL` and
+// runs Complete and Validate only: nothing is launched, whatever Validate
+// misses (a missed case fails the test instead of starting ranks).
+func benchValidate(t *testing.T, coll allreduce.Coll, args ...string) (*benchOptions, error) {
+	t.Helper()
+	o := &benchOptions{streams: streams{In: &bytes.Buffer{}, Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}}
+	cmd := benchCollCmd(o, coll)
+	if err := cmd.ParseFlags(args); err != nil {
+		return o, err
+	}
+	if err := o.Complete(); err != nil {
+		return o, err
+	}
+	return o, o.Validate()
+}
+
+// TestBenchValidate: every bad flag combination is refused by Complete or
+// Validate, with a message naming the flag; sizes that are not whole
+// elements are refused (they used to be measured silently smaller: -b 7 -e 7
+// measured 4 bytes of float32, -b 3 -e 3 -d double a row of size 0).
+func TestBenchValidate(t *testing.T) {
 	tests := []struct {
 		desc string
+		coll allreduce.Coll
 		args []string
+		want string // substring of the error
 	}{
-		{"unknown backend", []string{"bench", "allreduce", "--backend", "tpu"}},
-		{"ipc on the host backend", []string{"bench", "allreduce", "--transport", "ipc"}},
-		{"sizes reversed", []string{"bench", "allreduce", "-b", "1M", "-e", "1K"}},
-		{"bad dtype", []string{"bench", "allreduce", "--dtype", "complex"}},
-		{"bad op", []string{"bench", "allreduce", "--op", "prod"}},
-		{"root outside", []string{"bench", "broadcast", "--np", "2", "--root", "2"}},
-		{"joining without a token", []string{"bench", "allreduce", "--rendezvous", "127.0.0.1:1"}},
-		{"chunk too small", []string{"bench", "allreduce", "--chunk", "1K"}},
-		{"small-bytes not a size", []string{"bench", "allreduce", "--small-bytes", "lots"}},
+		{"unknown backend", allreduce.AllReduce, []string{"--backend", "tpu"}, "--backend"},
+		{"ipc on the host backend", allreduce.AllReduce, []string{"--transport", "ipc"}, "--transport ipc needs --backend gpu"},
+		{"sizes reversed", allreduce.AllReduce, []string{"-b", "1MiB", "-e", "1KiB"}, "want 0 <= b <= e"},
+		{"bad dtype", allreduce.AllReduce, []string{"--dtype", "complex"}, "--dtype"},
+		{"bad op", allreduce.AllReduce, []string{"--op", "prod"}, "prod"},
+		{"root outside", allreduce.Broadcast, []string{"--np", "2", "--root", "2"}, "--root 2"},
+		{"joining without a token", allreduce.AllReduce, []string{"--rendezvous", "127.0.0.1:1"}, "--token"},
+		{"chunk too small", allreduce.AllReduce, []string{"--chunk", "1KiB"}, "--chunk 1024"},
+		{"chunk of SI units is not a multiple of 4KiB", allreduce.AllReduce, []string{"--chunk", "4M"}, "--chunk 4000000: want a multiple of 4096"},
+		{"small-bytes not a size", allreduce.AllReduce, []string{"--small-bytes", "lots"}, "--small-bytes"},
+		{"negative size", allreduce.AllReduce, []string{"-b", "-8"}, "-b: invalid byte size"},
+		{"size overflows", allreduce.AllReduce, []string{"-e", "9EiB"}, "-e: invalid byte size"},
+		{"size too large", allreduce.AllReduce, []string{"-e", "65GiB"}, "at most 64GiB"},
+		{"7 bytes of float32", allreduce.AllReduce, []string{"-b", "7", "-e", "7"}, "multiples of the float element size, 4 bytes (e.g. -b 8 -e 8)"},
+		{"3 bytes of double", allreduce.AllReduce, []string{"-b", "3", "-e", "3", "-d", "double"}, "multiples of the double element size, 8 bytes"},
+		{"odd -e of half", allreduce.AllReduce, []string{"-b", "2", "-e", "1001", "-d", "half"}, "-e 1001"},
+		{"odd -b of int64 in a broadcast", allreduce.Broadcast, []string{"-b", "12", "-e", "96", "-d", "int64"}, "element size, 8 bytes"},
+		{"reduce-scatter with less than an element per rank", allreduce.ReduceScatter, []string{"--np", "3", "-b", "8", "-e", "1KiB"}, "at least 12 bytes"},
+		{"all-gather with less than an element per rank", allreduce.AllGather, []string{"-b", "4", "-e", "4", "-d", "uint8", "--np", "5"}, "at least 5 bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
-			var out, errOut bytes.Buffer
-			cmd := newRootCmd(streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &errOut})
-			cmd.SetArgs(tc.args)
-			require.Error(t, cmd.Execute())
-			require.Empty(t, out.String(), "nothing runs")
+			_, err := benchValidate(t, tc.coll, tc.args...)
+			require.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// TestBenchValidateAccepts: the defaults, the help's examples and whole-element
+// sizes pass, and sizes mean what the byte-size rule says.
+func TestBenchValidateAccepts(t *testing.T) {
+	tests := []struct {
+		desc     string
+		coll     allreduce.Coll
+		args     []string
+		min, max int64
+	}{
+		{"defaults", allreduce.AllReduce, nil, 8, 64 << 20},
+		{"IEC units", allreduce.AllReduce, []string{"-b", "8KiB", "-e", "64Mi"}, 8 << 10, 64 << 20},
+		{"SI units", allreduce.AllReduce, []string{"-b", "8K", "-e", "64MB"}, 8000, 64_000_000},
+		{"one byte of uint8", allreduce.AllReduce, []string{"-b", "1", "-e", "1", "-d", "uint8"}, 1, 1},
+		{"whole doubles", allreduce.AllReduce, []string{"-b", "8", "-e", "8", "-d", "double"}, 8, 8},
+		{"barrier ignores sizes", allreduce.Barrier, []string{"-b", "7", "-e", "7"}, 7, 7},
+		{"reduce-scatter rounds down to np blocks", allreduce.ReduceScatter, []string{"--np", "3", "-b", "12", "-e", "1KiB", "-d", "float"}, 12, 1 << 10},
+		{"help example", allreduce.Broadcast, []string{"--np", "4", "--root", "2", "-b", "1MiB", "-e", "1MiB", "-c", "1"}, 1 << 20, 1 << 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			o, err := benchValidate(t, tc.coll, tc.args...)
+			require.NoError(t, err)
+			require.Equal(t, tc.min, o.spec.MinBytes)
+			require.Equal(t, tc.max, o.spec.MaxBytes)
+			require.Equal(t, 4<<20, o.spec.Chunk, "default --chunk 4MiB")
+			require.Equal(t, 64<<10, o.spec.Small, "default --small-bytes 64KiB")
+		})
+	}
+}
+
+// TestBenchHelpStatesTheSizeRule: every size flag's help says which units
+// are powers of 1024 and which of 1000.
+func TestBenchHelpStatesTheSizeRule(t *testing.T) {
+	var out bytes.Buffer
+	cmd := newRootCmd(streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &out})
+	cmd.SetArgs([]string{"bench", "allreduce", "--help"})
+	require.NoError(t, cmd.Execute())
+	require.Contains(t, out.String(), bytesize.Units)
+	require.Contains(t, out.String(), `(default "64MiB")`)
 }

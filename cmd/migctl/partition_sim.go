@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
 )
@@ -75,7 +76,7 @@ func newPartitionSimCmd(s streams) *cobra.Command {
 which makes its instance busy: apply will not destroy it, and NVML answers IN_USE.`,
 		Example: `  migctl partition mode enable --sim a100x8 --gpus 0     # pending on Ampere
   migctl partition sim reset --sim a100x8 --gpus 0
-  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10G
+  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10GiB
   migctl partition sim detach --sim h200x8 --gpus 0 --pid 4242`,
 	}
 	for _, verb := range []string{"reset", "attach", "detach"} {
@@ -106,7 +107,7 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
   migctl partition sim reset --sim a100x8 --gpus 0`,
 		"attach": `  migctl partition show --sim h200x8 --gpus 0             # find a MIG device UUID
   migctl partition sim attach --sim h200x8 --mig MIG-3284b0b1-8050-20ae-b6b6-956bb3612660 --pid 4242
-  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10G`,
+  migctl partition sim attach --sim h200x8 --gpus 0 --gi 2 --ci 0 --pid 4242 --bytes 10GiB`,
 		"detach": `  migctl partition sim detach --sim h200x8 --pid 4242`,
 	}[verb]
 	cmd := &cobra.Command{
@@ -133,7 +134,7 @@ destroy its instance without --force, and NVML answers IN_USE to destroying it.`
 	if verb == "attach" {
 		cmd.Flags().IntVar(&o.gi, "gi", -1, "GPU instance id (-1: the whole GPU)")
 		cmd.Flags().IntVar(&o.ci, "ci", 0, "compute instance id")
-		cmd.Flags().StringVar(&o.bytes, "bytes", "1G", "GPU memory the process uses (K, M, G suffixes)")
+		cmd.Flags().StringVar(&o.bytes, "bytes", "1GiB", "GPU memory the process uses ("+bytesize.Units+")")
 		cmd.Flags().StringVar(&o.mig, "mig", "", "MIG device UUID to attach to (instead of --gpus/--gi/--ci)")
 	}
 	o.addOutput(cmd)
@@ -157,9 +158,9 @@ func (o *partitionSimOptions) Validate(verb string, cmd *cobra.Command) error {
 		}
 	}
 	if verb == "attach" {
-		n, err := parseBytes(o.bytes)
+		n, err := bytesize.Parse(o.bytes)
 		if err != nil {
-			return err
+			return fmt.Errorf("--bytes: %w", err)
 		}
 		o.used = uint64(n)
 	}
