@@ -1,0 +1,154 @@
+/*
+ * migctl.h — the C ABI of libmigctl.so: migctl's trainer SDK (package
+ * github.com/migctl/migctl/trainer) for programs that are not written in Go.
+ * The Python package migctl_torch loads it with ctypes.
+ *
+ * One group per process. A process started by `migctl run` calls
+ * migctl_init_from_env() once, then issues collectives; every rank must issue
+ * the same collectives in the same order with the same counts. Collectives
+ * return at once with a handle; migctl_wait() blocks until the collective has
+ * finished (the result is then in the receive buffer) and frees the handle,
+ * migctl_test() polls it. Every handle must be waited for exactly once.
+ *
+ * Buffers: host memory (device = 0) or CUDA device memory of the group's
+ * device in its primary context (device = 1, what PyTorch allocates), with the
+ * CUstream its contents are produced on (0: the legacy default stream). A
+ * collective on device memory first waits for the work queued on that stream
+ * (an event, never a device-wide sync); when it has finished, the result is in
+ * place, so work queued afterwards on any stream sees it. The buffers belong
+ * to the collective until migctl_wait() returns for it.
+ *
+ * Errors: every function returns MIGCTL_OK or a negative MIGCTL_ERR_* code;
+ * migctl_last_error() is the text of the last error on the calling thread.
+ *
+ * Threads and processes: the functions are safe to call from any thread. The
+ * library installs no signal handlers of its own (the Go runtime keeps its
+ * defaults for synchronous signals). A child forked from a process that
+ * loaded the library (a PyTorch DataLoader worker) must not use it: there
+ * every function returns MIGCTL_ERR_FORKED without entering the runtime.
+ *
+ * Versioning: MIGCTL_ABI_VERSION changes whenever a signature, a constant or
+ * a semantic above changes; migctl_abi_version() is the library's.
+ */
+#ifndef MIGCTL_H
+#define MIGCTL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MIGCTL_ABI_VERSION 1
+
+/* Result codes. */
+#define MIGCTL_OK 0
+#define MIGCTL_PENDING 1                 /* migctl_test / migctl_wait with a timeout: not finished yet */
+#define MIGCTL_ERR_INVALID (-1)          /* bad argument: dtype, op, count, root, pointer */
+#define MIGCTL_ERR_NOT_INITIALIZED (-2)  /* migctl_init_from_env has not succeeded */
+#define MIGCTL_ERR_TIMEOUT (-3)          /* the collective ran past its deadline (MIGCTL_TIMEOUT) */
+#define MIGCTL_ERR_PEER_DEAD (-4)        /* another rank died */
+#define MIGCTL_ERR_ABORTED (-5)          /* the group was aborted (by a rank or the launcher) */
+#define MIGCTL_ERR_UNSUPPORTED (-6)      /* not possible on this group (device memory on the host backend) */
+#define MIGCTL_ERR_CLOSED (-7)           /* migctl_finalize was called */
+#define MIGCTL_ERR_FORKED (-8)           /* called in a child forked after the library was loaded */
+#define MIGCTL_ERR_BAD_HANDLE (-9)       /* unknown or already waited-for handle */
+#define MIGCTL_ERR_ALREADY_INITIALIZED (-10)
+#define MIGCTL_ERR_INTERNAL (-99)
+
+/* Element types (the trainer SDK's DType). */
+#define MIGCTL_FLOAT32 0
+#define MIGCTL_FLOAT16 1
+#define MIGCTL_BFLOAT16 2
+#define MIGCTL_FLOAT64 3
+#define MIGCTL_INT32 4
+#define MIGCTL_INT64 5
+#define MIGCTL_UINT8 6
+
+/* Reduction operators (MIGCTL_AVG on integers truncates). */
+#define MIGCTL_SUM 0
+#define MIGCTL_AVG 1
+#define MIGCTL_MIN 2
+#define MIGCTL_MAX 3
+
+/* Where a buffer lives. */
+#define MIGCTL_HOST 0
+#define MIGCTL_DEVICE 1
+
+/* A collective in flight (never 0). */
+typedef uint64_t migctl_work_t;
+
+/* The library's MIGCTL_ABI_VERSION. */
+int migctl_abi_version(void);
+
+/* Joins the group described by the launcher's environment (RANK, WORLD_SIZE,
+ * MIGCTL_RDZV_ADDR, MIGCTL_JOB_TOKEN, MIGCTL_BACKEND, ...; see `migctl run
+ * --help`). Blocks until every rank has joined. Without WORLD_SIZE the
+ * process is a group of one. */
+int migctl_init_from_env(void);
+
+/* As migctl_init_from_env, with rank and size given (-1: from the
+ * environment). */
+int migctl_init(int rank, int size);
+
+/* This process's rank and the group's size, local rank and local size (-1
+ * before init). */
+int migctl_rank(void);
+int migctl_size(void);
+int migctl_local_rank(void);
+int migctl_local_size(void);
+
+/* 1 when the group runs on CUDA device memory (MIGCTL_BACKEND=gpu), 0 on
+ * host memory, -1 before init. */
+int migctl_on_gpu(void);
+
+/* recv = op over every rank's send (count elements; recv may be send). */
+int migctl_allreduce(const void *send, void *recv, size_t count, int dtype, int op,
+                     int device, uintptr_t stream, migctl_work_t *work);
+
+/* Reduces every rank's send (size * recv_count elements) and leaves this
+ * rank's block (recv_count elements) in recv. recv == send: in place, the
+ * block stays at its place in send. */
+int migctl_reduce_scatter(const void *send, void *recv, size_t recv_count, int dtype, int op,
+                          int device, uintptr_t stream, migctl_work_t *work);
+
+/* Concatenates every rank's send (send_count elements) in rank order into
+ * recv (size * send_count elements). send == recv: this rank's input is block
+ * rank of recv. */
+int migctl_all_gather(const void *send, void *recv, size_t send_count, int dtype,
+                      int device, uintptr_t stream, migctl_work_t *work);
+
+/* recv (count elements) = root's send on every rank; send is read on root
+ * only (NULL elsewhere); send == recv: in place. */
+int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int root,
+                     int device, uintptr_t stream, migctl_work_t *work);
+
+/* Finishes once every rank has entered it. */
+int migctl_barrier(migctl_work_t *work);
+
+/* Waits for work up to timeout_ms (negative: no limit) and frees it; returns
+ * the collective's result, or MIGCTL_PENDING (work still valid) when the
+ * timeout passes first. */
+int migctl_wait(migctl_work_t work, int64_t timeout_ms);
+
+/* MIGCTL_PENDING while work runs, else its result (work stays valid: wait
+ * for it to free it). */
+int migctl_test(migctl_work_t work);
+
+/* Fails the group's collectives on every rank with reason (a rank that cannot
+ * go on releases the others at once instead of at their deadline). */
+int migctl_abort(const char *reason);
+
+/* Leaves the group (after the collectives in flight). Idempotent. */
+int migctl_finalize(void);
+
+/* The last error's text on the calling thread ("" if none); valid until the
+ * thread's next call. */
+const char *migctl_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MIGCTL_H */

@@ -1,0 +1,162 @@
+"""ctypes binding of libmigctl.so (include/migctl.h). No torch here."""
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import threading
+
+ABI_VERSION = 1
+
+OK = 0
+PENDING = 1
+ERR_INVALID = -1
+ERR_NOT_INITIALIZED = -2
+ERR_TIMEOUT = -3
+ERR_PEER_DEAD = -4
+ERR_ABORTED = -5
+ERR_UNSUPPORTED = -6
+ERR_CLOSED = -7
+ERR_FORKED = -8
+ERR_BAD_HANDLE = -9
+ERR_ALREADY_INITIALIZED = -10
+ERR_INTERNAL = -99
+
+FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32, INT64, UINT8 = range(7)
+SUM, AVG, MIN, MAX = range(4)
+HOST, DEVICE = 0, 1
+
+_NAMES = {
+    ERR_INVALID: "invalid argument",
+    ERR_NOT_INITIALIZED: "not initialized",
+    ERR_TIMEOUT: "collective deadline exceeded",
+    ERR_PEER_DEAD: "peer dead",
+    ERR_ABORTED: "aborted",
+    ERR_UNSUPPORTED: "not supported",
+    ERR_CLOSED: "closed",
+    ERR_FORKED: "called in a forked child",
+    ERR_BAD_HANDLE: "bad handle",
+    ERR_ALREADY_INITIALIZED: "already initialized",
+    ERR_INTERNAL: "internal error",
+}
+
+
+class MigctlError(RuntimeError):
+    """An error of libmigctl; .code is its MIGCTL_ERR_* code."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def _candidates():
+    env = os.environ.get("MIGCTL_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libmigctl.so")
+    yield os.path.join(here, "..", "..", "bin", "libmigctl.so")  # the repository's bin/
+    exe = shutil.which("migctl")
+    if exe:
+        yield os.path.join(os.path.dirname(os.path.realpath(exe)), "libmigctl.so")
+
+
+def _dlopen_lazy(path):
+    """dlopen with RTLD_LAZY. ctypes.CDLL always adds RTLD_NOW, but the
+    library refers to NVML functions (through the Go packages it links) that
+    a training process never calls and that only exist where the NVIDIA
+    driver is installed: they must be bound lazily, if ever."""
+    try:
+        libdl = ctypes.CDLL(None)
+        libdl.dlopen  # glibc >= 2.34 has it in libc
+    except AttributeError:
+        libdl = ctypes.CDLL(ctypes.util.find_library("dl"))
+    libdl.dlopen.restype, libdl.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    libdl.dlerror.restype, libdl.dlerror.argtypes = ctypes.c_char_p, []
+    h = libdl.dlopen(os.fsencode(path), os.RTLD_LAZY | os.RTLD_LOCAL)
+    if not h:
+        raise ImportError(f"loading {path}: {(libdl.dlerror() or b'').decode(errors='replace')}")
+    return h
+
+
+class Library:
+    """The loaded library with its prototypes; one per process."""
+
+    def __init__(self, path):
+        self.path = path
+        self.pid = os.getpid()
+        lib = ctypes.CDLL(path, handle=_dlopen_lazy(path))
+        c_int, c_size, c_uptr, c_vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p
+        work_p = ctypes.POINTER(ctypes.c_uint64)
+        proto = {
+            "migctl_abi_version": ([], c_int),
+            "migctl_init_from_env": ([], c_int),
+            "migctl_init": ([c_int, c_int], c_int),
+            "migctl_rank": ([], c_int),
+            "migctl_size": ([], c_int),
+            "migctl_local_rank": ([], c_int),
+            "migctl_local_size": ([], c_int),
+            "migctl_on_gpu": ([], c_int),
+            "migctl_allreduce": ([c_vp, c_vp, c_size, c_int, c_int, c_int, c_uptr, work_p], c_int),
+            "migctl_reduce_scatter": ([c_vp, c_vp, c_size, c_int, c_int, c_int, c_uptr, work_p], c_int),
+            "migctl_all_gather": ([c_vp, c_vp, c_size, c_int, c_int, c_uptr, work_p], c_int),
+            "migctl_broadcast": ([c_vp, c_vp, c_size, c_int, c_int, c_int, c_uptr, work_p], c_int),
+            "migctl_barrier": ([work_p], c_int),
+            "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
+            "migctl_test": ([ctypes.c_uint64], c_int),
+            "migctl_abort": ([ctypes.c_char_p], c_int),
+            "migctl_finalize": ([], c_int),
+            "migctl_last_error": ([], ctypes.c_char_p),
+        }
+        for name, (args, res) in proto.items():
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, res
+        self.lib = lib
+        v = lib.migctl_abi_version()
+        if v != ABI_VERSION:
+            raise ImportError(
+                f"{path} has C ABI version {v}, migctl_torch needs {ABI_VERSION}: "
+                "rebuild it with `make lib` from the same checkout, or point MIGCTL_LIB at a matching one"
+            )
+
+    def error(self, code, what):
+        text = self.lib.migctl_last_error() or b""
+        text = text.decode(errors="replace") or _NAMES.get(code, f"error {code}")
+        return MigctlError(code, f"migctl {what}: {text}")
+
+    def check(self, code, what):
+        if code != OK:
+            raise self.error(code, what)
+
+    def issue(self, fn, what, *args):
+        """Calls a collective entry point and returns its handle."""
+        if os.getpid() != self.pid:
+            raise MigctlError(ERR_FORKED, f"migctl {what}: called in a process forked from the training "
+                                          "process (a DataLoader worker?); only the training process may run collectives")
+        h = ctypes.c_uint64(0)
+        self.check(fn(*args, ctypes.byref(h)), what)
+        return h.value
+
+
+_lock = threading.Lock()
+_lib = None
+
+
+def load():
+    """Loads libmigctl.so once (see _candidates for where it is looked for)."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for p in _candidates():
+            p = os.path.normpath(p)
+            if os.path.exists(p):
+                _lib = Library(p)
+                return _lib
+            tried.append(p)
+        raise ImportError(
+            "libmigctl.so not found (looked at: " + ", ".join(tried) + "): build it with `make lib` "
+            "in the migctl checkout, or set MIGCTL_LIB=/path/to/libmigctl.so"
+        )

@@ -1,0 +1,469 @@
+"""The "migctl" ProcessGroup: torch.distributed collectives over libmigctl.so.
+
+The state lives in the library (one group per process); this module converts
+tensors to pointers, streams and dtype codes, and turns the library's handles
+into Work objects and torch Futures. One completion thread per process waits
+for the handles in the order they were issued (the library runs collectives
+one at a time in that order) and completes the Futures.
+"""
+
+import atexit
+import os
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+
+_DTYPES = {
+    torch.float32: _lib.FLOAT32,
+    torch.float16: _lib.FLOAT16,
+    torch.bfloat16: _lib.BFLOAT16,
+    torch.float64: _lib.FLOAT64,
+    torch.int32: _lib.INT32,
+    torch.int64: _lib.INT64,
+    torch.uint8: _lib.UINT8,
+}
+
+# torch.distributed.ReduceOp members and the library's operators.
+_OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("MIN", _lib.MIN), ("MAX", _lib.MAX))
+        if hasattr(dist.ReduceOp, name)]
+
+SUPPORTED = ("allreduce", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
+             "broadcast", "barrier")
+
+
+def _unsupported(call):
+    return NotImplementedError(
+        f"migctl backend: {call} is not supported (it implements {', '.join(SUPPORTED)}); "
+        "create a gloo group for it with dist.new_group(backend='gloo')"
+    )
+
+
+def _op(opts, call):
+    op = getattr(opts, "reduceOp", None) if opts is not None else None
+    if op is None:
+        return _lib.SUM
+    for name, code in _OPS:
+        try:
+            if op == getattr(dist.ReduceOp, name):
+                return code
+        except TypeError:
+            pass
+    raise NotImplementedError(f"migctl backend: {call} with ReduceOp {op} is not supported (SUM, AVG, MIN and MAX are)")
+
+
+def _reduce_dtype(t, call, op):
+    dt = _DTYPES.get(t.dtype)
+    if dt is None and t.dtype == torch.bool and op in (_lib.MIN, _lib.MAX):
+        dt = _lib.UINT8
+    if dt is None:
+        raise NotImplementedError(
+            f"migctl backend: {call} on {t.dtype} is not supported (float32, float16, bfloat16, float64, "
+            "int32, int64, uint8 are)")
+    return dt
+
+
+def _move_dtype(t):
+    """(dtype code, element count) for a collective that only moves data."""
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        return _lib.UINT8, t.numel() * t.element_size()
+    return dt, t.numel()
+
+
+def _where(t):
+    """(device flag, CUstream) of a tensor: its current stream for CUDA."""
+    if t.is_cuda:
+        return _lib.DEVICE, torch.cuda.current_stream(t.device).cuda_stream
+    if t.device.type != "cpu":
+        raise NotImplementedError(f"migctl backend: tensors on {t.device} are not supported (cpu and cuda are)")
+    return _lib.HOST, 0
+
+
+class _Completer:
+    """Waits for issued collectives in order and completes their Work."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.q = queue.SimpleQueue()
+        self.pending = 0
+        self.mu = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="migctl-completion", daemon=True)
+        self.thread.start()
+
+    def submit(self, work):
+        with self.mu:
+            self.pending += 1
+        self.q.put(work)
+
+    def _run(self):
+        lib = self.lib
+        while True:
+            w = self.q.get()
+            err = None
+            for h in w._handles:
+                code = lib.lib.migctl_wait(h, -1)
+                if code != _lib.OK and err is None:
+                    err = lib.error(code, w._name)
+            if err is None and w._post is not None:
+                try:
+                    w._post()
+                except Exception as e:  # noqa: BLE001 - handed to the waiter
+                    err = e
+            w._finish(err)
+            with self.mu:
+                self.pending -= 1
+
+
+class Work(dist._Work):
+    """A collective in flight: wait() blocks until it has finished (the result
+    is then in the output tensors, for CUDA tensors too); get_future() is a
+    torch Future completed with the output tensors."""
+
+    def __init__(self, comm, name, handles, result, keep=(), post=None, devices=None):
+        super().__init__()
+        self._name = name
+        self._handles = handles
+        self._result = result
+        self._keep = keep
+        self._post = post
+        self._exc = None
+        self._done = threading.Event()
+        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        comm.completer.submit(self)
+
+    def _finish(self, err):
+        self._exc = err
+        self._keep = self._post = None
+        self._done.set()
+        if err is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(err)
+
+    def wait(self, timeout=None):
+        secs = None
+        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+            secs = timeout.total_seconds()
+        if not self._done.wait(secs):
+            raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._result
+
+
+class _Comm:
+    """The process's group in libmigctl, and the collectives on tensors."""
+
+    _instance = None
+    _mu = threading.Lock()
+
+    @classmethod
+    def get(cls, rank=-1, size=-1):
+        with cls._mu:
+            c = cls._instance
+            if c is None or c.pid != os.getpid():
+                if c is not None:
+                    raise _lib.MigctlError(_lib.ERR_FORKED, "migctl: this process was forked from the training "
+                                                            "process; only the training process may run collectives")
+                c = cls._instance = _Comm(rank, size)
+            elif rank >= 0 and (rank, size) != (c.rank, c.size):
+                raise NotImplementedError(
+                    f"migctl backend: a group of rank {rank} of {size} in a process that is rank {c.rank} of "
+                    f"{c.size}: the migctl backend has one group per process (new_group with a subset of ranks "
+                    "is not supported)")
+            return c
+
+    def __init__(self, rank, size):
+        self.lib = _lib.load()
+        self.pid = os.getpid()
+        self.lib.check(self.lib.lib.migctl_init(rank, size), "init")
+        self.rank = self.lib.lib.migctl_rank()
+        self.size = self.lib.lib.migctl_size()
+        self.completer = _Completer(self.lib)
+        atexit.register(self._finalize)
+
+    def _finalize(self):
+        if os.getpid() != self.pid:
+            return
+        with self.completer.mu:
+            busy = self.completer.pending
+        if busy == 0:  # with collectives in flight (a peer died) exiting must not wait for their deadline
+            self.lib.lib.migctl_finalize()
+
+    # --- helpers ----------------------------------------------------------
+
+    def _issue(self, fn, name, *args):
+        return self.lib.issue(getattr(self.lib.lib, fn), name, *args)
+
+    @staticmethod
+    def _devices(tensors):
+        devs = []
+        for t in tensors:
+            if t.is_cuda and t.device not in devs:
+                devs.append(t.device)
+        return devs or None
+
+    @staticmethod
+    def _copy_back(pairs):
+        """A post step copying finished temporaries (src) into the caller's tensors (dst)."""
+        if not pairs:
+            return None
+
+        def post():
+            cuda = [d.device for d, _ in pairs if d.is_cuda]
+            if cuda:
+                s = torch.cuda.Stream(cuda[0])
+                with torch.cuda.stream(s):
+                    for dst, src in pairs:
+                        dst.copy_(src.view_as(dst))
+                s.synchronize()
+            else:
+                for dst, src in pairs:
+                    dst.copy_(src.view_as(dst))
+        return post
+
+    # --- collectives --------------------------------------------------------
+
+    def allreduce(self, tensors, op, name="allreduce"):
+        handles, keep, back = [], [], []
+        for t in tensors:
+            dt = _reduce_dtype(t, name, op)
+            buf = t if t.is_contiguous() else t.contiguous()
+            if buf is not t:
+                back.append((t, buf))
+            dev, stream = _where(buf)
+            keep.append(buf)
+            p = buf.data_ptr()
+            handles.append(self._issue("migctl_allreduce", name, p, p, buf.numel(), dt, op, dev, stream))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
+
+    def allgather(self, output_lists, inputs, name="allgather"):
+        if len(output_lists) != len(inputs):
+            raise ValueError(f"migctl {name}: {len(output_lists)} output lists for {len(inputs)} inputs")
+        handles, keep, back, results = [], [], [], []
+        for outs, inp in zip(output_lists, inputs):
+            if len(outs) != self.size:
+                raise ValueError(f"migctl {name}: {len(outs)} output tensors, want one per rank ({self.size})")
+            for o in outs:
+                if o.numel() != inp.numel() or o.dtype != inp.dtype or o.device != inp.device:
+                    raise ValueError(f"migctl {name}: every output must match the input ({inp.numel()} "
+                                     f"{inp.dtype} on {inp.device}), got {o.numel()} {o.dtype} on {o.device}")
+            src = inp if inp.is_contiguous() else inp.contiguous()
+            flat = torch.empty(self.size * inp.numel(), dtype=inp.dtype, device=inp.device)
+            keep += [src, flat]
+            back += [(o, flat[k * inp.numel():(k + 1) * inp.numel()]) for k, o in enumerate(outs)]
+            dt, n = _move_dtype(src)
+            dev, stream = _where(src)
+            handles.append(self._issue("migctl_all_gather", name, src.data_ptr(), flat.data_ptr(), n, dt, dev, stream))
+            results.append(outs)
+        return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs))
+
+    def allgather_base(self, output, inp, name="_allgather_base"):
+        if output.numel() != self.size * inp.numel() or output.dtype != inp.dtype or output.device != inp.device:
+            raise ValueError(f"migctl {name}: output has {output.numel()} {output.dtype} on {output.device}, "
+                             f"want {self.size} x the input's {inp.numel()} {inp.dtype} on {inp.device}")
+        keep, back = [], []
+        out = output if output.is_contiguous() else output.contiguous()
+        if out is not output:
+            back.append((output, out))
+        block = inp.numel() * inp.element_size()
+        in_place = out is output and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + self.rank * block
+        src = out if in_place else (inp if inp.is_contiguous() else inp.contiguous())
+        keep += [src, out]
+        dt, n = _move_dtype(inp)
+        dev, stream = _where(out)
+        h = self._issue("migctl_all_gather", name, src.data_ptr(), out.data_ptr(), n, dt, dev, stream)
+        return Work(self, name, [h], [output], keep, self._copy_back(back), self._devices([output]))
+
+    def reduce_scatter(self, outputs, input_lists, op, name="reduce_scatter"):
+        if len(outputs) != len(input_lists):
+            raise ValueError(f"migctl {name}: {len(outputs)} outputs for {len(input_lists)} input lists")
+        handles, keep, back = [], [], []
+        for out, ins in zip(outputs, input_lists):
+            if len(ins) != self.size:
+                raise ValueError(f"migctl {name}: {len(ins)} input tensors, want one per rank ({self.size})")
+            for i in ins:
+                if i.numel() != out.numel() or i.dtype != out.dtype or i.device != out.device:
+                    raise ValueError(f"migctl {name}: every input must match the output ({out.numel()} "
+                                     f"{out.dtype} on {out.device}), got {i.numel()} {i.dtype} on {i.device}")
+            dt = _reduce_dtype(out, name, op)
+            flat = torch.cat([i.reshape(-1) for i in ins]) if out.numel() else torch.empty(0, dtype=out.dtype, device=out.device)
+            dst = out if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
+            if dst is not out:
+                back.append((out, dst))
+            keep += [flat, dst]
+            dev, stream = _where(flat)
+            handles.append(self._issue("migctl_reduce_scatter", name, flat.data_ptr(), dst.data_ptr(), out.numel(),
+                                       dt, op, dev, stream))
+        return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs))
+
+    def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
+        if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
+            raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
+                             f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
+        dt = _reduce_dtype(output, name, op)
+        keep, back = [], []
+        block = output.numel() * output.element_size()
+        in_place = (inp.is_contiguous() and output.is_contiguous()
+                    and output.data_ptr() == inp.data_ptr() + self.rank * block)
+        if in_place:
+            src = dst = inp
+        else:
+            src = inp if inp.is_contiguous() else inp.contiguous()
+            dst = output if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype,
+                                                                     device=output.device)
+            if dst is not output:
+                back.append((output, dst))
+        keep += [src, dst]
+        dev, stream = _where(src)
+        h = self._issue("migctl_reduce_scatter", name, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
+                        dev, stream)
+        return Work(self, name, [h], [output], keep, self._copy_back(back), self._devices([output]))
+
+    def broadcast(self, tensors, root, name="broadcast"):
+        if not 0 <= root < self.size:
+            raise ValueError(f"migctl {name}: root {root} of {self.size} ranks")
+        handles, keep, back = [], [], []
+        for t in tensors:
+            buf = t if t.is_contiguous() else t.contiguous()
+            if buf is not t:
+                back.append((t, buf))
+            keep.append(buf)
+            dt, n = _move_dtype(buf)
+            dev, stream = _where(buf)
+            p = buf.data_ptr()
+            handles.append(self._issue("migctl_broadcast", name, p, p, n, dt, root, dev, stream))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
+
+    def barrier(self, name="barrier"):
+        h = self.lib.issue(self.lib.lib.migctl_barrier, name)
+        return Work(self, name, [h], [])
+
+
+class ProcessGroupMigctl(dist.ProcessGroup):
+    """torch.distributed ProcessGroup over libmigctl.so. Created by
+    dist.init_process_group("migctl") in a process started by `migctl run`."""
+
+    def __init__(self, store, rank, size, timeout=None):
+        super().__init__(rank, size)
+        self._comm = _Comm.get(rank, size)
+        if self._comm.rank != rank or self._comm.size != size:
+            raise RuntimeError(
+                f"migctl backend: torch says rank {rank} of {size}, the migctl group rank {self._comm.rank} of "
+                f"{self._comm.size}: start the ranks with `migctl run` and let init_process_group read "
+                "RANK and WORLD_SIZE from the environment")
+        self._rank, self._size = rank, size
+
+    def getBackendName(self):
+        return "migctl"
+
+    def __repr__(self):
+        return f"ProcessGroupMigctl(rank={self._rank}, size={self._size})"
+
+    # torch's names and argument orders (see torch.distributed.distributed_c10d).
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        return self._comm.allreduce(tensors, _op(opts, "allreduce"))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._comm.allgather(output_tensors, input_tensors)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
+        return self._comm.allgather_base(output, input)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter"))
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base"))
+
+    def broadcast(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = getattr(opts, "rootRank", 0) if opts is not None else 0
+        return self._comm.broadcast(tensors, root)
+
+    def barrier(self, opts=None):
+        return self._comm.barrier()
+
+    # What the backend does not do: a clear error naming the call.
+
+    def allreduce_coalesced(self, *a, **k):
+        raise _unsupported("allreduce_coalesced")
+
+    def allgather_coalesced(self, *a, **k):
+        raise _unsupported("allgather_coalesced")
+
+    def allgather_into_tensor_coalesced(self, *a, **k):
+        raise _unsupported("allgather_into_tensor_coalesced")
+
+    def reduce_scatter_tensor_coalesced(self, *a, **k):
+        raise _unsupported("reduce_scatter_tensor_coalesced")
+
+    def reduce(self, *a, **k):
+        raise _unsupported("reduce")
+
+    def gather(self, *a, **k):
+        raise _unsupported("gather")
+
+    def scatter(self, *a, **k):
+        raise _unsupported("scatter")
+
+    def alltoall(self, *a, **k):
+        raise _unsupported("alltoall")
+
+    def alltoall_base(self, *a, **k):
+        raise _unsupported("alltoall_base")
+
+    def send(self, *a, **k):
+        raise _unsupported("send")
+
+    def recv(self, *a, **k):
+        raise _unsupported("recv")
+
+    def recv_anysource(self, *a, **k):
+        raise _unsupported("recv_anysource")
+
+    def monitored_barrier(self, *a, **k):
+        raise _unsupported("monitored_barrier")
+
+
+def create(store, rank, size, timeout=None):
+    """The creator registered with torch.distributed.Backend.register_backend."""
+    return ProcessGroupMigctl(store, rank, size, timeout)
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook averaging the gradient bucket with migctl, for a
+    model whose process group is another backend (say gloo):
+    ``model.register_comm_hook(None, migctl_torch.allreduce_hook)``. state may
+    be None or a ProcessGroupMigctl; the migctl group of the process is joined
+    from the launcher's environment on first use."""
+    if isinstance(state, ProcessGroupMigctl):
+        comm = state._comm
+    else:
+        comm = _Comm.get(int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1)))
+    t = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    return comm.allreduce([t], _lib.AVG, name="allreduce_hook").get_future().then(lambda fut: fut.value()[0])
