@@ -110,16 +110,16 @@ type peerListener struct {
 	log   *slog.Logger
 	slots chan struct{} // refused peers being answered
 
-	// logWindow, logged, suppressed rate-limit the refusal log (Accept's
-	// goroutine only).
-	logWindow          time.Time
-	logged, suppressed int
-
 	closeOnce sync.Once
 	closed    chan struct{}
-	mu        sync.Mutex
-	refusal   *grpc.Server // answers refused gRPC peers; started at the first
-	refused   *queueListener
+
+	mu sync.Mutex
+	// logWindow, logged, suppressed rate-limit the refusal log.
+	logWindow          time.Time
+	logged, suppressed int
+	// refusal answers refused gRPC peers over refused; started for the first.
+	refusal *grpc.Server
+	refused *queueListener
 }
 
 func (l *peerListener) Accept() (net.Conn, error) {
@@ -153,6 +153,8 @@ func (l *peerListener) Accept() (net.Conn, error) {
 const refusalLogRate = 10
 
 func (l *peerListener) logRefusal(cred *unix.Ucred) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	now := time.Now()
 	if now.Sub(l.logWindow) >= time.Second {
 		l.logWindow, l.logged = now, 0
