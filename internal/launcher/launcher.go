@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -76,8 +77,10 @@ type Config struct {
 	// World is the job's rank count when it is more than NNodes·NProc
 	// (ranks that join from elsewhere); 0: NNodes·NProc.
 	World int
-	// Job names the job ("": "run-<random>"); Token guards its rendezvous
-	// ("": random; required when NNodes > 1, the same on every node).
+	// Job names the job ("": "run-<random>", or with several nodes
+	// "run-<hash of the token>", the same on every node); Token guards its
+	// rendezvous ("": random; required when NNodes > 1, the same on every
+	// node).
 	Job   string
 	Token string
 	// Devices gives each local rank a device (nil: none;
@@ -242,11 +245,17 @@ func (c *Config) complete() error {
 	if err := CheckCommand(c.Command[0], c.Dir); err != nil {
 		return err
 	}
-	if c.Job == "" {
-		c.Job = "run-" + randomHex(3)
-	}
 	if c.Token == "" {
 		c.Token = randomHex(16)
+	}
+	if c.Job == "" {
+		c.Job = "run-" + randomHex(3)
+		if c.NNodes > 1 {
+			// The same name on every node, from what they share, without
+			// putting the token itself in a name.
+			h := sha256.Sum256([]byte("migctl job name\x00" + c.Token))
+			c.Job = "run-" + hex.EncodeToString(h[:3])
+		}
 	}
 	return nil
 }

@@ -162,9 +162,24 @@ func TestSwapAndNodes(t *testing.T) {
 	res, err := Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.5:29400", res.Rendezvous)
+	// Without --job every node derives the same name from the shared token
+	// (and the name does not contain it).
+	cfg.Job = ""
+	again, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Regexp(t, `^run-[0-9a-f]{6}$`, again.Job)
+	cfg.NodeRank = 0
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.RdzvEndpoint = free.Addr().String()
+	require.NoError(t, free.Close())
+	node0, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, again.Job, node0.Job)
 	for r := range 2 {
 		env := readEnv(t, filepath.Join(dir, fmt.Sprintf("env-0-%d", 2+r)))
 		want := map[string]string{
+			"MIGCTL_JOB": res.Job, "TORCHELASTIC_RUN_ID": res.Job,
 			"RANK": strconv.Itoa(2 + r), "LOCAL_RANK": strconv.Itoa(r), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
 			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29401",
 			"MIGCTL_RDZV_ADDR": "10.0.0.5:29400", "MIGCTL_JOB_TOKEN": "tok", "CUDA_VISIBLE_DEVICES": "3",
