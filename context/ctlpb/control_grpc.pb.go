@@ -55,7 +55,7 @@ type ControlClient interface {
 	// idle capacity (never destroying a leased or busy instance). Errors:
 	// INVALID_ARGUMENT (empty job, bad count, unknown profile, a pid that is not
 	// running), RESOURCE_EXHAUSTED (does not fit: the message says what is
-	// leased, by which job, and what would have to go), UNAVAILABLE (the daemon
+	// leased, by which job, and what would have to go), FAILED_PRECONDITION (the daemon
 	// has no MIG source).
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireReply, error)
 	// Release ends every lease of a job (or one MIG device's lease) and returns
@@ -200,7 +200,7 @@ type ControlServer interface {
 	// idle capacity (never destroying a leased or busy instance). Errors:
 	// INVALID_ARGUMENT (empty job, bad count, unknown profile, a pid that is not
 	// running), RESOURCE_EXHAUSTED (does not fit: the message says what is
-	// leased, by which job, and what would have to go), UNAVAILABLE (the daemon
+	// leased, by which job, and what would have to go), FAILED_PRECONDITION (the daemon
 	// has no MIG source).
 	Acquire(context.Context, *AcquireRequest) (*AcquireReply, error)
 	// Release ends every lease of a job (or one MIG device's lease) and returns
