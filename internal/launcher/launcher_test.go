@@ -162,20 +162,6 @@ func TestSwapAndNodes(t *testing.T) {
 	res, err := Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.5:29400", res.Rendezvous)
-	// Without --job every node derives the same name from the shared token
-	// (and the name does not contain it).
-	cfg.Job = ""
-	again, err := Run(context.Background(), cfg)
-	require.NoError(t, err)
-	require.Regexp(t, `^run-[0-9a-f]{6}$`, again.Job)
-	cfg.NodeRank = 0
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	cfg.RdzvEndpoint = free.Addr().String()
-	require.NoError(t, free.Close())
-	node0, err := Run(context.Background(), cfg)
-	require.NoError(t, err)
-	require.Equal(t, again.Job, node0.Job)
 	for r := range 2 {
 		env := readEnv(t, filepath.Join(dir, fmt.Sprintf("env-0-%d", 2+r)))
 		want := map[string]string{
@@ -190,6 +176,20 @@ func TestSwapAndNodes(t *testing.T) {
 			require.Equal(t, v, env[k], "rank %d: %s", 2+r, k)
 		}
 	}
+	// Without --job every node derives the same name from the shared token
+	// (and the name does not contain it).
+	cfg.Job = ""
+	again, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Regexp(t, `^run-[0-9a-f]{6}$`, again.Job)
+	cfg.NodeRank = 0
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.RdzvEndpoint = free.Addr().String()
+	require.NoError(t, free.Close())
+	node0, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, again.Job, node0.Job)
 }
 
 func TestRoundRobin(t *testing.T) {
