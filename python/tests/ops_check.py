@@ -1,0 +1,214 @@
+"""Correctness of every collective of the migctl backend, on CPU tensors (or
+CUDA with --device cuda), across the real processes of `migctl run`:
+
+    migctl run --backend host --np 3 -- python3 python/tests/ops_check.py
+
+Every op, every dtype, odd sizes, in place and out of place, non-contiguous
+tensors, async Work and Futures, and the NotImplementedError of unsupported
+calls. Inputs are small integers, so every sum is exact in every dtype and
+every element is checked. Prints one JSON line; exits 1 on any mismatch."""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import migctl_torch  # noqa: E402,F401
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8]
+OPS = [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("min", dist.ReduceOp.MIN),
+       ("max", dist.ReduceOp.MAX)]
+
+failures = []
+checks = 0
+
+
+def values(n, rank, dtype, device):
+    """Small integers, distinct per rank and position (non-negative for uint8)."""
+    i = torch.arange(n, dtype=torch.int64)
+    v = (i * 7 + rank * 3) % 11
+    if dtype != torch.uint8:
+        v = v - 5
+    return v.to(dtype).to(device)
+
+
+def expect(name, got, want):
+    global checks
+    checks += 1
+    if got.is_complex():
+        got, want = torch.view_as_real(got), torch.view_as_real(want)
+    got64, want64 = got.detach().cpu().to(torch.float64), want.detach().cpu().to(torch.float64)
+    tol = 0.0
+    if got.dtype in (torch.float16, torch.bfloat16) and "avg" in name:
+        tol = 0.02 * (want64.abs().max().item() if want64.numel() else 0) + 1e-2
+    elif got.is_floating_point() and "avg" in name:
+        tol = 1e-6
+    if got64.shape != want64.shape:
+        failures.append(f"{name}: shape {tuple(got64.shape)}, want {tuple(want64.shape)}")
+        return
+    bad = ((got64 - want64).abs() > tol).nonzero()
+    if bad.numel():
+        k = bad[0].tolist()
+        k = tuple(k) if len(k) > 1 else k[0]
+        failures.append(f"{name}: {bad.shape[0]} of {got64.numel()} wrong; first at {k}: got "
+                        f"{got64[k].item()}, want {want64[k].item()}")
+
+
+def reduced(n, world, dtype, op):
+    stack = torch.stack([values(n, r, torch.int64, "cpu") if dtype != torch.uint8 else values(n, r, dtype, "cpu").to(torch.int64)
+                         for r in range(world)])
+    if op == "sum":
+        out = stack.sum(0)
+    elif op == "min":
+        out = stack.min(0).values
+    elif op == "max":
+        out = stack.max(0).values
+    elif dtype.is_floating_point:
+        return (stack.to(torch.float64).sum(0) / world)
+    else:
+        out = torch.div(stack.sum(0), world, rounding_mode="trunc")
+    return out
+
+
+def run(device, sizes):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device)
+
+    for dtype in DTYPES:
+        for n in sizes:
+            for opname, op in OPS:
+                want = reduced(n, world, dtype, opname)
+                # in place
+                t = values(n, rank, dtype, dev)
+                dist.all_reduce(t, op=op)
+                expect(f"all_reduce {opname} {dtype} n={n} in place", t, want)
+            # non-contiguous (a transposed view), sum
+            if n >= 6 and n % 2 == 0:
+                base = values(n, rank, dtype, dev).reshape(2, n // 2)
+                tv = base.t()
+                dist.all_reduce(tv)
+                expect(f"all_reduce sum {dtype} n={n} non-contiguous", base.reshape(-1), reduced(n, world, dtype, "sum"))
+
+            # all_gather (list of tensors)
+            outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
+            dist.all_gather(outs, values(n, rank, dtype, dev))
+            for r in range(world):
+                expect(f"all_gather {dtype} n={n} block {r}", outs[r], values(n, r, dtype, "cpu"))
+
+            # all_gather_into_tensor: out of place and in place
+            flat = torch.empty(world * n, dtype=dtype, device=dev)
+            want = torch.cat([values(n, r, dtype, "cpu") for r in range(world)])
+            _all_gather_into_tensor(flat, values(n, rank, dtype, dev))
+            expect(f"all_gather_into_tensor {dtype} n={n}", flat, want)
+            flat = torch.zeros(world * n, dtype=dtype, device=dev)
+            flat[rank * n:(rank + 1) * n] = values(n, rank, dtype, dev)
+            _all_gather_into_tensor(flat, flat[rank * n:(rank + 1) * n])
+            expect(f"all_gather_into_tensor {dtype} n={n} in place", flat, want)
+
+            # reduce_scatter (list) and reduce_scatter_tensor, out of place and in place
+            for opname, op in OPS:
+                full = torch.cat([values(world * n, rank, dtype, "cpu")])
+                want_all = reduced(world * n, world, dtype, opname)
+                want = want_all[rank * n:(rank + 1) * n]
+                out = torch.empty(n, dtype=dtype, device=dev)
+                dist.reduce_scatter(out, list(full.to(dev).chunk(world)) if n else
+                                    [torch.empty(0, dtype=dtype, device=dev) for _ in range(world)], op=op)
+                expect(f"reduce_scatter {opname} {dtype} n={n}", out, want)
+                out = torch.empty(n, dtype=dtype, device=dev)
+                _reduce_scatter_tensor(out, full.to(dev), op)
+                expect(f"reduce_scatter_tensor {opname} {dtype} n={n}", out, want)
+                inp = full.to(dev).clone()
+                _reduce_scatter_tensor(inp[rank * n:(rank + 1) * n], inp, op)
+                expect(f"reduce_scatter_tensor {opname} {dtype} n={n} in place", inp[rank * n:(rank + 1) * n], want)
+
+            # broadcast from every root
+            for root in range(world):
+                t = values(n, rank, dtype, dev)
+                dist.broadcast(t, src=root)
+                expect(f"broadcast {dtype} n={n} root {root}", t, values(n, root, dtype, "cpu"))
+
+    # dtypes the SDK lacks still move (gather, broadcast) as bytes; bool reduces with MIN/MAX
+    for dtype in (torch.int16, torch.int8, torch.bool, torch.complex64):
+        n = 13
+        src = values(n, rank, torch.int64, "cpu").to(dtype).to(dev)
+        outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)]
+        dist.all_gather(outs, src)
+        for r in range(world):
+            expect(f"all_gather {dtype} block {r}", outs[r], values(n, r, torch.int64, "cpu").to(dtype))
+        t = src.clone()
+        dist.broadcast(t, src=world - 1)
+        expect(f"broadcast {dtype}", t, values(n, world - 1, torch.int64, "cpu").to(dtype))
+    b = torch.tensor([rank == 0, False, True], device=dev)
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    expect("all_reduce max bool", b, torch.tensor([True, False, True]))
+
+    # async: several in flight, waited in reverse order; futures carry the tensors
+    ts = [values(1000 + k, rank, torch.float32, dev) for k in range(5)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in reversed(works):
+        w.wait()
+    for k, t in enumerate(ts):
+        expect(f"async all_reduce #{k}", t, reduced(1000 + k, world, torch.float32, "sum"))
+    t = values(77, rank, torch.float64, dev)
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    expect("future.then", fut.wait(), reduced(77, world, torch.float64, "sum") * 2)
+    dist.barrier()
+
+    # unsupported calls name themselves
+    global checks
+    for name, call in [
+        ("reduce", lambda: dist.reduce(torch.ones(2, device=dev), dst=0)),
+        ("gather", lambda: dist.gather(torch.ones(2, device=dev), [torch.ones(2, device=dev) for _ in range(world)] if rank == 0 else None, dst=0)),
+        ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world)),
+        ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT)),
+    ]:
+        checks += 1
+        try:
+            call()
+            failures.append(f"{name}: no NotImplementedError")
+        except NotImplementedError as e:
+            if name not in str(e):
+                failures.append(f"{name}: NotImplementedError does not name the call: {e}")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{name}: {type(e).__name__} instead of NotImplementedError: {e}")
+    dist.barrier()
+
+
+def _all_gather_into_tensor(out, inp):
+    f = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    f(out, inp)
+
+
+def _reduce_scatter_tensor(out, inp, op):
+    f = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    f(out, inp, op=op)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sizes", default="0,1,7,1000,65539")
+    ap.add_argument("--large", type=int, default=600011, help="one float32 all-reduce past the 2 MiB chunk (0: none)")
+    a = ap.parse_args()
+    if a.device.startswith("cuda"):
+        torch.cuda.set_device(0)
+    dist.init_process_group("migctl")
+    sizes = [int(s) for s in a.sizes.split(",")]
+    run(a.device, sizes)
+    if a.large:
+        t = values(a.large, dist.get_rank(), torch.float32, a.device)
+        dist.all_reduce(t)
+        expect(f"all_reduce sum float32 n={a.large}", t, reduced(a.large, dist.get_world_size(), torch.float32, "sum"))
+    print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(),
+                      "torch": torch.__version__, "checks": checks, "failures": failures[:20],
+                      "failed": len(failures)}), flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
