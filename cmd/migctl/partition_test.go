@@ -417,3 +417,16 @@ func TestPartitionFileMustBeARegularFile(t *testing.T) {
 	root.SetArgs(append([]string{"partition", "plan", "-f", "-"}, sim...))
 	require.ErrorContains(t, root.Execute(), "standard input holds more than 1048576 bytes")
 }
+
+// TestRunEmptyGPUsIsAnError: migctl run refuses an empty --gpus (before, it
+// value read as "no --gpus") and an empty entry, before starting anything.
+func TestRunEmptyGPUsIsAnError(t *testing.T) {
+	for _, v := range []string{"", " ", "0,,1"} {
+		var out, errOut bytes.Buffer
+		root := newRootCmd(streams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+		root.SetArgs([]string{"run", "--np", "1", "--backend", "host", "--gpus", v, "--", "true"})
+		err := root.Execute()
+		require.ErrorContains(t, err, "--gpus", "--gpus %q", v)
+		require.Empty(t, out.String(), "nothing ran")
+	}
+}

@@ -50,6 +50,7 @@ type runOptions struct {
 	command     []string
 	socketGiven bool
 	prioritySet bool
+	gpusSet     bool // --gpus given: an empty value is then an error
 	teeV        supervisor.Tee
 	ords        []int
 }
@@ -128,6 +129,7 @@ func newRunCmd(s streams) *cobra.Command {
 			o.command = args
 			o.socketGiven = cmd.Flags().Changed("socket") || os.Getenv(ctxmgr.EnvControlSocket) != ""
 			o.prioritySet = cmd.Flags().Changed("priority")
+			o.gpusSet = cmd.Flags().Changed("gpus")
 			if err := o.Complete(); err != nil {
 				return err
 			}
@@ -172,6 +174,9 @@ func (o *runOptions) Complete() error {
 	var err error
 	if o.teeV, err = supervisor.ParseTee(o.tee); err != nil {
 		return err
+	}
+	if o.gpusSet && strings.TrimSpace(o.gpus) == "" {
+		return errors.New("--gpus is empty: give CUDA ordinals like 0,1, or leave --gpus out")
 	}
 	if o.gpus != "" {
 		for _, g := range strings.Split(o.gpus, ",") {
