@@ -44,9 +44,9 @@ bench() {
 # the best configuration and lists them all), then a sweep.
 bench r7_256M --np 7 -b "$BIG" -e "$BIG" -n 10 -w 3
 bench r2_256M --np 2 -b "$BIG" -e "$BIG" -n 10 -w 3
-bench r7_8K   --np 7 -b 8K -e 8K -n 300 -w 30
-bench lat7_spin200us --np 7 -b 8K -e 8K -n 300 -w 30 --spin 200us
-bench lat7_spin1us   --np 7 -b 8K -e 8K -n 300 -w 30 --spin 1us
+bench r7_8K   --np 7 -b 8KiB -e 8KiB -n 300 -w 30
+bench lat7_spin200us --np 7 -b 8KiB -e 8KiB -n 300 -w 30 --spin 200us
+bench lat7_spin1us   --np 7 -b 8KiB -e 8KiB -n 300 -w 30 --spin 1us
 for cfg in "1M 8 2" "4M 4 2" "4M 8 2" "2M 8 3"; do
   set -- $cfg
   bench "tune7_c$1_s$2_w$3" --np 7 -b "$BIG" -e "$BIG" -n 5 -w 2 --chunk "$1" --slots "$2" --reduce-workers "$3"

@@ -18,7 +18,7 @@ $M partition show --sim h200x8 --sim-state "$state" | sed -n 1,9p
 $M partition assert --sim h200x8 --sim-state "$state" --gpus all --layout '3g.71gb=1,2g.35gb=1,1g.18gb=1'
 
 echo "== 2. migctl bench allreduce: 4 ranks as separate processes, host backend, every element checked"
-$M bench allreduce --np 4 --backend host -b 8K -e 64M -f 8 -c 1
+$M bench allreduce --np 4 --backend host -b 8KiB -e 64MiB -f 8 -c 1
 
 echo "== 3. migctl daemon + libmigswap.so: swap a running job's device memory out and back in"
 if [ -x "$M" ] && [ -f bin/libmigswap.so ] && [ -x bin/migswap_testprog ]; then

@@ -22,22 +22,25 @@ run() { # run NAME ARGS...
 }
 for coll in allreduce reducescatter allgather broadcast barrier; do
   for np in 2 7; do
-    run "$coll-np$np" "$coll" --np "$np" --transport shm -b 8 -e 8M -f 32
-    run "$coll-np$np-odd-inplace" "$coll" --np "$np" --transport shm -b 12 -e 12 --inplace
+    # -b: its default (8 bytes, one element per rank for reduce-scatter and all-gather);
+    # odd: np+1 floats, not a multiple of np
+    run "$coll-np$np" "$coll" --np "$np" --transport shm -e 8MiB -f 32
+    odd=$((4 * (np + 1)))
+    run "$coll-np$np-odd-inplace" "$coll" --np "$np" --transport shm -b "$odd" -e "$odd" --inplace
   done
 done
 for dt in float16 bfloat16 float64 int32 int64 uint8; do
   for op in sum avg min max; do
-    run "allreduce-$dt-$op" allreduce --np 3 --transport shm --dtype "$dt" --op "$op" -b 1000 -e 3M -f 50
+    run "allreduce-$dt-$op" allreduce --np 3 --transport shm --dtype "$dt" --op "$op" -b 1000 -e 3MiB -f 50
   done
 done
-run "reducescatter-bf16-max" reducescatter --np 5 --transport shm --dtype bf16 --op max -b 960 -e 960K -f 1000
-run "broadcast-root3" broadcast --np 5 --transport shm --root 3 -b 8 -e 4M -f 64
-run "allreduce-ring" allreduce --np 4 --transport shm --algo ring -b 8 -e 8M -f 32
+run "reducescatter-bf16-max" reducescatter --np 5 --transport shm --dtype bf16 --op max -b 960 -e 960KiB -f 1000
+run "broadcast-root3" broadcast --np 5 --transport shm --root 3 -b 8 -e 4MiB -f 64
+run "allreduce-ring" allreduce --np 4 --transport shm --algo ring -b 8 -e 8MiB -f 32
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${ngpu:-0}" -ge 2 ] && [ "$BACKEND" = gpu ]; then
-  run "allreduce-ipc-2gpu" allreduce --np 2 --transport ipc --gpu 0,1 -b 8 -e 64M -f 16
-  run "allreduce-ipc-2gpu-bf16-avg" allreduce --np 2 --transport ipc --gpu 0,1 --dtype bf16 --op avg -b 1000 -e 1M -f 1000
+  run "allreduce-ipc-2gpu" allreduce --np 2 --transport ipc --gpu 0,1 -b 8 -e 64MiB -f 16
+  run "allreduce-ipc-2gpu-bf16-avg" allreduce --np 2 --transport ipc --gpu 0,1 --dtype bf16 --op avg -b 1000 -e 1MiB -f 1000
 fi
 tar czf "$R/gpu-check-logs.tgz" -C "$W" . 2>/dev/null
 echo "$pass passed, $fail failed"

@@ -48,9 +48,9 @@ if [[ ${BENCH:-0} == 1 && -x bin/migctl ]]; then
     run "$name" timeout 150 bin/migctl bench allreduce --backend gpu --transport shm "$@"
     { echo "== $name: migctl bench allreduce --backend gpu --transport shm $*"; grep -v '^bench:' "$out/$name.log" | tail -12; } >>"$out/summary.txt"
   }
-  bench bench-np2 --np 2 -b 1M -e 256M -f 4 -c 1 -n 10 -w 3
-  bench bench-np7 --np 7 -b 8K -e 256M -f 32 -c 1 -n 10 -w 3
-  bench bench-np7-ring --np 7 --algo ring -b 256M -e 256M -c 1 -n 5 -w 2
+  bench bench-np2 --np 2 -b 1MiB -e 256MiB -f 4 -c 1 -n 10 -w 3
+  bench bench-np7 --np 7 -b 8KiB -e 256MiB -f 32 -c 1 -n 10 -w 3
+  bench bench-np7-ring --np 7 --algo ring -b 256MiB -e 256MiB -c 1 -n 5 -w 2
 fi
 for f in "$out"/cuda-test.log "$out"/comm-test.log; do
   [[ -f $f ]] || continue

@@ -96,7 +96,7 @@ Sizes (-b, -e, --chunk, --small-bytes) are ` + bytesize.Units + `:
 8KiB = 8192, 8KB = 8K = 8000. -b and -e must be multiples of the element size (4 for float).
 Reduce-scatter and all-gather split each size into np equal blocks, rounding it down to a
 multiple of np elements as nccl-tests do (the SIZE column shows the bytes measured); -b
-must then give every rank at least one element.`
+must then give every rank at least one element (its default does).`
 
 const benchExamples = `  # 4 ranks on the host backend, 8 KiB to 64 MiB, results checked element by element
   migctl bench allreduce --np 4 --backend host -b 8KiB -e 64MiB -f 8 -c 1
@@ -163,7 +163,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (hoststaged when all ranks share a GPU or use the host backend, else ring), hoststaged or ring")
 	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
 	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
-	f.StringVarP(&o.sizeMin, "minbytes", "b", "8", "smallest message size, a multiple of the element size ("+bytesize.Units+")")
+	f.StringVarP(&o.sizeMin, "minbytes", "b", "", "smallest message size, a multiple of the element size (default 8, for reduce-scatter and all-gather at least one element per rank; "+bytesize.Units+")")
 	f.StringVarP(&o.sizeMax, "maxbytes", "e", "64MiB", "largest message size, a multiple of the element size (same units as -b)")
 	f.IntVarP(&o.spec.Factor, "stepfactor", "f", 2, "multiply the size by this between rows")
 	f.IntVarP(&o.spec.Iters, "iters", "n", 20, "timed iterations per size")
@@ -203,7 +203,13 @@ func (o *benchOptions) Complete() error {
 	if _, err = parseOp(o.spec.Op); err != nil {
 		return err
 	}
-	if o.spec.MinBytes, err = bytesize.Parse(o.sizeMin); err != nil {
+	if o.sizeMin == "" {
+		// 8 bytes, or one element per rank where each size is split in np
+		o.spec.MinBytes = 8
+		if o.spec.Coll == allreduce.ReduceScatter.String() || o.spec.Coll == allreduce.AllGather.String() {
+			o.spec.MinBytes = max(8, int64(o.dt.Size()*o.spec.NP))
+		}
+	} else if o.spec.MinBytes, err = bytesize.Parse(o.sizeMin); err != nil {
 		return fmt.Errorf("-b: %w", err)
 	}
 	if o.spec.MaxBytes, err = bytesize.Parse(o.sizeMax); err != nil {

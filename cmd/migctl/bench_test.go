@@ -93,6 +93,8 @@ func TestBenchValidateAccepts(t *testing.T) {
 		{"whole doubles", allreduce.AllReduce, []string{"-b", "8", "-e", "8", "-d", "double"}, 8, 8},
 		{"barrier ignores sizes", allreduce.Barrier, []string{"-b", "7", "-e", "7"}, 7, 7},
 		{"reduce-scatter rounds down to np blocks", allreduce.ReduceScatter, []string{"--np", "3", "-b", "12", "-e", "1KiB", "-d", "float"}, 12, 1 << 10},
+		{"all-gather's default -b is one element per rank", allreduce.AllGather, []string{"--np", "7"}, 28, 64 << 20},
+		{"reduce-scatter's default -b is at least 8", allreduce.ReduceScatter, []string{"--np", "3", "-d", "bf16"}, 8, 64 << 20},
 		{"help example", allreduce.Broadcast, []string{"--np", "4", "--root", "2", "-b", "1MiB", "-e", "1MiB", "-c", "1"}, 1 << 20, 1 << 20},
 	}
 	for _, tc := range tests {
