@@ -216,8 +216,6 @@ func (o *runOptions) Validate() error {
 		return errors.New("--profile (MIG devices from the daemon) and --gpus (whole GPUs) exclude each other: give one")
 	case o.profile == "" && o.gpus == "" && o.backend != "host":
 		return errors.New("no devices: give --profile P (MIG devices leased from the daemon), --gpus 0,1 (whole GPUs) or --backend host (none)")
-	case o.gpus == "" && o.node.sim == "" && o.backend == "host" && o.profile != "":
-		return errors.New("--backend host with --profile needs --sim (a simulated node) or --gpus: the host backend cannot use a real MIG device")
 	case o.backend != "gpu" && o.backend != "host":
 		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
 	case o.node.sim != "" && o.gpus != "":

@@ -7,7 +7,9 @@
 //     reach the worker and everything it started, and a terminal's Ctrl-C
 //     reaches the workers only through the supervisor;
 //   - with Pdeathsig = SIGKILL, so a worker never outlives the supervising
-//     process, even when that process is killed with SIGKILL;
+//     process, even when that process is killed with SIGKILL (the kernel
+//     sends it when the thread that forked ends: do not call Run from a
+//     goroutine locked to an OS thread that exits before the workers);
 //   - with its own environment (Config.Env) plus, when Config.ErrorFileEnv is
 //     set, the path of its error file (torchrun's TORCHELASTIC_ERROR_FILE);
 //   - with its stdout and stderr read line by line: each whole line goes to

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
+)
+
+// TestRunLeasesReleased: `migctl run --socket` against a running daemon
+// (over a simulated H200 node) leaves no lease behind, whether the job
+// succeeds, fails, is restarted after a SIGKILL, or is interrupted; while
+// it runs the leases are the job's, one per rank.
+func TestRunLeasesReleased(t *testing.T) {
+	bin := migctlBinary(t)
+	dir, err := os.MkdirTemp("", "mrd")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
+		ControlSocket: filepath.Join(dir, "ctl.sock"),
+		SwapSocket:    filepath.Join(dir, "swap.sock"),
+		MIG:           mig.NewManager(migsim.New(migsim.H200, 2)),
+		Leases:        ctxmgr.LeaseOptions{EnableMIG: true},
+		ReapEvery:     20 * time.Millisecond,
+		Swap:          ctxmgr.Options{GPUMemory: 80 << 30, RebalanceEvery: -1},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := ctxmgr.Dial(ctx, d.ControlSocket())
+	require.NoError(t, err)
+	defer c.Close()
+	leases := func() []ctxmgr.Lease {
+		ls, err := c.Leases(ctx)
+		require.NoError(t, err)
+		return ls
+	}
+
+	// During the run: rank 0 reports how many leases the job holds.
+	r := newRunCLI(t, bin)
+	r.env = append(r.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	watch := make(chan []ctxmgr.Lease, 1)
+	go func() {
+		for range 200 {
+			if _, err := os.Stat(filepath.Join(r.dir, "ready-0")); err == nil {
+				ls, _ := c.Leases(ctx)
+				watch <- ls
+				_ = os.WriteFile(filepath.Join(r.dir, "go"), nil, 0o600)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		watch <- nil
+	}()
+	_, stderr, err := r.run(t, nil, "--np", "3", "--profile", "1g.18gb", "--backend", "host", "--job", "leased", "--",
+		"sh", "-c", `touch "$T_DIR/ready-$RANK"; while [ ! -e "$T_DIR/go" ]; do sleep 0.05; done`)
+	require.NoError(t, err, stderr)
+	during := <-watch
+	require.Len(t, during, 3, "leases while the job ran")
+	for _, le := range during {
+		require.Equal(t, "leased", le.Job)
+	}
+	require.Empty(t, leases(), "leases left after success")
+
+	// Failure with no restart left.
+	r = newRunCLI(t, bin)
+	r.env = append(r.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	_, _, err = r.run(t, nil, "--np", "2", "--profile", "1g.18gb", "--backend", "host", "--", "sh", "-c", `exit 3`)
+	require.Error(t, err)
+	require.Empty(t, leases(), "leases left after a failure")
+
+	// A rank SIGKILLed, all restarted.
+	r = newRunCLI(t, bin)
+	r.env = append(r.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	stdout, stderr, err := r.run(t, nil, "--np", "3", "--profile", "1g.18gb", "--backend", "host", "--max-restarts", "1", "-o", "json",
+		"--", "sh", "-c", `if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 2 ]; then kill -9 $$; fi; sleep 0.2`)
+	require.NoError(t, err, stderr)
+	require.Equal(t, 1, summary(t, stdout).Restarts)
+	require.Empty(t, leases(), "leases left after a restart")
+
+	// Interrupted.
+	r = newRunCLI(t, bin)
+	r.env = append(r.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	cmd := r.cmd(ctx, nil, "--np", "2", "--profile", "1g.18gb", "--backend", "host", "--", "sh", "-c",
+		`echo $$ > "$T_DIR/pid-$RANK"; exec sleep 60`)
+	require.NoError(t, cmd.Start())
+	for i := 0; i < 200 && len(readPids(t, r.dir, "pid-")) < 2; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	err = cmd.Wait()
+	require.Error(t, err)
+	requireDead(t, readPids(t, r.dir, "pid-"))
+	require.Empty(t, leases(), "leases left after SIGTERM")
+	r.requireClean(t)
+
+	// Killed with SIGKILL: the daemon ends the leases of the dead launcher.
+	r = newRunCLI(t, bin)
+	r.env = append(r.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	cmd = r.cmd(ctx, nil, "--np", "2", "--profile", "1g.18gb", "--backend", "host", "--", "sh", "-c",
+		`echo $$ > "$T_DIR/pid-$RANK"; exec sleep 60`)
+	require.NoError(t, cmd.Start())
+	for i := 0; i < 200 && len(readPids(t, r.dir, "pid-")) < 2; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Len(t, leases(), 2)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	var left []ctxmgr.Lease
+	for range 100 {
+		if left = leases(); len(left) == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Empty(t, left, "leases of a launcher killed with SIGKILL")
+}
