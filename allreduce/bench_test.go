@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/migctl/migctl/comm"
 )
 
@@ -16,12 +18,15 @@ func BenchmarkAllReduce(b *testing.B) {
 		for _, size := range []int{8 << 10, 64 << 20} {
 			for _, alg := range []Algorithm{HostStaged, Ring} {
 				b.Run(fmt.Sprintf("n%d/%dB/%s", world, size, alg), func(b *testing.B) {
-					t := &testing.T{}
-					g := newGroup(t, world, alg, Options{})
+					// the benchmark's own b: newGroup's failures stop
+					// it and its cleanups (executors, transports) run
+					g := newGroup(b, world, alg, Options{})
 					bufs := make([][2]comm.Buffer, world)
 					for r := range world {
-						s, _ := g.devs[r].Alloc(size)
-						d, _ := g.devs[r].Alloc(size)
+						s, err := g.devs[r].Alloc(size)
+						require.NoError(b, err)
+						d, err := g.devs[r].Alloc(size)
+						require.NoError(b, err)
 						bufs[r] = [2]comm.Buffer{s, d}
 					}
 					b.SetBytes(int64(size))

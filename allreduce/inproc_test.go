@@ -22,7 +22,7 @@ type group struct {
 	devs  []comm.Device
 }
 
-func newGroup(t *testing.T, world int, alg Algorithm, opts Options) *group {
+func newGroup(t testing.TB, world int, alg Algorithm, opts Options) *group {
 	t.Helper()
 	opts = opts.withDefaults(world)
 	l := shm.Layout{World: world, Flags: world * FlagsPerRank, DataBytes: ArenaBytes(world, opts.Chunk, opts.Slots)}
