@@ -437,6 +437,34 @@ func TestInterruptDuringStartup(t *testing.T) {
 	tr.requireNoGroups(t)
 }
 
+// TestSecondInterruptKills: a second Ctrl-C does not wait for the grace
+// period of the first.
+func TestSecondInterruptKills(t *testing.T) {
+	cfg := baseConfig(t, 2, "deaf")
+	cfg.Grace = 30 * time.Second
+	dir := tdir(cfg)
+	sigs := make(chan os.Signal, 1)
+	cfg.Signals = sigs
+	tr := &tracker{}
+	cfg.OnStart = tr.onStart
+	go func() {
+		for r := range 2 {
+			waitFile(dir, fmt.Sprintf("ready-0-%d", r))
+		}
+		sigs <- syscall.SIGINT
+		time.Sleep(300 * time.Millisecond)
+		sigs <- syscall.SIGINT
+	}()
+	start := time.Now()
+	res, err := Run(context.Background(), cfg)
+	require.ErrorIs(t, err, ErrInterrupted)
+	require.Less(t, time.Since(start), 10*time.Second)
+	for _, w := range res.Workers {
+		require.Equal(t, "SIGKILL", w.Signal)
+	}
+	tr.requireNoGroups(t)
+}
+
 // TestInterruptBeforeStart: a signal already pending when Run starts means
 // no worker is started at all.
 func TestInterruptBeforeStart(t *testing.T) {
