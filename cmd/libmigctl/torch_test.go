@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/comm/rendezvous"
+)
+
+// The tests run python/tests/*.py in real processes against the built
+// library: the C ABI through ctypes (any python3), and the torch backend
+// through Debian's torch, which belongs to /usr/bin/python3 (CI installs
+// python3-torch with scripts/setup.sh). `make test` passes MIGCTL_LIB and
+// MIGCTL_BIN; without them the test builds both.
+
+const python = "/usr/bin/python3"
+
+var (
+	buildOnce        sync.Once
+	libPath, binPath string
+	buildErr         error
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	return root
+}
+
+// artifacts returns libmigctl.so and the migctl binary, built once if the
+// environment does not name them.
+func artifacts(t *testing.T) (lib, bin string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the library tests start Python processes")
+	}
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("%s not found: the C ABI and torch backend tests need it", python)
+	}
+	buildOnce.Do(func() {
+		libPath, binPath = os.Getenv("MIGCTL_LIB"), os.Getenv("MIGCTL_BIN")
+		dir, err := os.MkdirTemp("", "libmigctl-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		root, _ := filepath.Abs("../..")
+		build := func(out string, args ...string) error {
+			cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
+			cmd.Dir = root
+			if b, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("go build %v: %w\n%s", args, err, b)
+			}
+			return nil
+		}
+		if libPath == "" {
+			libPath = filepath.Join(dir, "libmigctl.so")
+			if buildErr = build(libPath, "-buildmode=c-shared", "./cmd/libmigctl"); buildErr != nil {
+				return
+			}
+		}
+		if binPath == "" {
+			binPath = filepath.Join(dir, "migctl")
+			buildErr = build(binPath, "./cmd/migctl")
+		}
+	})
+	require.NoError(t, buildErr)
+	return libPath, binPath
+}
+
+func needTorch(t *testing.T) {
+	t.Helper()
+	if err := exec.Command(python, "-c", "import torch.distributed").Run(); err != nil {
+		t.Skipf("%s has no torch: install Debian's python3-torch (apt-get install -y python3-torch, "+
+			"or run scripts/setup.sh as root) to run the torch backend tests", python)
+	}
+}
+
+// rankLines is the JSON line each rank printed ("[r]: {...}" under migctl run).
+func rankLines(t *testing.T, out string) map[int]map[string]any {
+	t.Helper()
+	res := map[int]map[string]any{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, ": {"); i >= 0 && strings.HasPrefix(line, "[") {
+			line = line[i+2:]
+		}
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) != nil {
+			continue
+		}
+		if r, ok := m["rank"].(float64); ok {
+			res[int(r)] = m
+		}
+	}
+	return res
+}
+
+// runRanks starts script on np ranks under `migctl run --backend host`.
+func runRanks(t *testing.T, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
+	t.Helper()
+	lib, bin := artifacts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	argv := append([]string{"run", "--backend", "host", "--np", fmt.Sprint(np), "-q", "--timeout", "60s", "--",
+		python, filepath.Join(repoRoot(t), "python", "tests", script)}, args...)
+	cmd := exec.CommandContext(ctx, bin, argv...)
+	cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "migctl run %s:\n%s", script, out)
+	lines := rankLines(t, string(out))
+	require.Len(t, lines, np, "one JSON line per rank:\n%s", out)
+	for r, m := range lines {
+		f, _ := m["failures"].([]any)
+		require.Empty(t, f, "rank %d of %s:\n%s", r, script, out)
+	}
+	return lines
+}
+
+func TestCABIThroughCtypes(t *testing.T) {
+	runRanks(t, 3, 2*time.Minute, "abi_check.py")
+}
+
+func TestTorchBackendOps(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	lines := runRanks(t, 3, 5*time.Minute, "ops_check.py")
+	require.Greater(t, lines[0]["checks"].(float64), 800.0)
+	require.Equal(t, "migctl", lines[0]["backend"])
+}
+
+func TestTorchDDPMatchesGloo(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	lines := runRanks(t, 2, 5*time.Minute, "ddp_check.py")
+	for r, m := range lines {
+		require.Equal(t, 0.0, m["max_diff_migctl_gloo"], "rank %d", r)
+		require.Equal(t, 0.0, m["max_diff_hook_gloo"], "rank %d", r)
+		require.Equal(t, true, m["losses_equal"], "rank %d", r)
+	}
+}
+
+// TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
+// survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
+// must raise within the collective deadline.
+func TestTorchKilledRank(t *testing.T) {
+	lib, _ := artifacts(t)
+	needTorch(t)
+	const np, killed = 3, 1
+	const deadline = 10 * time.Second
+	b := make([]byte, 16)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	token := hex.EncodeToString(b)
+	srv, err := rendezvous.NewServer(token, np)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rdzv.sock")
+	lis, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	port := freePort(t)
+
+	type result struct {
+		out  bytes.Buffer
+		err  error
+		done time.Time
+	}
+	res := make([]*result, np)
+	cmds := make([]*exec.Cmd, np)
+	var wg sync.WaitGroup
+	for r := range np {
+		res[r] = &result{}
+		cmd := exec.Command(python, filepath.Join(repoRoot(t), "python", "tests", "kill_check.py"), "--kill", fmt.Sprint(killed))
+		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1",
+			fmt.Sprintf("RANK=%d", r), fmt.Sprintf("LOCAL_RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", np),
+			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", np), "MASTER_ADDR=127.0.0.1", fmt.Sprintf("MASTER_PORT=%d", port),
+			"MIGCTL_RDZV_ADDR=unix://"+sock, "MIGCTL_JOB_TOKEN="+token, "MIGCTL_JOB=killtest",
+			"MIGCTL_BACKEND=host", "MIGCTL_SHM_ROOT="+dir, "MIGCTL_TIMEOUT="+deadline.String())
+		cmd.Stdout, cmd.Stderr = &res[r].out, &res[r].out
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[r].err = cmd.Wait()
+			res[r].done = time.Now()
+		}()
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(3 * time.Minute):
+		for _, c := range cmds {
+			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+		}
+		<-finished
+		t.Fatalf("ranks still running 3 minutes after start")
+	}
+	require.Error(t, res[killed].err, "rank %d should have died:\n%s", killed, res[killed].out.String())
+	for r := range np {
+		if r == killed {
+			continue
+		}
+		require.NoError(t, res[r].err, "rank %d did not raise cleanly:\n%s", r, res[r].out.String())
+		lines := rankLines(t, res[r].out.String())
+		require.Equal(t, true, lines[r]["raised"], "rank %d:\n%s", r, res[r].out.String())
+		after := res[r].done.Sub(res[killed].done)
+		require.Less(t, after, deadline+5*time.Second, "rank %d raised %v after the kill", r, after)
+		t.Logf("rank %d raised %v after rank %d died: %v", r, after.Round(time.Millisecond), killed, lines[r]["error"])
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,103 @@
+"""The C ABI of libmigctl.so (include/migctl.h) through ctypes, without
+torch: init, rank/size, every collective on host memory, handles (wait, test,
+bad handle), error codes with their text, the fork guard, finalize. Run under
+`migctl run --backend host --np 3`. Prints one JSON line; exits 1 on failure."""
+
+import ctypes
+import importlib.util
+import json
+import os
+import sys
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("migctl_lib", os.path.join(here, "..", "migctl_torch", "_lib.py"))
+L = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(L)
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def main():
+    lib = L.load()
+    c = lib.lib
+    err = lambda: (c.migctl_last_error() or b"").decode()  # noqa: E731
+    h = ctypes.c_uint64(0)
+
+    check(c.migctl_abi_version() == L.ABI_VERSION, "abi version")
+    check(c.migctl_rank() == -1 and "not initialised" in err(), f"rank before init: {err()}")
+    check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_NOT_INITIALIZED, "barrier before init")
+    check(c.migctl_init_from_env() == L.OK, f"init: {err()}")
+    check(c.migctl_init_from_env() == L.ERR_ALREADY_INITIALIZED, "second init")
+    rank, size = c.migctl_rank(), c.migctl_size()
+    check(rank == int(os.environ["RANK"]) and size == int(os.environ["WORLD_SIZE"]), f"rank {rank} size {size}")
+    check(c.migctl_on_gpu() == 0, "host backend")
+
+    def wait(code, what):
+        check(code == L.OK, f"{what}: issue: {code} {err()}")
+        code = c.migctl_wait(h.value, -1)
+        check(code == L.OK, f"{what}: wait: {code} {err()}")
+
+    # allreduce, out of place, float64 max
+    n = 5
+    a = (ctypes.c_double * n)(*[rank * 10 + i for i in range(n)])
+    b = (ctypes.c_double * n)()
+    wait(c.migctl_allreduce(a, b, n, L.FLOAT64, L.MAX, L.HOST, 0, ctypes.byref(h)), "allreduce")
+    check(list(b) == [(size - 1) * 10 + i for i in range(n)], f"allreduce max: {list(b)}")
+    # int32 sum in place, polled with migctl_test
+    x = (ctypes.c_int32 * 3)(1, rank, -rank)
+    check(c.migctl_allreduce(x, x, 3, L.INT32, L.SUM, L.HOST, 0, ctypes.byref(h)) == L.OK, "issue")
+    deadline = time.time() + 30
+    while c.migctl_test(h.value) == L.PENDING and time.time() < deadline:
+        time.sleep(0.001)
+    check(c.migctl_test(h.value) == L.OK, "test after completion")
+    check(c.migctl_wait(h.value, -1) == L.OK, "wait after test")
+    check(c.migctl_wait(h.value, -1) == L.ERR_BAD_HANDLE, "second wait of a handle")
+    tot = size * (size - 1) // 2
+    check(list(x) == [size, tot, -tot], f"allreduce int32 sum: {list(x)}")
+    # reduce_scatter in place (uint8), all_gather, broadcast with NULL send off root
+    rs = (ctypes.c_uint8 * (2 * size))(*[k + rank for k in range(2 * size)])
+    wait(c.migctl_reduce_scatter(rs, rs, 2, L.UINT8, L.SUM, L.HOST, 0, ctypes.byref(h)), "reduce_scatter")
+    want = [size * (2 * rank + j) + tot for j in range(2)]
+    check(list(rs)[2 * rank:2 * rank + 2] == want, f"reduce_scatter: {list(rs)} want {want} at {2 * rank}")
+    g_in = (ctypes.c_int64 * 2)(rank, -rank)
+    g_out = (ctypes.c_int64 * (2 * size))()
+    wait(c.migctl_all_gather(g_in, g_out, 2, L.INT64, L.HOST, 0, ctypes.byref(h)), "all_gather")
+    check(list(g_out) == [v for r in range(size) for v in (r, -r)], f"all_gather: {list(g_out)}")
+    bc = (ctypes.c_float * 4)(*([7.5] * 4 if rank == size - 1 else [0] * 4))
+    wait(c.migctl_broadcast(bc if rank == size - 1 else None, bc, 4, L.FLOAT32, size - 1, L.HOST, 0,
+                            ctypes.byref(h)), "broadcast")
+    check(list(bc) == [7.5] * 4, f"broadcast: {list(bc)}")
+    # errors: codes and text
+    check(c.migctl_allreduce(a, b, n, 9, L.SUM, L.HOST, 0, ctypes.byref(h)) == L.ERR_INVALID and "dtype" in err(),
+          f"bad dtype: {err()}")
+    check(h.value == 0, "a failed call returns no handle")
+    check(c.migctl_allreduce(a, b, n, L.FLOAT64, 7, L.HOST, 0, ctypes.byref(h)) == L.ERR_INVALID and "op" in err(),
+          "bad op")
+    check(c.migctl_broadcast(bc, bc, 4, L.FLOAT32, size, L.HOST, 0, ctypes.byref(h)) == L.ERR_INVALID, "bad root")
+    check(c.migctl_allreduce(a, b, n, L.FLOAT64, L.SUM, L.DEVICE, 0, ctypes.byref(h)) == L.OK, "issue device")
+    check(c.migctl_wait(h.value, -1) == L.ERR_UNSUPPORTED and "gpu backend" in err(), f"device on host: {err()}")
+    check(c.migctl_wait(987654, -1) == L.ERR_BAD_HANDLE, "unknown handle")
+    # a forked child is refused without entering the Go runtime
+    pid = os.fork()
+    if pid == 0:
+        ok = c.migctl_rank() == -1 and b"forked" in c.migctl_last_error() and \
+            c.migctl_barrier(ctypes.byref(h)) == L.ERR_FORKED
+        os._exit(0 if ok else 1)
+    _, st = os.waitpid(pid, 0)
+    check(os.waitstatus_to_exitcode(st) == 0, "forked child was not refused")
+    wait(c.migctl_barrier(ctypes.byref(h)), "barrier")
+    check(c.migctl_finalize() == L.OK, f"finalize: {err()}")
+    check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_CLOSED, "barrier after finalize")
+    check(c.migctl_finalize() == L.OK, "second finalize")
+    print(json.dumps({"rank": rank, "size": size, "lib": lib.path, "failures": failures}), flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
