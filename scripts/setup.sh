@@ -11,5 +11,11 @@ if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"
   else echo "setup: please install: ${need[*]}" >&2; exit 1; fi
 fi
+# Debian's torch (1.13, CPU) for /usr/bin/python3: the torch backend tests (python/, cmd/libmigctl)
+# use it and skip with a message without it.
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch
+  else echo "setup: for the torch backend tests: sudo apt-get install -y python3-torch" >&2; fi
+fi
 go version >/dev/null || { echo "setup: Go 1.26 is required (https://go.dev/dl)" >&2; exit 1; }
 go mod download
