@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // TestBenchStalledRank (issue 8 item 1): a rank stopped with SIGSTOP makes
@@ -22,7 +24,7 @@ import (
 // fixed 30 s; the stopped rank is gone afterwards. Its job token is in no
 // rank's command line.
 func TestBenchStalledRank(t *testing.T) {
-	bin := migctlBinary(t)
+	bin := testutil.MigctlBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const deadline = 5 * time.Second
@@ -77,7 +79,7 @@ func TestBenchStalledRank(t *testing.T) {
 // SIGKILL at any moment after start leaves no rank running and no
 // shared-memory segment behind.
 func TestBenchLauncherKilled(t *testing.T) {
-	bin := migctlBinary(t)
+	bin := testutil.MigctlBin(t)
 	for _, delay := range []time.Duration{0, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, time.Second} {
 		t.Run(delay.String(), func(t *testing.T) {
 			shmDir := t.TempDir()

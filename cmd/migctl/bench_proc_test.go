@@ -12,42 +12,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-var (
-	benchBinOnce sync.Once
-	benchBin     string
-	benchBinErr  error
+	"github.com/migctl/migctl/internal/testutil"
 )
-
-// benchMigctl returns $MIGCTL_BIN or builds migctl once for this package's
-// tests; the bench re-executes it for every rank.
-func benchMigctl(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("MIGCTL_BIN"); b != "" {
-		return b
-	}
-	benchBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "migctl-bench-test-")
-		if err != nil {
-			benchBinErr = err
-			return
-		}
-		benchBin = filepath.Join(dir, "migctl")
-		out, err := exec.Command("go", "build", "-o", benchBin, ".").CombinedOutput()
-		if err != nil {
-			benchBinErr = fmt.Errorf("building migctl: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, benchBinErr)
-	return benchBin
-}
 
 // runBench runs `migctl bench ARGS -o json` and returns the report, stderr
 // and the error.
@@ -55,7 +27,7 @@ func runBench(t *testing.T, timeout time.Duration, args ...string) (*benchReport
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, benchMigctl(t), append(append([]string{"bench"}, args...), "-o", "json")...)
+	cmd := exec.CommandContext(ctx, testutil.MigctlBin(t), append(append([]string{"bench"}, args...), "-o", "json")...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -134,7 +106,7 @@ func TestBenchProcesses(t *testing.T) {
 // TestBenchRankKilled: a rank SIGKILLed mid-collective makes the whole bench
 // fail well within the collective deadline, with no segment left behind.
 func TestBenchRankKilled(t *testing.T) {
-	bin := benchMigctl(t)
+	bin := testutil.MigctlBin(t)
 	shmDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -179,7 +151,7 @@ func TestBenchRankKilled(t *testing.T) {
 // TestBenchJoinRendezvous: one migctl hosts the rendezvous and starts no
 // ranks; two others join it as ranks 0 and 1; rank 0 prints the report.
 func TestBenchJoinRendezvous(t *testing.T) {
-	bin := benchMigctl(t)
+	bin := testutil.MigctlBin(t)
 	sock := "unix://" + filepath.Join(t.TempDir(), "rdv.sock")
 	common := []string{"--np", "2", "--backend", "host", "-b", "64KiB", "-e", "1MiB", "-f", "16", "-c", "1", "--token", "t0k", "--timeout", "60s"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

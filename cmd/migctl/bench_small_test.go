@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // TestBenchSmallMessages runs all-reduces that cross the small-message
@@ -44,7 +46,7 @@ func TestBenchSmallMessages(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, benchMigctl(t), args...)
+			cmd := exec.CommandContext(ctx, testutil.MigctlBin(t), args...)
 			cmd.Env = append(os.Environ(), "MIGCTL_TRACE=1")
 			var out, errOut bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errOut

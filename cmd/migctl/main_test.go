@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // TestMain refuses to run when this test binary is started as migctl, with
@@ -20,5 +22,5 @@ func TestMain(m *testing.M) {
 			os.Args[0], strings.Join(os.Args[1:min(3, len(os.Args))], " "))
 		os.Exit(3)
 	}
-	os.Exit(m.Run())
+	testutil.Main(m) // removes the migctl that testutil.MigctlBin built
 }

@@ -11,20 +11,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-)
 
-// migctlBinary returns $MIGCTL_BIN, or builds migctl into a temp dir.
-func migctlBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("MIGCTL_BIN"); b != "" {
-		return b
-	}
-	bin := filepath.Join(t.TempDir(), "migctl")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "building migctl: %s", out)
-	return bin
-}
+	"github.com/migctl/migctl/internal/testutil"
+)
 
 type cli struct {
 	t     *testing.T
@@ -60,7 +49,7 @@ func TestCrashMidApplyConverges(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the migctl binary")
 	}
-	bin := migctlBinary(t)
+	bin := testutil.MigctlBin(t)
 	const oldLayout, newLayout = "4g.71gb=1,3g.71gb=1", "2g.35gb=2,1g.18gb=3"
 
 	template := filepath.Join(t.TempDir(), "template.json")

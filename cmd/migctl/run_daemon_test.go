@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/internal/testutil"
 	"github.com/migctl/migctl/mig"
 	"github.com/migctl/migctl/mig/migsim"
 )
@@ -20,7 +21,7 @@ import (
 // succeeds, fails, is restarted after a SIGKILL, or is interrupted; while
 // it runs the leases are the job's, one per rank.
 func TestRunLeasesReleased(t *testing.T) {
-	bin := migctlBinary(t)
+	bin := testutil.MigctlBin(t)
 	dir, err := os.MkdirTemp("", "mrd")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // runCLI runs the migctl binary (bench's launcher tests' builder) with the
@@ -155,7 +156,7 @@ const envScript = `env > "$T_DIR/env-$RANK"; tr '\0' ' ' < /proc/$$/cmdline > "$
 // TestRunCLI drives the built migctl binary: the worker environment
 // contract, restarts, failures, signals, logs, and bad input.
 func TestRunCLI(t *testing.T) {
-	bin := migctlBinary(t)
+	bin := testutil.MigctlBin(t)
 
 	t.Run("environment on a simulated node", func(t *testing.T) {
 		r := newRunCLI(t, bin)

@@ -18,78 +18,38 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
-var (
-	e2eOnce   sync.Once
-	e2eShim   string // directory with libmigswap.so, fakecuda/, migswap_testprog
-	e2eMigctl string // the migctl binary
-	e2eSkip   string // why the test cannot run here
-	e2eErr    error  // a build that should have worked and did not
-)
-
-// e2eBinaries finds or builds what the end-to-end test runs: $MIGSWAP_BIN and
-// $MIGCTL_BIN when set (as `make test` sets them), else builds the shim with
-// shim/Makefile and migctl with `go build` into a temporary directory.
+// e2eBinaries finds or builds what the end-to-end test runs: $MIGSWAP_BIN
+// when set (as `make test` sets it), else the shim built with shim/Makefile
+// into the test's temporary directory; and testutil.MigctlBin.
 func e2eBinaries(t *testing.T) (shimDir, migctlBin string) {
 	t.Helper()
-	e2eOnce.Do(func() {
+	shimDir = os.Getenv("MIGSWAP_BIN")
+	if shimDir == "" {
+		for _, tool := range []string{"make", "gcc"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				t.Skipf("cannot build the shim: %s not found (or set MIGSWAP_BIN)", tool)
+			}
+		}
 		_, file, _, _ := runtime.Caller(0)
 		repo := filepath.Join(filepath.Dir(file), "..", "..")
-		tmp, err := os.MkdirTemp("", "migctl-e2e-")
-		if err != nil {
-			e2eErr = err
-			return
-		}
-		e2eShim = os.Getenv("MIGSWAP_BIN")
-		if e2eShim == "" {
-			if _, err := os.Stat(filepath.Join(repo, "shim", "migswap.c")); err != nil {
-				e2eSkip = "the shim sources (shim/migswap.c) are not in this tree yet"
-				return
-			}
-			for _, tool := range []string{"make", "gcc"} {
-				if _, err := exec.LookPath(tool); err != nil {
-					e2eSkip = fmt.Sprintf("cannot build the shim: %s not found", tool)
-					return
-				}
-			}
-			e2eShim = filepath.Join(tmp, "shim")
-			if out, err := exec.Command("make", "-s", "-C", filepath.Join(repo, "shim"), "BIN="+e2eShim).CombinedOutput(); err != nil {
-				e2eErr = fmt.Errorf("building the shim: %v\n%s", err, out)
-				return
-			}
-		}
-		for _, f := range []string{"libmigswap.so", "fakecuda/libcuda.so.1", "migswap_testprog"} {
-			if _, err := os.Stat(filepath.Join(e2eShim, f)); err != nil {
-				e2eSkip = fmt.Sprintf("the shim build in %s lacks %s (shim/Makefile not building it yet?)", e2eShim, f)
-				return
-			}
-		}
-		e2eMigctl = os.Getenv("MIGCTL_BIN")
-		if e2eMigctl == "" {
-			goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-			if p, err := exec.LookPath("go"); err == nil {
-				goBin = p
-			}
-			e2eMigctl = filepath.Join(tmp, "migctl")
-			cmd := exec.Command(goBin, "build", "-o", e2eMigctl, ".")
-			cmd.Dir = filepath.Dir(file)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				e2eErr = fmt.Errorf("building migctl: %v\n%s", err, out)
-			}
-		}
-	})
-	if e2eSkip != "" {
-		t.Skip(e2eSkip)
+		shimDir = filepath.Join(t.TempDir(), "shim")
+		out, err := exec.Command("make", "-s", "-C", filepath.Join(repo, "shim"), "BIN="+shimDir).CombinedOutput()
+		require.NoError(t, err, "building the shim: %s", out)
 	}
-	require.NoError(t, e2eErr)
-	return e2eShim, e2eMigctl
+	for _, f := range []string{"libmigswap.so", "fakecuda/libcuda.so.1", "migswap_testprog"} {
+		_, err := os.Stat(filepath.Join(shimDir, f))
+		require.NoError(t, err, "the shim build in %s lacks %s", shimDir, f)
+	}
+	return shimDir, testutil.MigctlBin(t)
 }
 
 // e2eEnv is the environment of a shimmed test program.

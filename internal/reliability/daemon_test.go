@@ -19,6 +19,7 @@ import (
 
 	"github.com/migctl/migctl/context/fakeshim"
 	"github.com/migctl/migctl/context/swapproto"
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 const (
@@ -655,7 +656,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	testutil.Main(m) // removes the migctl that testutil.MigctlBin built
 }
 
 // ctx is a context bounded by d, cancelled at the end of the test.

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // envWrite makes the suite record every row and write docs/reliability.md
@@ -99,7 +101,7 @@ func TestReliability(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the migctl binary through every fault class (minutes); skipped with -short")
 	}
-	s := &suite{bin: migctlBinary(t), write: os.Getenv(envWrite) == "1"}
+	s := &suite{bin: testutil.MigctlBin(t), write: os.Getenv(envWrite) == "1"}
 	start := time.Now()
 	s.daemonRows(t)
 	s.cliRows(t)
@@ -153,27 +155,6 @@ func repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return filepath.Dir(filepath.Dir(wd))
-}
-
-// migctlBinary returns $MIGCTL_BIN, or builds migctl into a temporary
-// directory (removed at the end).
-func migctlBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("MIGCTL_BIN"); b != "" {
-		return b
-	}
-	dir, err := os.MkdirTemp("", "migctl-rel-bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "migctl")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/migctl/migctl/cmd/migctl")
-	cmd.Dir = repoRoot(t)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building migctl: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // result is how one run of the binary ended.
