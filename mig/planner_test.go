@@ -3,6 +3,7 @@ package mig_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,35 +48,42 @@ func checkValid(t *testing.T, g *mig.GPU, l mig.Layout) {
 	require.LessOrEqual(t, slices, 7)
 }
 
+// TestPlanH200Feasible: every feasible request gets a valid layout with every
+// requested device, pins honoured, and free space as useful as any placement
+// of the same instances allows (bestRoom, a brute force that shares nothing
+// with the planner): the planner's first promise, checked instead of its
+// output string.
 func TestPlanH200Feasible(t *testing.T) {
 	g := h200(t)
 	tests := []struct {
 		name string
 		req  mig.Request
-		want string // expected target layout, sorted by start
+		room int // compute slices a further instance can still add (the oracle must agree)
 	}{
-		{"7x1g.18gb", req(dev("1g.18gb", 7)), "1g.18gb@0:1, 1g.18gb@1:1, 1g.18gb@2:1, 1g.18gb@3:1, 1g.18gb@4:1, 1g.18gb@5:1, 1g.18gb@6:1"},
-		{"4x1g.35gb", req(dev("1g.35gb", 4)), "1g.35gb@0:2, 1g.35gb@2:2, 1g.35gb@4:2, 1g.35gb@6:2"},
-		{"2x3g.71gb", req(dev("3g.71gb", 2)), "3g.71gb@0:4, 3g.71gb@4:4"},
-		{"4g+3g", req(dev("4g.71gb", 1), dev("3g.71gb", 1)), "4g.71gb@0:4, 3g.71gb@4:4"},
-		{"2x2g+3g", req(dev("2g.35gb", 2), dev("3g.71gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 3g.71gb@4:4"},
-		{"3x2g+1g", req(dev("2g.35gb", 3), dev("1g.18gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 2g.35gb@4:2, 1g.18gb@6:1"},
-		{"3x2g+1g.35gb", req(dev("2g.35gb", 3), dev("1g.35gb", 1)), "2g.35gb@0:2, 2g.35gb@2:2, 2g.35gb@4:2, 1g.35gb@6:2"},
-		{"7g", req(dev("7g.141gb", 1)), "7g.141gb@0:8"},
-		{"3g+4x1g.18gb", req(dev("3g.71gb", 1), dev("1g.18gb", 4)), "1g.18gb@0:1, 1g.18gb@1:1, 1g.18gb@2:1, 1g.18gb@3:1, 3g.71gb@4:4"},
-		{"me+6x1g", req(dev("1g.18gb+me", 1), dev("1g.18gb", 6)), ""},
-		{"pinned 3g@4", req(dev("3g.71gb", 1, 4)), "3g.71gb@4:4"},
-		{"split 1c.2g.35gb=3", req(dev("1c.2g.35gb", 3)), ""},
-		{"demo layout", req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)), ""},
+		{"7x1g.18gb", req(dev("1g.18gb", 7)), 0},
+		{"4x1g.35gb", req(dev("1g.35gb", 4)), 0},
+		{"2x3g.71gb", req(dev("3g.71gb", 2)), 0},
+		{"4g+3g", req(dev("4g.71gb", 1), dev("3g.71gb", 1)), 0},
+		{"2x2g+3g", req(dev("2g.35gb", 2), dev("3g.71gb", 1)), 0},
+		{"3x2g+1g", req(dev("2g.35gb", 3), dev("1g.18gb", 1)), 0},
+		{"3x2g+1g.35gb", req(dev("2g.35gb", 3), dev("1g.35gb", 1)), 0},
+		{"7g", req(dev("7g.141gb", 1)), 0},
+		{"3g+4x1g.18gb", req(dev("3g.71gb", 1), dev("1g.18gb", 4)), 0},
+		{"me+6x1g", req(dev("1g.18gb+me", 1), dev("1g.18gb", 6)), 0},
+		{"pinned 3g@4", req(dev("3g.71gb", 1, 4)), 4},
+		{"pinned 3g@0", req(dev("3g.71gb", 1, 0)), 3},
+		{"split 1c.2g.35gb=3", req(dev("1c.2g.35gb", 3)), 3}, // two 2g GIs
+		// 3g@0 would force 2g@4 and 1g@6 and strand unit 7; 3g@4 leaves a
+		// unit a further 1g.18gb can use
+		{"demo layout", req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)), 1},
+		{"one 1g.18gb", req(dev("1g.18gb", 1)), 6},
+		{"2g+1g", req(dev("2g.35gb", 1), dev("1g.18gb", 1)), 4},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := mig.PlanGPU(g, tc.req, mig.PlanOptions{})
 			require.NoError(t, err)
 			checkValid(t, g, p.Target)
-			if tc.want != "" {
-				require.Equal(t, tc.want, p.Target.String())
-			}
 			require.True(t, p.EnableMIG, "MIG is off on a fresh GPU; the plan must turn it on")
 			require.Equal(t, mig.OpEnableMIG, p.Steps[0].Op)
 			// every requested device is there
@@ -88,16 +96,102 @@ func TestPlanH200Feasible(t *testing.T) {
 				want += d.Count
 			}
 			require.Equal(t, want, n)
+			// every pin is honoured
+			for _, d := range tc.req.Devices {
+				for _, st := range d.Starts {
+					found := false
+					for _, s := range p.Target {
+						found = found || s.Placement.Start == st && (s.Profile == d.Profile || strings.HasSuffix(d.Profile, "."+s.Profile))
+					}
+					require.True(t, found, "%s pinned at %d: %s", d.Profile, st, p.Target)
+				}
+			}
+			// the free space is as useful as the best placement's
+			wants, err := mig.Expand(g, tc.req)
+			require.NoError(t, err)
+			best := bestRoom(g, wants)
+			require.Equal(t, tc.room, best, "the oracle's room for %v", tc.req)
+			require.Equal(t, best, roomOf(g, p.Target), "plan %s leaves less room than the best placement", p.Target)
 		})
 	}
 }
 
-func TestPlanDemoLayoutLeavesUsableSpace(t *testing.T) {
-	g := h200(t)
-	p, err := mig.PlanGPU(g, req(dev("3g.71gb", 1), dev("2g.35gb", 1), dev("1g.18gb", 1)), mig.PlanOptions{})
-	require.NoError(t, err)
-	// 3g@0 forces 2g@4 and 1g@6 and strands unit 7; 3g@4 leaves a unit a 1g.18gb can use.
-	require.Equal(t, "2g.35gb@0:2, 1g.18gb@2:1, 3g.71gb@4:4", p.Target.String())
+// unitMask is the set of memory units from start, size long: computed here,
+// not with the package's Placement.Mask.
+func unitMask(start, size int) uint16 {
+	var m uint16
+	for u := start; u < start+size; u++ {
+		m |= 1 << u
+	}
+	return m
+}
+
+// roomOf is the most compute slices further GPU instances could add to
+// layout l (within each profile's maximum count and the GPU's 7 slices):
+// brute force over every set of further instances.
+func roomOf(g *mig.GPU, l mig.Layout) int {
+	var used uint16
+	counts := map[string]int{}
+	slices := 0
+	for _, s := range l {
+		p, _ := g.Profile(s.Profile)
+		used |= unitMask(s.Placement.Start, s.Placement.Size)
+		counts[p.Name]++
+		slices += p.Slices
+	}
+	return further(g.Profiles, 0, 0, used, counts, slices)
+}
+
+// further adds instances in (profile, placement) order from (pi, pj) on, so
+// that every set is tried once, and returns the most slices they can add.
+func further(profs []mig.GIProfile, pi, pj int, used uint16, counts map[string]int, slices int) int {
+	best := 0
+	for i := pi; i < len(profs); i++ {
+		p := profs[i]
+		if counts[p.Name] >= p.MaxCount || slices+p.Slices > 7 {
+			continue
+		}
+		j0 := 0
+		if i == pi {
+			j0 = pj
+		}
+		for j := j0; j < len(p.Placements); j++ {
+			m := unitMask(p.Placements[j].Start, p.Placements[j].Size)
+			if used&m != 0 {
+				continue
+			}
+			counts[p.Name]++
+			best = max(best, p.Slices+further(profs, i, j+1, used|m, counts, slices+p.Slices))
+			counts[p.Name]--
+		}
+	}
+	return best
+}
+
+// bestRoom is the most room (roomOf) any valid placement of wants leaves:
+// brute force over every placement of every want, pins respected.
+func bestRoom(g *mig.GPU, wants []mig.Want) int {
+	best := -1
+	var l mig.Layout
+	var place func(i int, used uint16)
+	place = func(i int, used uint16) {
+		if i == len(wants) {
+			best = max(best, roomOf(g, l))
+			return
+		}
+		w := wants[i]
+		for _, pl := range w.Profile.Placements {
+			m := unitMask(pl.Start, pl.Size)
+			if used&m != 0 || (w.Start >= 0 && pl.Start != w.Start) {
+				continue
+			}
+			l = append(l, mig.InstanceSpec{Profile: w.Profile.Name, Placement: pl})
+			place(i+1, used|m)
+			l = l[:len(l)-1]
+		}
+	}
+	place(0, 0)
+	return best
 }
 
 func TestPlanH200Infeasible(t *testing.T) {
@@ -140,7 +234,8 @@ func TestPlanH200Infeasible(t *testing.T) {
 }
 
 // TestPlanExhaustiveAgainstBruteForce checks feasibility for every request of
-// up to 7 instances against an independent brute force over placements.
+// up to 7 instances against an independent brute force over placements, and
+// that every feasible plan leaves as much room as the best placement.
 func TestPlanExhaustiveAgainstBruteForce(t *testing.T) {
 	g := h200(t)
 	profs := g.Profiles
@@ -159,9 +254,14 @@ func TestPlanExhaustiveAgainstBruteForce(t *testing.T) {
 					r.Devices = append(r.Devices, dev(profs[k].Name, c))
 				}
 			}
-			_, err := mig.PlanGPU(g, r, mig.PlanOptions{})
+			plan, err := mig.PlanGPU(g, r, mig.PlanOptions{})
 			feasible := bruteForce(profs, counts)
 			require.Equal(t, feasible, err == nil, "%v: planner says %v", r, err)
+			if feasible {
+				wants, err := mig.Expand(g, r)
+				require.NoError(t, err)
+				require.Equal(t, bestRoom(g, wants), roomOf(g, plan.Target), "%v: plan %s leaves less room than the best placement", r, plan.Target)
+			}
 			checked++
 			return
 		}
