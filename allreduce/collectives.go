@@ -15,12 +15,34 @@ type Communicator struct {
 	alg   Algorithm
 	cache map[Params]Schedule
 	small int // small-message all-reduces so far: their parity
+	// groups is the rank → GPU grouping of a Hierarchical all-reduce.
+	groups Grouping
 }
 
 // NewCommunicator runs all-reduce with alg (the other collectives use the
 // host-staged schedules, which is all the shm transport offers for them).
 func NewCommunicator(exec *Executor, alg Algorithm) *Communicator {
 	return &Communicator{exec: exec, alg: alg, cache: map[Params]Schedule{}}
+}
+
+// SetGroups sets the grouping a Hierarchical all-reduce uses: the ranks
+// that share one GPU's host link (every rank must set the same). Without
+// one, every rank is its own group (the schedule is then host-staged).
+func (c *Communicator) SetGroups(g Grouping) error {
+	if len(g) != c.World() {
+		return fmt.Errorf("grouping of %d ranks for a world of %d: %w", len(g), c.World(), comm.ErrInvalid)
+	}
+	c.groups = g
+	clear(c.cache)
+	return nil
+}
+
+// Groups is the grouping of a Hierarchical all-reduce.
+func (c *Communicator) Groups() Grouping {
+	if len(c.groups) != c.World() {
+		return ContiguousGroups(c.World(), 1)
+	}
+	return c.groups
 }
 
 // Rank and World of this communicator.
@@ -68,10 +90,13 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 		return err
 	}
 	p := Params{Coll: AllReduce, Algorithm: c.alg, Bytes: n, ElemSize: dt.Size(), Avg: op == comm.Avg, InPlace: send == recv}
-	if c.alg == HostStaged && n > 0 && n <= c.exec.opts.SmallBytes {
+	if c.alg == Hierarchical {
+		p.Groups = c.Groups()
+	}
+	if (c.alg == HostStaged || c.alg == Hierarchical) && n > 0 && n <= c.exec.opts.SmallBytes {
 		// Small messages: one copy each way and one flag round (every rank
 		// reduces all inputs itself); consecutive calls alternate areas.
-		p.Algorithm, p.Parity = HostStagedSmall, c.small&1
+		p.Algorithm, p.Parity, p.Groups = HostStagedSmall, c.small&1, ""
 		c.small++
 	}
 	s, err := c.schedule(p)

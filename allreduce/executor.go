@@ -257,6 +257,8 @@ func (e *Executor) drain() {
 // finished the one before), and it writes its result area only after every
 // rank staged. A host-staged all-reduce after a small one does need it:
 // slower ranks may still be reducing from the input areas it stages into.
+// A hierarchical all-reduce needs none after a barrier, or after another
+// with the same grouping (with one group: and the same size).
 func needsFence(prev, next Params) bool {
 	if next.Coll == Barrier {
 		return false
@@ -267,6 +269,16 @@ func needsFence(prev, next Params) bool {
 		return !(ar(prev, HostStaged) || prev.Coll == Barrier)
 	case ar(next, HostStagedSmall):
 		return !(ar(prev, HostStaged) || ar(prev, HostStagedSmall) || prev.Coll == Barrier)
+	case ar(next, Hierarchical):
+		// Its CPU reductions wait until every rank entered the call, and a
+		// rank that finished the previous one (same grouping) has seen every
+		// partial and every reduction of it done: see buildHierarchicalAllReduce.
+		// With one group, slower ranks may still fetch the previous call's
+		// parts from this rank's area, which only the same size keeps clear
+		// of what this call stages there.
+		same := ar(prev, Hierarchical) && prev.Groups == next.Groups &&
+			(next.Groups.Count() > 1 || prev.Bytes == next.Bytes && prev.ElemSize == next.ElemSize)
+		return !(same || prev.Coll == Barrier)
 	}
 	return true
 }
@@ -575,6 +587,13 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 		op := call.Op
 		if op == comm.Avg && !st.Final {
 			op = comm.Sum
+		}
+		if op == comm.Avg && st.Div > 0 && st.Div != len(hosts) {
+			// A sum of partial sums: divide by the world, not the inputs.
+			if err := comm.ReduceHost(e.host(st.Host), hosts, call.DType, comm.Sum, e.opts.ReduceWorkers); err != nil {
+				return nil, err
+			}
+			return nil, comm.ScaleHost(e.host(st.Host), call.DType, st.Div)
 		}
 		return nil, comm.ReduceHost(e.host(st.Host), hosts, call.DType, op, e.opts.ReduceWorkers)
 	default:

@@ -128,29 +128,73 @@ func TestInProcessCollectives(t *testing.T) {
 	for _, world := range []int{1, 2, 3, 5} {
 		for _, alg := range []Algorithm{HostStaged, Ring} {
 			g := newGroup(t, world, alg, opts)
+			g.checkAll(t, rng, world, alg)
+		}
+	}
+}
+
+// TestInProcessHierarchical runs the hierarchical all-reduce over groupings
+// of ranks (contiguous, uneven, round robin, one group, every rank alone)
+// in every dtype and op, then a sequence of calls of mixed sizes that skip
+// the fence (same grouping), small ones and barriers in between.
+func TestInProcessHierarchical(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 7))
+	for _, tc := range []struct {
+		world  int
+		labels []int
+	}{
+		{2, []int{0, 0}}, {2, []int{0, 1}}, {4, []int{0, 0, 1, 1}}, {5, []int{0, 0, 0, 1, 1}},
+		{6, []int{0, 1, 2, 0, 1, 2}}, {3, []int{0, 1, 2}}, {7, []int{0, 0, 0, 0, 0, 0, 0}}, {8, []int{0, 0, 0, 0, 1, 1, 1, 1}},
+	} {
+		groups, err := NewGrouping(tc.labels)
+		require.NoError(t, err)
+		g := newGroup(t, tc.world, Hierarchical, Options{Chunk: 4 << 10, Slots: 3, SmallBytes: 256})
+		for _, c := range g.comms {
+			require.NoError(t, c.SetGroups(groups))
+		}
+		t.Run(fmt.Sprintf("groups%v", groups.Sizes()), func(t *testing.T) {
 			for _, dt := range allDTypes {
 				for _, op := range allOps {
-					count := 1 + rng.IntN(12000)
+					count := 1 + rng.IntN(6000)
 					for _, inPlace := range []bool{false, true} {
-						name := fmt.Sprintf("n%d/%s/%d/op%d/n%d/inplace=%v", world, alg, dt, op, count, inPlace)
-						t.Run(name+"/allreduce", func(t *testing.T) { g.check(t, AllReduce, dt, op, count, inPlace, 0) })
-						if alg == HostStaged {
-							t.Run(name+"/reducescatter", func(t *testing.T) { g.check(t, ReduceScatter, dt, op, count/world+1, inPlace, 0) })
-							t.Run(name+"/allgather", func(t *testing.T) { g.check(t, AllGather, dt, op, count/world+1, inPlace, 0) })
-							t.Run(name+"/broadcast", func(t *testing.T) { g.check(t, Broadcast, dt, op, count, inPlace, world-1) })
-						}
+						g.check(t, AllReduce, dt, op, count, inPlace, 0)
 					}
 				}
 			}
-			errs := g.run(func(r int, c *Communicator) error {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				return c.Barrier(ctx)
-			})
-			for _, err := range errs {
-				require.NoError(t, err)
+			for range 6 {
+				count := []int{1, 37, 5000, 5000, 12345}[rng.IntN(5)]
+				g.check(t, AllReduce, comm.Float32, comm.Sum, count, rng.IntN(2) == 0, 0)
+				if rng.IntN(3) == 0 {
+					g.check(t, Broadcast, comm.Int32, comm.Sum, 999, false, tc.world-1)
+				}
+			}
+		})
+	}
+}
+
+func (g *group) checkAll(t *testing.T, rng *rand.Rand, world int, alg Algorithm) {
+	t.Helper()
+	for _, dt := range allDTypes {
+		for _, op := range allOps {
+			count := 1 + rng.IntN(12000)
+			for _, inPlace := range []bool{false, true} {
+				name := fmt.Sprintf("n%d/%s/%d/op%d/n%d/inplace=%v", world, alg, dt, op, count, inPlace)
+				t.Run(name+"/allreduce", func(t *testing.T) { g.check(t, AllReduce, dt, op, count, inPlace, 0) })
+				if alg == HostStaged {
+					t.Run(name+"/reducescatter", func(t *testing.T) { g.check(t, ReduceScatter, dt, op, count/world+1, inPlace, 0) })
+					t.Run(name+"/allgather", func(t *testing.T) { g.check(t, AllGather, dt, op, count/world+1, inPlace, 0) })
+					t.Run(name+"/broadcast", func(t *testing.T) { g.check(t, Broadcast, dt, op, count, inPlace, world-1) })
+				}
 			}
 		}
+	}
+	errs := g.run(func(r int, c *Communicator) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return c.Barrier(ctx)
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
 	}
 }
 

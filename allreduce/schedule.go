@@ -52,6 +52,16 @@ const (
 	// One copy each way, one flag round, no pieces. The Communicator picks it
 	// for host-staged all-reduces of at most Options.SmallBytes.
 	HostStagedSmall
+	// Hierarchical is the all-reduce for several ranks on each of several
+	// GPUs (Params.Groups: the ranks sharing one GPU's link). Within a
+	// group, rank j of m reduces part j of each chunk on its device from
+	// the group peers' staged inputs in host memory (ReduceIn) and copies
+	// that group partial out; the CPU threads of every rank reduce the G
+	// group partials into the result, which every rank copies back. Per
+	// rank S out and (2−1/m)·S in over the link; the host reads G·S
+	// instead of n·S. With one group the partials are the result: each
+	// rank fetches the other parts straight from the peers' areas.
+	Hierarchical
 )
 
 func (a Algorithm) String() string {
@@ -64,6 +74,8 @@ func (a Algorithm) String() string {
 		return "ring-ipc"
 	case HostStagedSmall:
 		return "hoststaged-small"
+	case Hierarchical:
+		return "hierarchical"
 	}
 	return fmt.Sprintf("algorithm(%d)", int(a))
 }
@@ -98,7 +110,7 @@ const (
 	// with Final and Avg it then divides by the world size.
 	ReduceIn
 	// HostReduce sets the host span Host = op(Hosts...) on the CPU; with
-	// Final and Avg it divides by len(Hosts).
+	// Final and Avg it divides by Div, or by len(Hosts) when Div is 0.
 	HostReduce
 	// ReducePeer sets Buf[Off:Off+Len] = op(Src[SrcOff:], the previous
 	// rank's Peer buffer at Off) on the device; Final and Avg divide.
@@ -145,18 +157,22 @@ type Step struct {
 	// Peer is the previous rank's buffer a ReducePeer/CopyPeer reads.
 	Peer  BufID
 	Final bool
-	Wait  []Cond
-	Set   []Cond
+	// Div, when not 0, is what a Final HostReduce of an average divides
+	// by (the world size, when the step sums partial sums).
+	Div  int
+	Wait []Cond
+	Set  []Cond
 }
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
 const (
-	FlagsPerRank = 4
+	FlagsPerRank = 5
 	roleA        = 0 // staged / sent
-	roleB        = 1 // reduced / consumed
-	roleC        = 2 // fetched / arrived
+	roleB        = 1 // reduced / consumed (hierarchical: group partial on the host)
+	roleC        = 2 // fetched / arrived (hierarchical: result reduced)
 	// RoleFin is the executor's end-of-call flag (value = call count).
 	RoleFin = 3
+	roleD   = 4 // hierarchical: fetched
 )
 
 // FlagOf is the index of rank r's flag for role.
@@ -186,6 +202,9 @@ type Params struct {
 	// stages into; consecutive small calls must alternate it (the previous
 	// call's inputs may still be read by slower ranks).
 	Parity int
+	// Groups maps every rank to its group (Hierarchical): the ranks that
+	// share one GPU's host link.
+	Groups Grouping
 }
 
 // Schedule is every rank's steps for one collective call.
@@ -216,6 +235,8 @@ func (p Params) Validate() error {
 		return fmt.Errorf("chunk of %d bytes must be a multiple of 64 and at least 64·world·elemsize: %w", p.Chunk, ErrUnsupported)
 	case p.Root < 0 || p.Root >= p.World:
 		return fmt.Errorf("root %d of %d ranks: %w", p.Root, p.World, ErrUnsupported)
+	case p.Algorithm == Hierarchical && p.Coll == AllReduce && len(p.Groups) != p.World:
+		return fmt.Errorf("hierarchical all-reduce of %d ranks with a grouping of %d: %w", p.World, len(p.Groups), ErrUnsupported)
 	}
 	return nil
 }
@@ -241,6 +262,8 @@ func Build(p Params) (Schedule, error) {
 		buildRingAllReduce(&s)
 	case p.Algorithm == RingIPC && p.Coll == AllReduce:
 		buildIPCRingAllReduce(&s)
+	case p.Algorithm == Hierarchical && p.Coll == AllReduce:
+		buildHierarchicalAllReduce(&s)
 	case p.Algorithm == HostStagedSmall && p.Coll == AllReduce:
 		if p.Bytes > SmallCapacity(p.World, p.Chunk, p.Slots) || p.Parity < 0 || p.Parity > 1 {
 			return Schedule{}, fmt.Errorf("%d bytes (parity %d) on the small-message path, which holds %d: %w",

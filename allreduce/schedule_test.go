@@ -3,6 +3,7 @@ package allreduce
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -394,9 +395,11 @@ func TestScheduleSequences(t *testing.T) {
 		alg  Algorithm
 	}{{AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, Ring},
 		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged},
-		{AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}}
-	for trial := range 150 {
-		world := 1 + rng.IntN(5)
+		{AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall},
+		{AllReduce, Hierarchical}, {AllReduce, Hierarchical}, {AllReduce, Hierarchical}}
+	for trial := range 200 {
+		world := 1 + rng.IntN(6)
+		groups := randomGrouping(rng, world)
 		es := []int{1, 2, 4}[rng.IntN(3)]
 		chunk := 64 * world * es * (1 + rng.IntN(2))
 		slots := 1 + rng.IntN(3)
@@ -410,6 +413,12 @@ func TestScheduleSequences(t *testing.T) {
 				p.Bytes = es * rng.IntN(SmallCapacity(world, chunk, slots)/es+1)
 				p.Parity = small & 1
 				small++
+			}
+			if k.alg == Hierarchical {
+				p.Groups = groups
+				if rng.IntN(4) == 0 {
+					p.Groups = randomGrouping(rng, world) // another grouping: fenced
+				}
 			}
 			s, err := Build(p)
 			require.NoError(t, err)
@@ -567,4 +576,213 @@ func TestRingMovesLessThanItShould(t *testing.T) {
 			}
 		}
 	}
+}
+
+// randomGrouping is one of the shapes ranks take over GPUs: contiguous
+// blocks, round robin, uneven, one group, every rank alone.
+func randomGrouping(rng *rand.Rand, world int) Grouping {
+	labels := make([]int, world)
+	per := 1 + rng.IntN(world)
+	shape := rng.IntN(5)
+	for r := range labels {
+		switch shape {
+		case 0:
+			labels[r] = r / per
+		case 1:
+			labels[r] = r % per
+		case 2:
+			labels[r] = rng.IntN(per)
+		case 3:
+			labels[r] = 0
+		case 4:
+			labels[r] = r
+		}
+	}
+	g, err := NewGrouping(labels)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
+func TestHierarchicalAsData(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	groupings := func(world int) []Grouping {
+		gs := []Grouping{ContiguousGroups(world, 1), ContiguousGroups(world, world), ContiguousGroups(world, 2),
+			ContiguousGroups(world, 3), ContiguousGroups(world, 4)}
+		for range 3 {
+			gs = append(gs, randomGrouping(rng, world))
+		}
+		return gs
+	}
+	cases := 0
+	for world := 1; world <= 9; world++ {
+		for _, groups := range groupings(world) {
+			for _, es := range []int{1, 2, 8} {
+				slots := 1 + rng.IntN(3)
+				chunk := (64*world*es*(1+rng.IntN(2)) + 63) &^ 63
+				for _, elems := range []int{0, 1, world - 1, world + 1, 3*chunk/es + 7, rng.IntN(5 * chunk / es)} {
+					inPlace := rng.IntN(2) == 0
+					p := Params{Coll: AllReduce, Algorithm: Hierarchical, World: world, Bytes: elems * es, ElemSize: es,
+						InPlace: inPlace, Chunk: chunk, Slots: slots, Groups: groups, Avg: rng.IntN(2) == 0}
+					name := fmt.Sprintf("n%d/groups%v/es%d/k%d/c%d/b%d/inplace=%v", world, groups.Sizes(), es, slots, chunk, p.Bytes, inPlace)
+					s, err := Build(p)
+					require.NoError(t, err, name)
+					require.LessOrEqual(t, s.HostBytes, ArenaBytes(world, chunk, slots), name)
+					for trial := range 3 {
+						got, err := simulate(s, rand.New(rand.NewPCG(uint64(trial), uint64(elems+world))))
+						require.NoError(t, err, name)
+						for r := range world {
+							for i, m := range got[r] {
+								if want, _ := wantTag(p, 0, r, i); m != want {
+									require.Failf(t, "wrong result", "%s trial %d: rank %d byte %d holds %#x, want %#x", name, trial, r, i, m, want)
+								}
+							}
+						}
+					}
+					requireOneFinal(t, s, name)
+					cases++
+				}
+			}
+		}
+	}
+	t.Logf("%d hierarchical schedules simulated", cases)
+}
+
+// requireOneFinal checks that an average divides every byte of every
+// rank's result exactly once, by the world size: the Final step that
+// produces it (the device reduction of a one-group schedule, or the CPU
+// reduction of partial sums with Div = world).
+func requireOneFinal(t *testing.T, s Schedule, name string) {
+	t.Helper()
+	p := s.Params
+	if !p.Avg || p.World == 1 {
+		return
+	}
+	finals := 0
+	for r := range p.World {
+		for _, st := range s.Steps[r] {
+			if !st.Final {
+				continue
+			}
+			switch st.Kind {
+			case ReduceIn:
+				require.Equal(t, 1, p.Groups.Count(), "%s: device division with several groups", name)
+				finals += st.Len
+			case HostReduce:
+				require.Equal(t, p.World, st.Div, "%s: CPU division not by the world", name)
+				finals += st.Host.Len
+			}
+		}
+	}
+	// Every byte of a chunk is divided once: by the rank that reduces it.
+	require.Equal(t, p.Bytes, finals, name)
+}
+
+func TestHierarchicalDropsDependency(t *testing.T) {
+	// Dropping the wait of a CPU reduction on one group partial, or a
+	// slot-reuse wait, must be caught by the simulator.
+	p := Params{Coll: AllReduce, Algorithm: Hierarchical, World: 4, Bytes: 4 * 4096, ElemSize: 4, Chunk: 1024, Slots: 2,
+		Groups: ContiguousGroups(4, 2)}
+	for _, drop := range []struct {
+		kind Kind
+		role int
+	}{{HostReduce, roleB}, {CopyOut, roleD}, {ReduceIn, roleA}, {CopyIn, roleC}} {
+		t.Run(fmt.Sprintf("%s waits on role %d", drop.kind, drop.role), func(t *testing.T) {
+			s, err := Build(p)
+			require.NoError(t, err)
+			dropped := false
+			for i, st := range s.Steps[1] {
+				if st.Kind != drop.kind || dropped {
+					continue
+				}
+				// Drop every wait of that role.
+				kept := slices.DeleteFunc(slices.Clone(st.Wait), func(c Cond) bool { return c.Flag%FlagsPerRank == drop.role })
+				if len(kept) < len(st.Wait) {
+					s.Steps[1][i].Wait = kept
+					dropped = true
+				}
+			}
+			require.True(t, dropped)
+			fails := 0
+			for trial := range 400 {
+				got, err := simulate(s, rand.New(rand.NewPCG(uint64(trial), 9)))
+				if err != nil {
+					fails++
+					continue
+				}
+				for r := range 4 {
+					for i, m := range got[r] {
+						if want, _ := wantTag(p, 0, r, i); m != want {
+							fails++
+						}
+					}
+				}
+			}
+			require.Positive(t, fails)
+		})
+	}
+}
+
+func TestHierarchicalTraffic(t *testing.T) {
+	// Per rank: S out over the link; (2−1/m)·S in with several groups,
+	// 2(m−1)/m·S with one; the CPU reads G·S in all.
+	const S = 4 * 7 * 5 * 64 * 1024
+	for _, tc := range []struct{ world, per int }{{4, 2}, {8, 4}, {6, 3}, {7, 7}, {2, 1}, {4, 1}} {
+		groups := ContiguousGroups(tc.world, tc.per)
+		s, err := Build(Params{Coll: AllReduce, Algorithm: Hierarchical, World: tc.world, Bytes: S, ElemSize: 4,
+			Chunk: 64 << 10, Slots: 4, Groups: groups})
+		require.NoError(t, err)
+		m, G := float64(tc.per), float64(groups.Count())
+		cpu := 0
+		for r := range tc.world {
+			out, in := 0, 0
+			for _, st := range s.Steps[r] {
+				switch st.Kind {
+				case CopyOut:
+					out += st.Len
+				case CopyIn, ReduceIn:
+					in += st.Len * max(1, len(st.Hosts))
+				case HostReduce:
+					cpu += st.Host.Len * len(st.Hosts)
+				}
+			}
+			wantIn := (2 - 1/m) * S
+			if G == 1 {
+				wantIn = 2 * (m - 1) / m * S
+			}
+			if m == 1 {
+				wantIn = S
+			}
+			// Parts are whole elements: a few bytes of rounding per chunk.
+			require.InDelta(t, float64(S), float64(out), S/1000, "out, %+v rank %d", tc, r)
+			require.InDelta(t, wantIn, float64(in), S/1000, "in, %+v rank %d", tc, r)
+		}
+		if G > 1 {
+			require.Equal(t, int(G)*S, cpu, "cpu, %+v", tc)
+		} else {
+			require.Zero(t, cpu)
+		}
+	}
+}
+
+func TestGrouping(t *testing.T) {
+	g, err := NewGrouping([]int{7, 7, 3, 7, 3})
+	require.NoError(t, err)
+	require.Equal(t, Grouping([]byte{0, 0, 1, 0, 1}), g)
+	require.Equal(t, [][]int{{0, 1, 3}, {2, 4}}, g.Members())
+	require.Equal(t, []int{3, 2}, g.Sizes())
+	k, err := GroupByKey([]string{"gpu-b", "gpu-a", "gpu-b"})
+	require.NoError(t, err)
+	require.Equal(t, [][]int{{0, 2}, {1}}, k.Members())
+	require.Equal(t, [][]int{{0, 1, 2}, {3, 4, 5}, {6}}, ContiguousGroups(7, 3).Members())
+	many := make([]int, 300)
+	for i := range many {
+		many[i] = i
+	}
+	_, err = NewGrouping(many)
+	require.ErrorIs(t, err, ErrUnsupported)
+	_, err = Build(Params{Coll: AllReduce, Algorithm: Hierarchical, World: 4, Bytes: 64, ElemSize: 4, Chunk: 4096, Slots: 2,
+		Groups: ContiguousGroups(3, 1)})
+	require.ErrorIs(t, err, ErrUnsupported)
 }
