@@ -73,27 +73,36 @@ func (g *group) check(t *testing.T, coll Coll, dt comm.DType, op comm.Op, count 
 	t.Helper()
 	world := len(g.comms)
 	es := dt.Size()
+	// buffers are made here, in the test goroutine (hostBuf requires), not
+	// in the ranks' goroutines
+	type rankBufs struct {
+		send, recv *comm.HostBuffer
+		base       int
+	}
+	bufs := make([]rankBufs, world)
+	for r := range world {
+		in := Input(coll, dt, op, world, r, count)
+		outLen := OutputLen(coll, world, count) * es
+		b := &bufs[r]
+		switch {
+		case !inPlace:
+			b.send, b.recv = hostBuf(t, g.devs[r], in, 0), hostBuf(t, g.devs[r], nil, outLen)
+		case coll == AllGather:
+			b.recv = hostBuf(t, g.devs[r], nil, outLen)
+			copy(b.recv.Bytes()[r*count*es:], in)
+			b.send = b.recv
+		case coll == ReduceScatter:
+			b.send = hostBuf(t, g.devs[r], in, 0)
+			b.recv, b.base = b.send, r*count*es
+		default:
+			b.send = hostBuf(t, g.devs[r], in, outLen)
+			b.recv = b.send
+		}
+	}
 	errs := g.run(func(r int, c *Communicator) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		in := Input(coll, dt, op, world, r, count)
-		outLen := OutputLen(coll, world, count) * es
-		var send, recv *comm.HostBuffer
-		base := 0
-		switch {
-		case !inPlace:
-			send, recv = hostBuf(t, g.devs[r], in, 0), hostBuf(t, g.devs[r], nil, outLen)
-		case coll == AllGather:
-			recv = hostBuf(t, g.devs[r], nil, outLen)
-			copy(recv.Bytes()[r*count*es:], in)
-			send = recv
-		case coll == ReduceScatter:
-			send = hostBuf(t, g.devs[r], in, 0)
-			recv, base = send, r*count*es
-		default:
-			send = hostBuf(t, g.devs[r], in, outLen)
-			recv = send
-		}
+		send, recv, base := bufs[r].send, bufs[r].recv, bufs[r].base
 		var err error
 		switch coll {
 		case AllReduce:
