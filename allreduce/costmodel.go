@@ -1,0 +1,293 @@
+package allreduce
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Machine is what bounds a collective on one host: the host↔device link of
+// every GPU, the CPU threads that reduce in host memory, NVLink between
+// GPUs, and the latency of a small copy out and back. Zero fields are not
+// limits (a host-backend run has no link).
+type Machine struct {
+	// LinkGiBs is one GPU's pinned host↔device copy bandwidth, each way.
+	LinkGiBs float64
+	// DuplexGiBs is the same link with copies both ways at once, the two
+	// directions together (0: 2·LinkGiBs).
+	DuplexGiBs float64
+	// ReduceThreadGiBs is one CPU thread's reduction rate, in GiB/s of
+	// input read; ReduceHostGiBs what all threads together reach (0: no
+	// cap beyond threads × ReduceThreadGiBs).
+	ReduceThreadGiBs float64
+	ReduceHostGiBs   float64
+	// P2PGiBs is a GPU-to-GPU copy (NVLink) for the IPC ring (0: none).
+	P2PGiBs float64
+	// RoundTrip is a small copy out and back in on a pinned buffer: the
+	// floor of any collective through host memory.
+	RoundTrip time.Duration
+}
+
+// GiB is 2^30 bytes.
+const GiB = 1 << 30
+
+// H200 is the machine of /work/shared/hw/H200.md (measured 2026-11-29):
+// pinned H2D/D2H 51.5 GiB/s each way, ~97 GB/s both at once, NVLink P2P
+// 364 GiB/s, a 8-KiB round trip of 23 µs with 7 processes on the GPU. The
+// per-thread reduction rate is what the migctl rows of issue 9 imply where
+// the host binds (8 ranks × 1 reduce worker: ~33 GiB/s of input; 4 × 3:
+// ~52 GiB/s): about 4.1 GiB/s per thread; no cap was measured.
+func H200() Machine {
+	return Machine{LinkGiBs: 51.5, DuplexGiBs: 97e9 / GiB, ReduceThreadGiBs: 4.1, P2PGiBs: 364,
+		RoundTrip: 23 * time.Microsecond}
+}
+
+// HostReduceGiBs is the rate of threads reducing at once.
+func (m Machine) HostReduceGiBs(threads int) float64 {
+	r := float64(max(threads, 1)) * m.ReduceThreadGiBs
+	if m.ReduceHostGiBs > 0 {
+		r = math.Min(r, m.ReduceHostGiBs)
+	}
+	return r
+}
+
+// Settings keys under which a Machine travels between ranks (every rank of
+// a job must choose the same algorithm: the rendezvous makes every rank's
+// settings equal).
+const (
+	SettingLinkGiBs     = "allreduce.link_gibs"
+	SettingDuplexGiBs   = "allreduce.duplex_gibs"
+	SettingThreadGiBs   = "allreduce.reduce_thread_gibs"
+	SettingHostGiBs     = "allreduce.reduce_host_gibs"
+	SettingP2PGiBs      = "allreduce.p2p_gibs"
+	SettingRoundTripUS  = "allreduce.roundtrip_us"
+	settingsFloatFormat = 'g'
+)
+
+// Settings encodes m for rendezvous settings.
+func (m Machine) Settings() map[string]string {
+	f := func(x float64) string { return strconv.FormatFloat(x, settingsFloatFormat, 6, 64) }
+	return map[string]string{
+		SettingLinkGiBs: f(m.LinkGiBs), SettingDuplexGiBs: f(m.DuplexGiBs), SettingThreadGiBs: f(m.ReduceThreadGiBs),
+		SettingHostGiBs: f(m.ReduceHostGiBs), SettingP2PGiBs: f(m.P2PGiBs),
+		SettingRoundTripUS: f(float64(m.RoundTrip) / float64(time.Microsecond)),
+	}
+}
+
+// MachineFromSettings overrides base with the figures present in settings.
+func MachineFromSettings(base Machine, settings map[string]string) (Machine, error) {
+	m := base
+	for key, dst := range map[string]*float64{SettingLinkGiBs: &m.LinkGiBs, SettingDuplexGiBs: &m.DuplexGiBs,
+		SettingThreadGiBs: &m.ReduceThreadGiBs, SettingHostGiBs: &m.ReduceHostGiBs, SettingP2PGiBs: &m.P2PGiBs} {
+		if v, ok := settings[key]; ok {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil || x < 0 || math.IsInf(x, 0) || math.IsNaN(x) {
+				return base, fmt.Errorf("setting %s=%q: want a bandwidth in GiB/s: %w", key, v, ErrUnsupported)
+			}
+			*dst = x
+		}
+	}
+	if v, ok := settings[SettingRoundTripUS]; ok {
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil || x < 0 || math.IsInf(x, 0) || math.IsNaN(x) {
+			return base, fmt.Errorf("setting %s=%q: want microseconds: %w", SettingRoundTripUS, v, ErrUnsupported)
+		}
+		m.RoundTrip = time.Duration(x * float64(time.Microsecond))
+	}
+	return m, nil
+}
+
+// Workload is one collective call as the cost model sees it.
+type Workload struct {
+	Coll      Coll
+	Algorithm Algorithm
+	// Groups maps ranks to the GPUs whose links they share (its length is
+	// the world size).
+	Groups Grouping
+	// Bytes as in Params: per rank for all-reduce and broadcast, one
+	// rank's block for reduce-scatter and all-gather.
+	Bytes int
+	// ReduceThreads is how many CPU threads reduce at once, over all ranks
+	// (ranks × Options.ReduceWorkers).
+	ReduceThreads int
+	// HostBackend: buffers in host memory, no link; reductions the
+	// device would do run on the CPU too.
+	HostBackend bool
+}
+
+// Estimate is the floor of a workload on a machine.
+type Estimate struct {
+	// Limit is the time the busiest resource needs (plus RoundTrip for
+	// the algorithms through host memory): no run can be faster.
+	Limit time.Duration
+	// Binding names that resource: "link" (one GPU's busiest direction),
+	// "duplex" (one GPU's link both ways), "host" (CPU reduction), "p2p",
+	// "latency" or "" (nothing to move).
+	Binding string
+	// Predicted is Limit over the fraction of it the algorithm reached in
+	// measurements (Efficiency): what Choose compares.
+	Predicted time.Duration
+	// Per-GPU bytes over the busiest link each way, bytes the CPU reads,
+	// bytes over NVLink per rank: what Limit is made of.
+	LinkOut, LinkIn, HostRead, P2P float64
+}
+
+// Efficiency is the fraction of its Limit an algorithm reached on the
+// H200s (issue 9's table, 256 MiB): host-staged 0.85–0.95 (7 on 1 GPU,
+// 4 and 8 on 2), the shm ring 0.5–0.6 (its 2(n−1) dependent steps each
+// reduce from mapped host memory), the IPC ring ~0.7. Hierarchical is not
+// measured yet: 0.8 is a guess between the two schedules it is made of.
+var Efficiency = map[Algorithm]float64{HostStaged: 0.9, HostStagedSmall: 0.9, Ring: 0.55, RingIPC: 0.7, Hierarchical: 0.8}
+
+// Estimate computes w's floor on m.
+func (m Machine) Estimate(w Workload) (Estimate, error) {
+	n := len(w.Groups)
+	if n == 0 {
+		return Estimate{}, fmt.Errorf("cost of a collective with no ranks: %w", ErrUnsupported)
+	}
+	sizes := w.Groups.Sizes()
+	G := len(sizes)
+	S := float64(w.Bytes)
+	N := float64(n)
+	var e Estimate
+	// perRank gives a rank's bytes out and in for a group of k ranks;
+	// the busiest GPU is the one with most of them.
+	link := func(perRank func(k int) (out, in float64)) {
+		for _, k := range sizes {
+			o, i := perRank(k)
+			e.LinkOut = math.Max(e.LinkOut, float64(k)*o)
+			e.LinkIn = math.Max(e.LinkIn, float64(k)*i)
+		}
+	}
+	memory := true // through host memory: RoundTrip is a floor
+	switch {
+	case w.Coll == Barrier:
+	case w.Coll == AllReduce && n == 1:
+		link(func(int) (float64, float64) { return S, S })
+	case w.Coll == AllReduce && (w.Algorithm == HostStaged || w.Algorithm == HostStagedSmall):
+		link(func(int) (float64, float64) { return S, S })
+		e.HostRead = N * S
+		if w.Algorithm == HostStagedSmall {
+			e.HostRead = N * N * S // every rank reduces every input
+		}
+	case w.Coll == AllReduce && w.Algorithm == Ring:
+		x := 2 * (N - 1) / N * S
+		link(func(int) (float64, float64) { return x, x })
+		if w.HostBackend {
+			e.HostRead = N * x // each step reduces two inputs of a block
+		}
+	case w.Coll == AllReduce && w.Algorithm == RingIPC:
+		memory = false
+		e.P2P = 2 * (N - 1) / N * S
+		if w.HostBackend {
+			e.HostRead = N * e.P2P
+			e.P2P = 0
+		}
+	case w.Coll == AllReduce && w.Algorithm == Hierarchical:
+		if G == 1 {
+			link(func(k int) (float64, float64) { return S, 2 * float64(k-1) / float64(k) * S })
+		} else {
+			link(func(k int) (float64, float64) {
+				if k == 1 {
+					return S, S
+				}
+				return S, (2 - 1/float64(k)) * S
+			})
+			e.HostRead = float64(G) * S
+		}
+		if w.HostBackend {
+			e.HostRead += N * S // the group reductions run on the CPU too
+		}
+	case w.Coll == ReduceScatter:
+		link(func(int) (float64, float64) { return N * S, S })
+		e.HostRead = N * N * S
+	case w.Coll == AllGather:
+		link(func(int) (float64, float64) { return S, N * S })
+	case w.Coll == Broadcast:
+		link(func(int) (float64, float64) { return S / N, S })
+	default:
+		return Estimate{}, fmt.Errorf("cost of %s with the %s algorithm: %w", w.Coll, w.Algorithm, ErrUnsupported)
+	}
+	secs := func(bytes, gibs float64) float64 {
+		if gibs <= 0 || bytes <= 0 {
+			return 0
+		}
+		return bytes / (gibs * GiB)
+	}
+	var best float64
+	bind := func(t float64, name string) {
+		if t > best {
+			best, e.Binding = t, name
+		}
+	}
+	if !w.HostBackend {
+		bind(secs(math.Max(e.LinkOut, e.LinkIn), m.LinkGiBs), "link")
+		duplex := m.DuplexGiBs
+		if duplex <= 0 {
+			duplex = 2 * m.LinkGiBs
+		}
+		// The busiest GPU both ways (the same GPU carries the most of each).
+		bind(secs(e.LinkOut+e.LinkIn, duplex), "duplex")
+		bind(secs(e.P2P, m.P2PGiBs), "p2p")
+	}
+	bind(secs(e.HostRead, m.HostReduceGiBs(w.ReduceThreads)), "host")
+	lim := time.Duration(best * float64(time.Second))
+	if memory && !w.HostBackend && w.Coll != Barrier && w.Bytes > 0 {
+		lim += m.RoundTrip
+		if e.Binding == "" || best*float64(time.Second) < float64(m.RoundTrip) {
+			e.Binding = "latency"
+		}
+	}
+	e.Limit = lim
+	eff := Efficiency[w.Algorithm]
+	if eff <= 0 {
+		eff = 1
+	}
+	e.Predicted = time.Duration(float64(lim) / eff)
+	return e, nil
+}
+
+// Choice is what Choose decided and why.
+type Choice struct {
+	Algorithm Algorithm
+	// Estimates of every candidate, in the candidates' order.
+	Estimates []Estimate
+}
+
+// Choose picks, among candidates, the all-reduce algorithm the cost model
+// predicts fastest for w (w.Algorithm is ignored). A later candidate must
+// be predicted at least 2% faster to win, so near ties keep the earlier,
+// simpler one. Every rank computes the same answer from the same inputs.
+func (m Machine) Choose(w Workload, candidates []Algorithm) (Choice, error) {
+	if len(candidates) == 0 {
+		return Choice{}, fmt.Errorf("no candidate algorithm: %w", ErrUnsupported)
+	}
+	c := Choice{Algorithm: candidates[0]}
+	var best time.Duration
+	for i, a := range candidates {
+		w.Algorithm = a
+		e, err := m.Estimate(w)
+		if err != nil {
+			return Choice{}, err
+		}
+		c.Estimates = append(c.Estimates, e)
+		if i == 0 || float64(e.Predicted) < 0.98*float64(best) {
+			c.Algorithm, best = a, e.Predicted
+		}
+	}
+	return c, nil
+}
+
+// ShmCandidates are the all-reduce algorithms of the shm transport worth
+// comparing for a grouping: host-staged and the ring always, hierarchical
+// when some GPU carries several ranks (with one rank per GPU it is the
+// host-staged schedule).
+func ShmCandidates(g Grouping) []Algorithm {
+	c := []Algorithm{HostStaged, Ring}
+	if slices.Max(append(g.Sizes(), 0)) > 1 {
+		c = append(c, Hierarchical)
+	}
+	return c
+}

@@ -1,0 +1,140 @@
+package allreduce
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// workers is the executor's default reduce workers per rank on a host with
+// plenty of cores (withDefaults without the core cap).
+func workers(world int) int { return max(1, min(6, 14/world)) }
+
+func TestChooseOnH200(t *testing.T) {
+	// The rows of issue 9 (256 MiB fp32): what the model picks, and the
+	// floor it states (the issue's "link limit" column is per-way link
+	// time; the duplex and host figures of hw/H200.md bind first in some).
+	const S = 256 << 20
+	tests := []struct {
+		desc   string
+		world  int
+		perGPU int
+		want   Algorithm
+		limit  time.Duration // ±0.3 ms
+		bind   string
+	}{
+		{"7 on 1 GPU", 7, 7, HostStaged, 38_780 * time.Microsecond, "duplex"},
+		{"2 on 1 GPU", 2, 2, HostStaged, 11_100 * time.Microsecond, "duplex"},
+		{"2 on 2 GPUs", 2, 1, Ring, 5_560 * time.Microsecond, "duplex"},
+		{"4 on 2 GPUs", 4, 2, Hierarchical, 14_590 * time.Microsecond, "link"},
+		{"8 on 2 GPUs", 8, 4, Hierarchical, 34_000 * time.Microsecond, "link"},
+	}
+	m := H200()
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			g := ContiguousGroups(tc.world, tc.perGPU)
+			w := Workload{Coll: AllReduce, Groups: g, Bytes: S, ReduceThreads: tc.world * workers(tc.world)}
+			c, err := m.Choose(w, ShmCandidates(g))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.Algorithm, "estimates %+v", c.Estimates)
+			w.Algorithm = c.Algorithm
+			e, err := m.Estimate(w)
+			require.NoError(t, err)
+			require.InDelta(t, float64(tc.limit), float64(e.Limit), float64(300*time.Microsecond), "%+v", e)
+			require.Equal(t, tc.bind, e.Binding)
+		})
+	}
+}
+
+func TestEstimateFormulas(t *testing.T) {
+	// One GiB per rank, 1 GiB/s links each way, 2 GiB/s both ways, 1 GiB/s
+	// per reducing thread: every floor in seconds is a byte count in GiB.
+	const S = GiB
+	m := Machine{LinkGiBs: 1, DuplexGiBs: 2, ReduceThreadGiBs: 1}
+	tests := []struct {
+		alg      Algorithm
+		coll     Coll
+		labels   []int
+		threads  int
+		host     bool
+		wantSecs float64
+		wantBind string
+		out, in  float64 // busiest GPU, GiB
+		hostRead float64 // GiB
+	}{
+		// 4 ranks on one GPU: n·S each way, the CPU reads n·S.
+		{HostStaged, AllReduce, []int{0, 0, 0, 0}, 8, false, 4, "link", 4, 4, 4},
+		{HostStaged, AllReduce, []int{0, 0, 0, 0, 1, 1, 1, 1}, 1, false, 8, "host", 4, 4, 8},
+		// The ring moves 2(n−1)/n·S per rank each way.
+		{Ring, AllReduce, []int{0, 0, 1, 1}, 1, false, 3, "link", 3, 3, 0},
+		// Hierarchical, 2 groups of 2: per GPU 2·S out, 2·1.5·S in, CPU 2·S.
+		{Hierarchical, AllReduce, []int{0, 0, 1, 1}, 4, false, 3, "link", 2, 3, 2},
+		{Hierarchical, AllReduce, []int{0, 0, 1, 1}, 1, false, 3, "link", 2, 3, 2},
+		// 3 groups of 3 on one thread: the CPU reads G·S.
+		{Hierarchical, AllReduce, []int{0, 0, 0, 1, 1, 1, 2, 2, 2}, 1, false, 3 * (2 - 1/3.0), "link", 3, 3 * (2 - 1/3.0), 3},
+		{Hierarchical, AllReduce, []int{0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7}, 1, false, 8, "host", 2, 3, 8},
+		// One group of 3: 3·S out, 3·(2·2/3)·S in, no CPU.
+		{Hierarchical, AllReduce, []int{0, 0, 0}, 1, false, 4, "link", 3, 4, 0},
+		// Host backend: only the CPU counts.
+		{HostStaged, AllReduce, []int{0, 0, 0}, 3, true, 1, "host", 3, 3, 3},
+		{Ring, AllReduce, []int{0, 0, 0}, 2, true, 2, "host", 4, 4, 4},
+		// Reduce-scatter of S blocks: n·S out, S in per rank, CPU n²·S.
+		{HostStaged, ReduceScatter, []int{0, 1}, 8, false, 2, "link", 2, 1, 4},
+		{HostStaged, AllGather, []int{0, 0}, 1, false, 4, "link", 2, 4, 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%s/%v/threads%d/host=%v", tc.coll, tc.alg, tc.labels, tc.threads, tc.host), func(t *testing.T) {
+			g, err := NewGrouping(tc.labels)
+			require.NoError(t, err)
+			e, err := m.Estimate(Workload{Coll: tc.coll, Algorithm: tc.alg, Groups: g, Bytes: S, ReduceThreads: tc.threads, HostBackend: tc.host})
+			require.NoError(t, err)
+			require.InDelta(t, tc.wantSecs, e.Limit.Seconds(), 1e-6, "%+v", e)
+			require.Equal(t, tc.wantBind, e.Binding)
+			require.InDelta(t, tc.out, e.LinkOut/GiB, 1e-9)
+			require.InDelta(t, tc.in, e.LinkIn/GiB, 1e-9)
+			require.InDelta(t, tc.hostRead, e.HostRead/GiB, 1e-9)
+		})
+	}
+}
+
+func TestEstimateEdges(t *testing.T) {
+	m := H200()
+	_, err := m.Estimate(Workload{Coll: AllReduce, Algorithm: HostStaged})
+	require.ErrorIs(t, err, ErrUnsupported)
+	_, err = m.Estimate(Workload{Coll: Broadcast, Algorithm: Ring, Groups: ContiguousGroups(2, 1), Bytes: 64})
+	require.NoError(t, err) // broadcast is host-staged whatever the all-reduce algorithm
+	// A small message is bound by the round trip.
+	e, err := m.Estimate(Workload{Coll: AllReduce, Algorithm: HostStagedSmall, Groups: ContiguousGroups(7, 7), Bytes: 8 << 10, ReduceThreads: 14})
+	require.NoError(t, err)
+	require.Equal(t, "latency", e.Binding)
+	// 23 µs round trip + 7·7·8 KiB read by 14 threads at 4.1 GiB/s.
+	require.InDelta(t, float64(29500*time.Nanosecond), float64(e.Limit), float64(500*time.Nanosecond))
+	// Nothing moved: no floor.
+	e, err = m.Estimate(Workload{Coll: AllReduce, Algorithm: HostStaged, Groups: ContiguousGroups(3, 3)})
+	require.NoError(t, err)
+	require.Zero(t, e.Limit)
+	// One rank per GPU: hierarchical is not a candidate (it is host-staged).
+	require.Equal(t, []Algorithm{HostStaged, Ring}, ShmCandidates(ContiguousGroups(4, 1)))
+	require.Equal(t, []Algorithm{HostStaged, Ring, Hierarchical}, ShmCandidates(ContiguousGroups(4, 2)))
+	// A tie keeps the first candidate.
+	c, err := (Machine{ReduceThreadGiBs: 1}).Choose(Workload{Coll: AllReduce, Groups: ContiguousGroups(2, 2), Bytes: GiB, HostBackend: true, ReduceThreads: 1},
+		[]Algorithm{HostStaged, Ring})
+	require.NoError(t, err)
+	require.Equal(t, HostStaged, c.Algorithm)
+}
+
+func TestMachineSettings(t *testing.T) {
+	m := Machine{LinkGiBs: 40.5, DuplexGiBs: 70, ReduceThreadGiBs: 3.25, ReduceHostGiBs: 60, P2PGiBs: 300, RoundTrip: 31 * time.Microsecond}
+	got, err := MachineFromSettings(H200(), m.Settings())
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+	got, err = MachineFromSettings(H200(), map[string]string{"other": "x"})
+	require.NoError(t, err)
+	require.Equal(t, H200(), got)
+	_, err = MachineFromSettings(H200(), map[string]string{SettingLinkGiBs: "fast"})
+	require.ErrorIs(t, err, ErrUnsupported)
+	_, err = MachineFromSettings(H200(), map[string]string{SettingRoundTripUS: "-3"})
+	require.ErrorIs(t, err, ErrUnsupported)
+}
