@@ -435,9 +435,17 @@ func (c *shimConn) send(m msg) {
 
 func (c *shimConn) pid() int { return int(c.hello.num("pid")) }
 
-// swap sends swap_out or swap_in and waits for its result.
+// swap sends swap_out or swap_in and waits for its result. Test goroutine
+// only (it fails t); callbacks on the fake daemon's goroutines use trySwap.
 func (c *shimConn) swap(t testing.TB, typ string) msg {
 	t.Helper()
+	m, err := c.trySwap(typ)
+	require.NoError(t, err)
+	return m
+}
+
+// trySwap is swap returning an error instead of failing a test.
+func (c *shimConn) trySwap(typ string) (msg, error) {
 	c.mu.Lock()
 	c.nextID++
 	id := c.nextID
@@ -447,14 +455,15 @@ func (c *shimConn) swap(t testing.TB, typ string) msg {
 	c.send(msg{"type": typ, "id": id})
 	select {
 	case m := <-ch:
-		require.Equal(t, float64(id), m.num("id"))
-		return m
+		if m.num("id") != float64(id) {
+			return nil, fmt.Errorf("%s: result for id %v, want %d", typ, m["id"], id)
+		}
+		return m, nil
 	case <-c.closed:
-		require.FailNow(t, "shim connection closed during "+typ)
+		return nil, fmt.Errorf("shim connection closed during %s", typ)
 	case <-time.After(60 * time.Second):
-		require.FailNow(t, "no result for "+typ)
+		return nil, fmt.Errorf("no result for %s", typ)
 	}
-	return nil
 }
 
 func (c *shimConn) progressCount() int {
