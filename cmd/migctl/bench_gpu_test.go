@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/trainer"
 )
 
 // TestBenchGPUBackendOnFakeCUDA runs `migctl bench --backend gpu` across
@@ -15,7 +17,7 @@ import (
 // (both algorithms: host-staged uses copies, ring the mapped-host reduce
 // kernel), every element checked.
 func TestBenchGPUBackendOnFakeCUDA(t *testing.T) {
-	t.Setenv(fakeCUDAEnv, "1") // inherited by the rank processes
+	t.Setenv(trainer.EnvCUDAFake, "1") // inherited by the rank processes
 	tests := []struct {
 		coll, dtype, op, algo string
 		np, b                 int
