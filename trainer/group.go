@@ -58,6 +58,7 @@ type Group struct {
 	stream    comm.Stream
 	transport Transport
 	alg       allreduce.Algorithm
+	groups    allreduce.Grouping // ranks sharing a GPU (Hierarchical)
 
 	queue   chan *Work
 	stopped chan struct{}
@@ -248,7 +249,13 @@ func (g *Group) openDevice() error {
 }
 
 // chooseAlgorithm picks the transport and the all-reduce algorithm from the
-// topology the rendezvous reported.
+// topology the rendezvous reported: CUDA IPC between whole GPUs of one host;
+// otherwise, over shared memory, whichever of host-staged, ring and
+// hierarchical allreduce's cost model predicts fastest for the ranks'
+// grouping by physical GPU, on the machine figures in the job's settings
+// (allreduce.Setting*; hw/H200.md's without them). Every input is the same
+// on every rank (the peers, the settings the rendezvous made equal, the
+// world size), so every rank picks the same.
 func (g *Group) chooseAlgorithm() error {
 	c, top := g.cfg, g.topo
 	_, ipcOK := g.dev.(comm.IPCDevice)
@@ -260,6 +267,11 @@ func (g *Group) chooseAlgorithm() error {
 		}
 	}
 	g.transport = t
+	groups, err := peerGroups(g.peers, g.size)
+	if err != nil {
+		return err
+	}
+	g.groups = groups
 	if t == TransportIPC {
 		switch {
 		case !ipcOK:
@@ -275,13 +287,46 @@ func (g *Group) chooseAlgorithm() error {
 		g.alg = allreduce.Ring
 	case AlgorithmHostStaged:
 		g.alg = allreduce.HostStaged
+	case AlgorithmHierarchical:
+		g.alg = allreduce.Hierarchical
 	default:
-		g.alg = allreduce.Ring
-		if top.SameGPU || c.backend == BackendHost {
-			g.alg = allreduce.HostStaged
+		m, err := allreduce.MachineFromSettings(allreduce.H200(), c.settings)
+		if err != nil {
+			return fmt.Errorf("machine figures for choosing the all-reduce algorithm: %w (fix or drop the setting)", err)
 		}
+		// Threads as the executor's default (about 14/world per rank) or
+		// the tuning, without the per-process core cap, which ranks need
+		// not share.
+		workers := c.tuning.ReduceWorkers
+		if workers <= 0 {
+			workers = max(1, min(6, 14/g.size))
+		}
+		choice, err := m.Choose(allreduce.Workload{Coll: allreduce.AllReduce, Groups: groups, Bytes: 256 << 20,
+			ReduceThreads: g.size * workers, HostBackend: c.backend == BackendHost}, allreduce.ShmCandidates(groups))
+		if err != nil {
+			return fmt.Errorf("choosing the all-reduce algorithm: %w", err)
+		}
+		g.alg = choice.Algorithm
 	}
 	return nil
+}
+
+// peerGroups groups ranks by the physical GPU they use (MIG instances of
+// one GPU share its link).
+func peerGroups(peers []rendezvous.Peer, size int) (allreduce.Grouping, error) {
+	keys := make([]string, size)
+	for i, p := range peers {
+		r := p.Rank
+		if r < 0 || r >= size {
+			r = i
+		}
+		keys[r] = p.ParentGPUUUID
+		if keys[r] == "" {
+			keys[r] = p.GPUUUID
+		}
+		keys[r] = p.Host + "/" + keys[r]
+	}
+	return allreduce.GroupByKey(keys)
 }
 
 // connect maps the job's shared segment and builds the executor.
@@ -319,6 +364,9 @@ func (g *Group) connect(ctx context.Context) error {
 		return err
 	}
 	g.cm = allreduce.NewCommunicator(g.exec, g.alg)
+	if err := g.cm.SetGroups(g.groups); err != nil {
+		return err
+	}
 	if g.stream, err = g.dev.NewStream(); err != nil {
 		return err
 	}

@@ -102,6 +102,10 @@ const (
 	AlgorithmAuto       Algorithm = "auto"
 	AlgorithmRing       Algorithm = "ring"
 	AlgorithmHostStaged Algorithm = "hoststaged"
+	// AlgorithmHierarchical: several ranks on each of several GPUs (MIG
+	// instances of several GPUs) reduce per GPU on the device, then across
+	// GPUs on the CPU (package allreduce, Hierarchical).
+	AlgorithmHierarchical Algorithm = "hierarchical"
 )
 
 // Tuning are the executor's knobs; zero fields take the defaults of package
@@ -229,11 +233,11 @@ func WithTransport(t Transport) Option {
 func WithAlgorithm(a Algorithm) Option {
 	return func(c *config) error {
 		switch a {
-		case AlgorithmAuto, AlgorithmRing, AlgorithmHostStaged:
+		case AlgorithmAuto, AlgorithmRing, AlgorithmHostStaged, AlgorithmHierarchical:
 			c.algorithm = a
 			return nil
 		}
-		return fmt.Errorf("algorithm %q: want auto, ring or hoststaged: %w", a, comm.ErrInvalid)
+		return fmt.Errorf("algorithm %q: want auto, ring, hoststaged or hierarchical: %w", a, comm.ErrInvalid)
 	}
 }
 

@@ -1,0 +1,64 @@
+package trainer
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/comm/rendezvous"
+)
+
+// chooseAlgorithm over the layouts of issue 9: ranks on MIG instances of
+// one or two GPUs (shm transport), forced algorithms, the host backend, and
+// machine figures from the job's settings.
+func TestChooseAlgorithm(t *testing.T) {
+	peers := func(perGPU ...int) []rendezvous.Peer {
+		var ps []rendezvous.Peer
+		for gpu, k := range perGPU {
+			for i := range k {
+				ps = append(ps, rendezvous.Peer{Rank: len(ps), Host: "h", MIG: true,
+					GPUUUID: fmt.Sprintf("MIG-%d-%d", gpu, i), ParentGPUUUID: fmt.Sprintf("pci:%d", gpu)})
+			}
+		}
+		return ps
+	}
+	tests := []struct {
+		desc     string
+		perGPU   []int
+		backend  Backend
+		algo     Algorithm
+		settings map[string]string
+		want     allreduce.Algorithm
+		groups   int
+	}{
+		{"7 on 1 GPU", []int{7}, BackendGPU, AlgorithmAuto, nil, allreduce.HostStaged, 1},
+		{"2 on 2 GPUs", []int{1, 1}, BackendGPU, AlgorithmAuto, nil, allreduce.Ring, 2},
+		{"4 on 2 GPUs", []int{2, 2}, BackendGPU, AlgorithmAuto, nil, allreduce.Hierarchical, 2},
+		{"8 on 2 GPUs", []int{4, 4}, BackendGPU, AlgorithmAuto, nil, allreduce.Hierarchical, 2},
+		{"8 on 2 GPUs, forced host-staged", []int{4, 4}, BackendGPU, AlgorithmHostStaged, nil, allreduce.HostStaged, 2},
+		{"2 on 1 GPU, forced hierarchical", []int{2}, BackendGPU, AlgorithmHierarchical, nil, allreduce.Hierarchical, 1},
+		{"host backend", []int{4}, BackendHost, AlgorithmAuto, nil, allreduce.HostStaged, 1},
+		// A host that reduces 40 GiB/s per thread: the link binds
+		// host-staged at its n·S, less than hierarchical's (2−1/m)·S.
+		{"8 on 2 GPUs, fast CPU", []int{4, 4}, BackendGPU, AlgorithmAuto,
+			map[string]string{allreduce.SettingThreadGiBs: "40"}, allreduce.HostStaged, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			ps := peers(tc.perGPU...)
+			g := &Group{cfg: config{backend: tc.backend, transport: TransportAuto, algorithm: tc.algo, settings: tc.settings},
+				size: len(ps), peers: ps, topo: rendezvous.Topology{SameHost: true, SameGPU: len(tc.perGPU) == 1, AnyMIG: true},
+				dev: comm.NewHostDevice(comm.HostOptions{})}
+			require.NoError(t, g.chooseAlgorithm())
+			require.Equal(t, TransportShm, g.transport)
+			require.Equal(t, tc.want, g.alg)
+			require.Equal(t, tc.groups, g.groups.Count())
+		})
+	}
+	g := &Group{cfg: config{backend: BackendGPU, settings: map[string]string{allreduce.SettingLinkGiBs: "fast"}},
+		size: 2, peers: peers(2), topo: rendezvous.Topology{SameHost: true, SameGPU: true}, dev: comm.NewHostDevice(comm.HostOptions{})}
+	require.ErrorIs(t, g.chooseAlgorithm(), allreduce.ErrUnsupported)
+}
