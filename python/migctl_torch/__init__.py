@@ -25,9 +25,9 @@ import inspect
 import torch.distributed as dist
 
 from ._lib import ABI_VERSION, MigctlError
-from .process_group import SUPPORTED, ProcessGroupMigctl, Work, allreduce_hook, create
+from .process_group import SUPPORTED, ProcessGroupMigctl, allreduce_hook, create
 
-__all__ = ["ABI_VERSION", "MigctlError", "ProcessGroupMigctl", "SUPPORTED", "Work", "allreduce_hook",
+__all__ = ["ABI_VERSION", "MigctlError", "ProcessGroupMigctl", "SUPPORTED", "allreduce_hook",
            "BACKEND"]
 
 BACKEND = "migctl"

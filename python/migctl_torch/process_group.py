@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from . import _lib
 
+try:
+    from torch._C._distributed_c10d import _create_work_from_future
+except ImportError:  # pragma: no cover - torch < 1.13
+    _create_work_from_future = None
+
 _DTYPES = {
     torch.float32: _lib.FLOAT32,
     torch.float16: _lib.FLOAT16,
@@ -115,17 +120,22 @@ class _Completer:
                 except Exception as e:  # noqa: BLE001 - handed to the waiter
                     err = e
             w._finish(err)
+            w = None  # no reference left in this thread's frame (the Work belongs to its caller now)
             with self.mu:
                 self.pending -= 1
 
 
-class Work(dist._Work):
-    """A collective in flight: wait() blocks until it has finished (the result
-    is then in the output tensors, for CUDA tensors too); get_future() is a
-    torch Future completed with the output tensors."""
+class Work:
+    """A collective in flight, as this module tracks it. What torch gets is
+    ``.work``: a C++ Work wrapping ``.future`` (torch's
+    _create_work_from_future), so its wait() and get_future() never depend on
+    this Python object staying alive (a Python subclass of Work loses its
+    overrides once torch holds only the C++ side, and its wait() then never
+    returns). wait() blocks until the collective has finished: the result is
+    then in the output tensors, for CUDA tensors too; an error is raised as a
+    RuntimeError whose text starts with "migctl"."""
 
     def __init__(self, comm, name, handles, result, keep=(), post=None, devices=None):
-        super().__init__()
         self._name = name
         self._handles = handles
         self._result = result
@@ -133,7 +143,8 @@ class Work(dist._Work):
         self._post = post
         self._exc = None
         self._done = threading.Event()
-        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self.future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self.work = _create_work_from_future(self.future)
         comm.completer.submit(self)
 
     def _finish(self, err):
@@ -141,34 +152,9 @@ class Work(dist._Work):
         self._keep = self._post = None
         self._done.set()
         if err is None:
-            self._future.set_result(self._result)
+            self.future.set_result(self._result)
         else:
-            self._future.set_exception(err)
-
-    def wait(self, timeout=None):
-        secs = None
-        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-            secs = timeout.total_seconds()
-        if not self._done.wait(secs):
-            raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def get_future(self):
-        return self._future
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
-    def result(self):
-        return self._result
+            self.future.set_exception(err)
 
 
 class _Comm:
@@ -385,28 +371,28 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        return self._comm.allreduce(tensors, _op(opts, "allreduce"))
+        return self._comm.allreduce(tensors, _op(opts, "allreduce")).work
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._comm.allgather(output_tensors, input_tensors)
+        return self._comm.allgather(output_tensors, input_tensors).work
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
-        return self._comm.allgather_base(output, input)
+        return self._comm.allgather_base(output, input).work
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter"))
+        return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter")).work
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base"))
+        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base")).work
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = getattr(opts, "rootRank", 0) if opts is not None else 0
-        return self._comm.broadcast(tensors, root)
+        return self._comm.broadcast(tensors, root).work
 
     def barrier(self, opts=None):
-        return self._comm.barrier()
+        return self._comm.barrier().work
 
     # What the backend does not do: a clear error naming the call.
 
@@ -466,4 +452,4 @@ def allreduce_hook(state, bucket):
     else:
         comm = _Comm.get(int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1)))
     t = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-    return comm.allreduce([t], _lib.AVG, name="allreduce_hook").get_future().then(lambda fut: fut.value()[0])
+    return comm.allreduce([t], _lib.AVG, name="allreduce_hook").future.then(lambda fut: fut.value()[0])

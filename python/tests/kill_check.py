@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import migctl_torch  # noqa: E402
+import migctl_torch  # noqa: E402,F401
 
 
 def main():
@@ -32,8 +32,10 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             dist.all_reduce(t)
-        except migctl_torch.MigctlError as e:
-            print(json.dumps({"rank": rank, "raised": True, "step": step, "code": e.code, "error": str(e)}), flush=True)
+        except RuntimeError as e:  # Work.wait raises the library's error as a RuntimeError
+            if "migctl" not in str(e):
+                raise
+            print(json.dumps({"rank": rank, "raised": True, "step": step, "error": str(e)}), flush=True)
             sys.exit(0)
         if time.time() - start > 120:
             break

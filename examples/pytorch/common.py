@@ -1,0 +1,103 @@
+"""What ddp_resnet.py and ddp_gpt.py share: flags, process-group setup for
+--backend migctl|gloo|none, the timed training loop, and the JSON report."""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+# migctl_torch from the checkout unless it is installed (pip install -e python/).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+
+def parser(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--backend", choices=["migctl", "gloo", "nccl", "none"], default="migctl",
+                    help="none: the same processes train without any communication (the bound)")
+    ap.add_argument("--steps", type=int, default=60, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    ap.add_argument("--batch", type=int, default=32, help="batch per rank")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--losses", type=int, default=50, help="losses of the first N steps in the report")
+    ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
+    return ap
+
+
+def setup(args):
+    """Joins the group (the environment of `migctl run` or torchrun) and
+    returns (rank, world, device). --backend none still joins a gloo group
+    for the report only: training itself never communicates."""
+    if args.backend == "migctl":
+        import migctl_torch  # noqa: F401  (registers the backend)
+    if args.device.startswith("cuda"):
+        # Under `migctl run` every worker sees its device (MIG instance or GPU) as cuda:0.
+        torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("gloo" if args.backend == "none" else args.backend)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def wrap(model, args, device):
+    if args.backend == "none":
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
+    """Runs warmup + steps SGD steps over the cycled synthetic batches; rank 0
+    prints one JSON line: steps/s and mean step time of the slowest rank, the
+    first losses (rank 0's), a parameter checksum and whether every rank
+    holds the same parameters."""
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    losses, times = [], []
+    for step in range(args.warmup + args.steps):
+        x, y = batches[step % len(batches)]
+        sync(device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        sync(device)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        if len(losses) < args.losses:
+            losses.append(loss.item())
+    mine = torch.tensor([sum(times) / max(len(times), 1)], dtype=torch.float64)
+    params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
+    checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
+    # the report goes over gloo on CPU tensors whatever the backend, so it measures nothing of it
+    rep = dist.new_group(backend="gloo")
+    all_t = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(all_t, mine, group=rep)
+    all_c = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(all_c, checksum, group=rep)
+    slowest = max(t.item() for t in all_t)
+    if rank == 0:
+        out = {"model": name, "backend": args.backend, "world": world, "device": str(device),
+               "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
+               "step_ms_slowest_rank": round(slowest * 1e3, 3),
+               "step_ms_per_rank": [round(t.item() * 1e3, 3) for t in all_t],
+               "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
+               "losses": losses, "param_checksum": checksum.tolist(),
+               "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
+        out.update(extra or {})
+        print(json.dumps(out), flush=True)
+    dist.barrier(group=rep)
+    dist.destroy_process_group()
