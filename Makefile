@@ -9,9 +9,10 @@ PKGS := ./...
 
 all: build shim lib
 
-## build: the migctl binary in bin/
+## build: the migctl binary and the trainer SDK's example (sgd) in bin/
 build:
 	$(GO) build $(GOFLAGS_STRIP) -o $(BIN)/migctl ./cmd/migctl
+	$(GO) build $(GOFLAGS_STRIP) -o $(BIN)/sgd ./trainer/example/sgd
 
 ## shim: libmigswap.so and the fake libcuda.so used by its tests
 shim:
