@@ -14,20 +14,20 @@ import (
 // limits (a host-backend run has no link).
 type Machine struct {
 	// LinkGiBs is one GPU's pinned host↔device copy bandwidth, each way.
-	LinkGiBs float64
+	LinkGiBs float64 `json:"linkGiBs" yaml:"linkGiBs"`
 	// DuplexGiBs is the same link with copies both ways at once, the two
 	// directions together (0: 2·LinkGiBs).
-	DuplexGiBs float64
+	DuplexGiBs float64 `json:"duplexGiBs" yaml:"duplexGiBs"`
 	// ReduceThreadGiBs is one CPU thread's reduction rate, in GiB/s of
 	// input read; ReduceHostGiBs what all threads together reach (0: no
 	// cap beyond threads × ReduceThreadGiBs).
-	ReduceThreadGiBs float64
-	ReduceHostGiBs   float64
+	ReduceThreadGiBs float64 `json:"reduceThreadGiBs" yaml:"reduceThreadGiBs"`
+	ReduceHostGiBs   float64 `json:"reduceHostGiBs" yaml:"reduceHostGiBs"`
 	// P2PGiBs is a GPU-to-GPU copy (NVLink) for the IPC ring (0: none).
-	P2PGiBs float64
+	P2PGiBs float64 `json:"p2pGiBs" yaml:"p2pGiBs"`
 	// RoundTrip is a small copy out and back in on a pinned buffer: the
 	// floor of any collective through host memory.
-	RoundTrip time.Duration
+	RoundTrip time.Duration `json:"roundTripNs" yaml:"roundTripNs"`
 }
 
 // GiB is 2^30 bytes.
@@ -43,6 +43,10 @@ func H200() Machine {
 	return Machine{LinkGiBs: 51.5, DuplexGiBs: 97e9 / GiB, ReduceThreadGiBs: 4.1, P2PGiBs: 364,
 		RoundTrip: 23 * time.Microsecond}
 }
+
+// DefaultReduceWorkers is Options.ReduceWorkers' default for a world on a
+// host of cpus cores: about 14/world, at most 6 and at most half the cores.
+func DefaultReduceWorkers(world, cpus int) int { return max(1, min(6, cpus/2, 14/max(world, 1))) }
 
 // HostReduceGiBs is the rate of threads reducing at once.
 func (m Machine) HostReduceGiBs(threads int) float64 {

@@ -51,6 +51,8 @@ type benchSpec struct {
 	ShmRoot string `json:"shmRoot"`
 	Job     string `json:"job"`
 	Quiet   bool   `json:"quiet"`
+	// Limits: measure (once, cached) and print each row's floor.
+	Limits bool `json:"limits"`
 }
 
 type benchOptions struct {
@@ -127,7 +129,7 @@ func newBenchCmd(s streams) *cobra.Command {
 		allreduce.Broadcast, allreduce.Barrier} {
 		cmd.AddCommand(newBenchCollCmd(s, c))
 	}
-	cmd.AddCommand(newBenchWorkerCmd(s))
+	cmd.AddCommand(newBenchWorkerCmd(s), newBenchLimitsCmd(s))
 	return cmd
 }
 
@@ -160,7 +162,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.spec.NP, "np", 2, "number of ranks (processes)")
 	f.StringVar(&o.spec.Backend, "backend", "host", "where buffers live: host (CPU only) or gpu (CUDA)")
 	f.StringVar(&o.spec.Transport, "transport", "auto", "auto, shm (shared host memory, the MIG path) or ipc (CUDA IPC between non-MIG GPUs)")
-	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (hoststaged when all ranks share a GPU or use the host backend, else ring), hoststaged or ring")
+	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (the cost model's pick from the ranks' GPUs and the machine), hoststaged, ring or hierarchical")
 	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
 	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
 	f.StringVarP(&o.sizeMin, "minbytes", "b", "", "smallest message size, a multiple of the element size (default 8, for reduce-scatter and all-gather at least one element per rank; "+bytesize.Units+")")
@@ -186,6 +188,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.listen, "listen", "", "host the rendezvous at this address (host:port or unix:///path) instead of a private socket")
 	f.IntVar(&o.local, "local", -1, "ranks to start here (-1: all --np); the others join with --rendezvous")
 	f.BoolVarP(&o.spec.Quiet, "quiet", "q", false, "no progress on stderr")
+	f.BoolVar(&o.spec.Limits, "limits", true, "print each row's floor for its algorithm, LIMIT(US), and %LIMIT, from `migctl bench limits` figures (measured once, cached)")
 	o.output = outputFlag(c)
 	return c
 }
@@ -282,8 +285,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--backend %q: want host or gpu", s.Backend)
 	case s.Transport != "auto" && s.Transport != "shm" && s.Transport != "ipc":
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
-	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring":
-		return fmt.Errorf("--algo %q: want auto, hoststaged or ring", s.Algorithm)
+	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
+		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
 	case s.MinBytes < 0 || s.MaxBytes < s.MinBytes:
 		return fmt.Errorf("sizes -b %d -e %d: want 0 <= b <= e", s.MinBytes, s.MaxBytes)
 	case s.MaxBytes > 64<<30:
@@ -326,6 +329,10 @@ func (o *benchOptions) Run(ctx context.Context) error {
 	}
 	var rep *benchReport
 	var err error
+	var lim func(*benchReport) error
+	if o.launchNew || o.rank == 0 {
+		lim = o.limits(ctx) // before the ranks start: measuring needs the GPUs idle
+	}
 	if o.launchNew {
 		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, o.streams)
 	} else {
@@ -336,6 +343,11 @@ func (o *benchOptions) Run(ctx context.Context) error {
 	}
 	if rep == nil { // a joining rank other than 0, or a launcher without rank 0
 		return nil
+	}
+	if lim != nil {
+		if err := lim(rep); err != nil {
+			fmt.Fprintf(o.streams.ErrOut, "bench: no LIMIT column: %v\n", err)
+		}
 	}
 	if err := printer.Print(o.streams.Out, o.format, rep); err != nil {
 		return err

@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
+
+	"github.com/migctl/migctl/allreduce"
 )
 
 // benchRow is one message size of a benchmark.
@@ -22,6 +25,25 @@ type benchRow struct {
 	BusBW float64 `json:"busbwGBs" yaml:"busbwGBs"`
 	// Wrong counts wrong elements over every rank (-1: not checked).
 	Wrong int64 `json:"wrong" yaml:"wrong"`
+	// LimitUS is the floor of this row for the algorithm that ran: the
+	// time the busiest resource (LimitBinding: link, duplex, host, p2p,
+	// latency) needs on the measured machine (allreduce.Machine.Estimate);
+	// PctLimit is LimitUS / TimeUS in percent. 0: no floor (nothing moved).
+	LimitUS      float64 `json:"limitUs" yaml:"limitUs"`
+	PctLimit     float64 `json:"pctLimit" yaml:"pctLimit"`
+	LimitBinding string  `json:"limitBinding,omitempty" yaml:"limitBinding,omitempty"`
+	// RowAlgorithm is the schedule this size took (the small-message one
+	// up to --small-bytes).
+	RowAlgorithm string `json:"rowAlgorithm,omitempty" yaml:"rowAlgorithm,omitempty"`
+}
+
+// benchLimits is the machine the LIMIT column assumes, and where its
+// figures came from.
+type benchLimits struct {
+	Source  string            `json:"source" yaml:"source"`
+	Machine allreduce.Machine `json:"machine" yaml:"machine"`
+	Groups  []int             `json:"groups" yaml:"groups"` // rank → GPU group
+	Threads int               `json:"reduceThreads" yaml:"reduceThreads"`
 }
 
 // benchReport is what `migctl bench` prints.
@@ -34,11 +56,13 @@ type benchReport struct {
 	InPlace   bool       `json:"inPlace" yaml:"inPlace"`
 	Iters     int        `json:"iters" yaml:"iters"`
 	Results   []benchRow `json:"rows" yaml:"rows"`
+	// Limits is what the LIMIT(US) column assumes (nil: not computed).
+	Limits *benchLimits `json:"limits,omitempty" yaml:"limits,omitempty"`
 }
 
 // Header implements printer.Tabler.
 func (r *benchReport) Header() []string {
-	return []string{"size", "count", "type", "op", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"}
+	return []string{"size", "count", "type", "op", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "limit(us)", "%limit"}
 }
 
 // Rows implements printer.Tabler.
@@ -53,8 +77,15 @@ func (r *benchReport) Rows() [][]string {
 		if r.Coll == "broadcast" {
 			root = strconv.Itoa(x.Root)
 		}
+		limit, pct := "-", "-"
+		if x.LimitUS > 0 {
+			limit = fmt.Sprintf("%.1f", x.LimitUS)
+			if x.PctLimit > 0 {
+				pct = fmt.Sprintf("%.0f%%", x.PctLimit)
+			}
+		}
 		out = append(out, []string{strconv.FormatInt(x.Bytes, 10), strconv.FormatInt(x.Count, 10), x.Type, x.Op, root,
-			fmt.Sprintf("%.1f", x.TimeUS), fmt.Sprintf("%.2f", x.AlgBW), fmt.Sprintf("%.2f", x.BusBW), wrong})
+			fmt.Sprintf("%.1f", x.TimeUS), fmt.Sprintf("%.2f", x.AlgBW), fmt.Sprintf("%.2f", x.BusBW), wrong, limit, pct})
 	}
 	return out
 }
@@ -87,4 +118,70 @@ func busFactor(coll string, n int) float64 {
 		return 1
 	}
 	return 0
+}
+
+// setLimits fills every row's floor for the algorithm that ran, on machine
+// m (figures from source), with rank r on GPU group groups[r].
+func (r *benchReport) setLimits(spec benchSpec, m allreduce.Machine, source string, groups []int) error {
+	g, err := allreduce.NewGrouping(groups)
+	if err != nil {
+		return err
+	}
+	coll, err := allreduce.ParseColl(r.Coll)
+	if err != nil {
+		return err
+	}
+	workers := spec.Workers
+	if workers <= 0 {
+		workers = allreduce.DefaultReduceWorkers(r.NP, runtime.NumCPU())
+	}
+	r.Limits = &benchLimits{Source: source, Machine: m, Groups: groups, Threads: r.NP * workers}
+	small := 0
+	if spec.Small > 0 {
+		small = min(spec.Small, allreduce.SmallCapacity(r.NP, spec.Chunk, spec.Slots))
+	}
+	for i := range r.Results {
+		x := &r.Results[i]
+		alg := rowAlgorithm(coll, r.Algorithm, x.Bytes, small)
+		bytes := int(x.Bytes)
+		if coll == allreduce.ReduceScatter || coll == allreduce.AllGather {
+			bytes /= r.NP
+		}
+		e, err := m.Estimate(allreduce.Workload{Coll: coll, Algorithm: alg, Groups: g, Bytes: bytes,
+			ReduceThreads: r.NP * workers, HostBackend: r.Backend == "host"})
+		if err != nil {
+			return err
+		}
+		x.RowAlgorithm = alg.String()
+		x.LimitUS = float64(e.Limit.Nanoseconds()) / 1e3
+		x.LimitBinding = e.Binding
+		x.PctLimit = 0
+		if x.TimeUS > 0 && x.LimitUS > 0 {
+			x.PctLimit = 100 * x.LimitUS / x.TimeUS
+		}
+	}
+	return nil
+}
+
+// rowAlgorithm is the schedule a row of coll took under the group's
+// all-reduce algorithm name (trainer.Group.Algorithm): the other
+// collectives are host-staged; host-staged and hierarchical all-reduces up
+// to small bytes take the small-message schedule.
+func rowAlgorithm(coll allreduce.Coll, name string, bytes int64, small int) allreduce.Algorithm {
+	if coll != allreduce.AllReduce {
+		return allreduce.HostStaged
+	}
+	alg := allreduce.HostStaged
+	switch name {
+	case allreduce.Ring.String():
+		alg = allreduce.Ring
+	case allreduce.RingIPC.String():
+		alg = allreduce.RingIPC
+	case allreduce.Hierarchical.String():
+		alg = allreduce.Hierarchical
+	}
+	if (alg == allreduce.HostStaged || alg == allreduce.Hierarchical) && bytes > 0 && bytes <= int64(small) {
+		alg = allreduce.HostStagedSmall
+	}
+	return alg
 }

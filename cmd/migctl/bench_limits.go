@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/internal/cuda"
+	"github.com/migctl/migctl/internal/limits"
+	"github.com/migctl/migctl/internal/printer"
+	"github.com/migctl/migctl/trainer"
+)
+
+type benchLimitsOptions struct {
+	outputOption
+	backend string
+	gpus    string
+	refresh bool
+	cache   string
+	streams streams
+	ordinal []int // nil: every GPU
+}
+
+const benchLimitsLong = `Measure, once, what bounds a collective on this machine and print it: per GPU the pinned
+host-to-device and device-to-host copy bandwidth (each way alone, both at once) and the median
+8 KiB round trip; for the host, the CPU's reduction bandwidth in GiB/s of input read, on one
+thread and on every core (float32 sums of 4 inputs).
+
+The figures are cached per host and GPU UUID in $XDG_CACHE_HOME/migctl/limits.json
+(~/.cache/migctl/limits.json): later calls, and every ` + "`migctl bench`" + ` run, read them there
+(--refresh measures again). ` + "`migctl bench`" + ` turns them into each row's LIMIT(US) — the time
+the busiest resource needs for the chosen algorithm (docs/collectives.md) — and %LIMIT.
+Measure on an idle machine: copies and reductions of other processes lower the figures.`
+
+func newBenchLimitsCmd(s streams) *cobra.Command {
+	o := &benchLimitsOptions{streams: s}
+	c := &cobra.Command{
+		Use:   "limits",
+		Short: "Measure (once, cached) the link and host-reduction bandwidth that bound collectives",
+		Long:  benchLimitsLong,
+		Example: `  migctl bench limits                    # every GPU (none: the host only), cached
+  migctl bench limits --gpu 0,1 --refresh  # measure GPUs 0 and 1 again
+  migctl bench limits --backend host -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.backend, "backend", "auto", "auto (GPUs when CUDA has any, else the host only), gpu or host")
+	f.StringVar(&o.gpus, "gpu", "all", "CUDA ordinals to measure, comma-separated, or all")
+	f.BoolVar(&o.refresh, "refresh", false, "measure again even when cached")
+	f.StringVar(&o.cache, "cache", "", "cache file (default $XDG_CACHE_HOME/migctl/limits.json)")
+	o.addOutput(c)
+	return c
+}
+
+// Complete parses flag values.
+func (o *benchLimitsOptions) Complete() error {
+	var err error
+	if o.format, err = o.output(); err != nil {
+		return err
+	}
+	if o.cache == "" {
+		if o.cache, err = limits.DefaultCachePath(); err != nil {
+			return err
+		}
+	}
+	o.ordinal = nil
+	if o.gpus != "all" {
+		if o.ordinal, err = parseOrdinals(o.gpus); err != nil {
+			return fmt.Errorf("--gpu: %w", err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the options.
+func (o *benchLimitsOptions) Validate() error {
+	if o.backend != "auto" && o.backend != "gpu" && o.backend != "host" {
+		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
+	}
+	return nil
+}
+
+// Run measures what is not cached (everything with --refresh) and prints it.
+func (o *benchLimitsOptions) Run(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	l, _, err := ensureLimits(ctx, o.cache, o.backend, o.ordinal, o.refresh, o.streams.ErrOut)
+	if err != nil {
+		return err
+	}
+	return printer.Print(o.streams.Out, o.format, &limitsReport{Limits: l, Cache: o.cache, Machine: l.Machine(allreduce.H200(), nil)})
+}
+
+func parseOrdinals(s string) ([]int, error) {
+	var out []int
+	for _, g := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(g))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q: want comma-separated CUDA ordinals", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// ensureLimits returns this host's figures from the cache at path,
+// measuring and caching what is missing (everything with refresh): the
+// host's reduction bandwidth, and with backend gpu or auto (when CUDA has
+// devices) the GPUs with these ordinals (nil: all). It also returns the
+// UUIDs of those GPUs. A cache that cannot be written is reported on
+// progress, not fatal.
+func ensureLimits(ctx context.Context, path, backend string, ordinals []int, refresh bool, progress io.Writer) (limits.Limits, []string, error) {
+	host, _ := os.Hostname()
+	l, err := limits.Load(path, host)
+	if err != nil {
+		fmt.Fprintf(progress, "bench: %v; measuring again\n", err)
+		l = limits.Limits{}
+	}
+	changed := false
+	if refresh || l.Host.ReduceThreadGiBs <= 0 {
+		fmt.Fprintf(progress, "bench: measuring the host's reduction bandwidth (cached in %s)\n", path)
+		if l.Host, err = limits.MeasureHost(ctx, limits.HostOptions{}); err != nil {
+			return l, nil, fmt.Errorf("measuring the host's reduction bandwidth: %w", err)
+		}
+		changed = true
+	}
+	var uuids []string
+	if backend != "host" {
+		api, err := openCUDA()
+		switch {
+		case err != nil && backend == "gpu":
+			return l, nil, fmt.Errorf("measuring GPU limits: %w (without a GPU, use --backend host)", err)
+		case err == nil:
+			if ordinals == nil {
+				n, err := api.DeviceGetCount()
+				if err != nil {
+					return l, nil, fmt.Errorf("counting CUDA devices: %w", err)
+				}
+				for i := range n {
+					ordinals = append(ordinals, i)
+				}
+			}
+			for _, ord := range ordinals {
+				dev, err := api.DeviceGet(ord)
+				if err != nil {
+					return l, nil, fmt.Errorf("CUDA device %d: %w (see nvidia-smi -L for the ordinals)", ord, err)
+				}
+				uuid, err := limits.DeviceUUID(api, dev)
+				if err != nil {
+					return l, nil, fmt.Errorf("reading the UUID of CUDA device %d: %w", ord, err)
+				}
+				uuids = append(uuids, uuid)
+				if g, ok := l.GPU(uuid); ok && !refresh && g.H2DGiBs > 0 {
+					continue
+				}
+				fmt.Fprintf(progress, "bench: measuring pinned copies of CUDA device %d (%s)\n", ord, uuid)
+				opts := limits.GPUOptions{}
+				if _, fake := api.(*cuda.Fake); fake {
+					opts = limits.GPUOptions{Bytes: 1 << 20, Reps: 1, RoundTrips: 10} // Go memory: keep it small
+				}
+				g, err := limits.MeasureGPU(ctx, api, ord, opts)
+				if err != nil {
+					return l, nil, fmt.Errorf("measuring CUDA device %d: %w", ord, err)
+				}
+				l.Put(g)
+				changed = true
+			}
+		}
+	}
+	if changed {
+		if err := limits.Save(path, host, l); err != nil {
+			fmt.Fprintf(progress, "bench: %v (the figures are not cached)\n", err)
+		}
+	}
+	return l, uuids, nil
+}
+
+// openCUDA opens the driver with at least one device (trainer.EnvCUDAFake=1:
+// the fake driver, as the ranks do).
+func openCUDA() (cuda.Interface, error) {
+	var api cuda.Interface
+	if os.Getenv(trainer.EnvCUDAFake) == "1" {
+		api = cuda.NewFake()
+	} else {
+		var err error
+		if api, err = cuda.Open(); err != nil {
+			return nil, err
+		}
+	}
+	if err := api.Init(0); err != nil {
+		return nil, fmt.Errorf("initializing CUDA: %w", err)
+	}
+	n, err := api.DeviceGetCount()
+	if err != nil {
+		return nil, fmt.Errorf("counting CUDA devices: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("CUDA sees no device")
+	}
+	return api, nil
+}
+
+// limitsReport is what `migctl bench limits` prints.
+type limitsReport struct {
+	Limits  limits.Limits     `json:"limits" yaml:"limits"`
+	Cache   string            `json:"cache" yaml:"cache"`
+	Machine allreduce.Machine `json:"machine" yaml:"machine"`
+}
+
+// Header implements printer.Tabler.
+func (r *limitsReport) Header() []string {
+	return []string{"resource", "device", "figure", "measured"}
+}
+
+// Rows implements printer.Tabler.
+func (r *limitsReport) Rows() [][]string {
+	h := r.Limits.Host
+	when := h.Measured.Format("2006-01-02 15:04")
+	rows := [][]string{
+		{"host reduction, 1 thread", h.Hostname, fmt.Sprintf("%.1f GiB/s of input (%d inputs)", h.ReduceThreadGiBs, h.Inputs), when},
+		{fmt.Sprintf("host reduction, %d threads", h.Threads), h.Hostname, fmt.Sprintf("%.1f GiB/s of input", h.ReduceHostGiBs), when},
+	}
+	for _, g := range r.Limits.GPUs {
+		when := g.Measured.Format("2006-01-02 15:04")
+		dev := fmt.Sprintf("%d %s", g.Ordinal, g.UUID)
+		rows = append(rows,
+			[]string{"pinned host→device", dev, fmt.Sprintf("%.1f GiB/s", g.H2DGiBs), when},
+			[]string{"pinned device→host", dev, fmt.Sprintf("%.1f GiB/s", g.D2HGiBs), when},
+			[]string{"pinned both ways at once", dev, fmt.Sprintf("%.1f GiB/s", g.DuplexGiBs), when},
+			[]string{"8 KiB round trip (median)", dev, fmt.Sprintf("%.1f µs", g.RoundTripUS), when})
+	}
+	if len(r.Limits.GPUs) == 0 {
+		rows = append(rows, []string{"GPU link", "-", fmt.Sprintf("not measured (no GPU); the cost model assumes %.1f GiB/s (hw/H200.md)", r.Machine.LinkGiBs), "-"})
+	}
+	return rows
+}
+
+// limits measures (or reads from the cache) the machine of this benchmark
+// and returns what fills the report's LIMIT column; nil with --limits=false.
+// A failure to measure is reported and leaves the column out.
+func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
+	s := o.spec
+	if !s.Limits {
+		return nil
+	}
+	progress := o.streams.ErrOut
+	if s.Quiet {
+		progress = io.Discard
+	}
+	path, err := limits.DefaultCachePath()
+	if err != nil {
+		fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
+		return nil
+	}
+	var ordinals []int
+	if s.Backend == "gpu" {
+		ordinals = uniqueOrdinals(s.GPUs)
+	}
+	l, uuids, err := ensureLimits(ctx, path, s.Backend, ordinals, false, progress)
+	if err != nil {
+		fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
+		return nil
+	}
+	source := fmt.Sprintf("measured (%s)", path)
+	if s.Backend == "gpu" && len(uuids) == 0 {
+		source += "; GPU link from hw/H200.md"
+	}
+	m := l.Machine(allreduce.H200(), uuids)
+	if s.Backend == "gpu" && len(uuids) == 0 {
+		m.LinkGiBs, m.DuplexGiBs, m.RoundTrip = allreduce.H200().LinkGiBs, allreduce.H200().DuplexGiBs, allreduce.H200().RoundTrip
+	}
+	return func(rep *benchReport) error {
+		groups := make([]int, rep.NP) // the host backend: one group
+		if s.Backend == "gpu" && len(s.GPUs) > 0 {
+			for r := range groups {
+				groups[r] = s.GPUs[r%len(s.GPUs)]
+			}
+		}
+		return rep.setLimits(s, m, source, groups)
+	}
+}
+
+func uniqueOrdinals(gpus []int) []int {
+	var out []int
+	for _, g := range gpus {
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
