@@ -18,10 +18,7 @@ import torch.distributed as dist
 
 from . import _lib
 
-try:
-    from torch._C._distributed_c10d import _create_work_from_future
-except ImportError:  # pragma: no cover - torch < 1.13
-    _create_work_from_future = None
+import collections
 
 _DTYPES = {
     torch.float32: _lib.FLOAT32,
@@ -125,26 +122,31 @@ class _Completer:
                 self.pending -= 1
 
 
-class Work:
-    """A collective in flight, as this module tracks it. What torch gets is
-    ``.work``: a C++ Work wrapping ``.future`` (torch's
-    _create_work_from_future), so its wait() and get_future() never depend on
-    this Python object staying alive (a Python subclass of Work loses its
-    overrides once torch holds only the C++ side, and its wait() then never
-    returns). wait() blocks until the collective has finished: the result is
-    then in the output tensors, for CUDA tensors too; an error is raised as a
-    RuntimeError whose text starts with "migctl"."""
+class Work(dist._Work):
+    """A collective in flight: wait() blocks until it has finished (the result
+    is then in the output tensors, for CUDA tensors too) and raises its error;
+    get_future() is a torch Future completed with the output tensors.
+
+    torch reaches a Work it got through C++ (DDP's reducer, broadcasts of
+    module states) only while this Python object lives: once it is gone the
+    C++ side falls back to the base class, whose wait() never returns. So the
+    communicator keeps every Work until it has finished and its wait() or
+    get_future() has been called, or, unconsumed, until KEEP later ones have
+    finished."""
 
     def __init__(self, comm, name, handles, result, keep=(), post=None, devices=None):
+        super().__init__()
+        self._comm = comm
         self._name = name
         self._handles = handles
         self._result = result
         self._keep = keep
         self._post = post
         self._exc = None
+        self._consumed = False
         self._done = threading.Event()
-        self.future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        self.work = _create_work_from_future(self.future)
+        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        comm._hold(self)
         comm.completer.submit(self)
 
     def _finish(self, err):
@@ -152,9 +154,41 @@ class Work:
         self._keep = self._post = None
         self._done.set()
         if err is None:
-            self.future.set_result(self._result)
+            self._future.set_result(self._result)
         else:
-            self.future.set_exception(err)
+            self._future.set_exception(err)
+        self._comm._release(self, done=True)
+
+    def wait(self, timeout=None):
+        self._consumed = True
+        secs = None
+        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+            secs = timeout.total_seconds()
+        try:
+            if not self._done.wait(secs):
+                raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
+            if self._exc is not None:
+                raise self._exc
+            return True
+        finally:
+            self._comm._release(self)
+
+    def get_future(self):
+        self._consumed = True
+        self._comm._release(self)
+        return self._future
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._result
 
 
 class _Comm:
@@ -186,6 +220,8 @@ class _Comm:
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
         self.completer = _Completer(self.lib)
+        self._live = collections.OrderedDict()  # id -> Work not yet finished and consumed
+        self._live_mu = threading.Lock()
         atexit.register(self._finalize)
 
     def _finalize(self):
@@ -197,6 +233,20 @@ class _Comm:
             self.lib.lib.migctl_finalize()
 
     # --- helpers ----------------------------------------------------------
+
+    KEEP = 4096  # finished but never consumed Works kept for a late C++ wait()
+
+    def _hold(self, w):
+        with self._live_mu:
+            self._live[id(w)] = w
+
+    def _release(self, w, done=False):
+        with self._live_mu:
+            if w._done.is_set() and w._consumed:
+                self._live.pop(id(w), None)
+            if done and len(self._live) > self.KEEP:
+                for k in [k for k, v in self._live.items() if v._done.is_set()][: len(self._live) - self.KEEP]:
+                    del self._live[k]
 
     def _issue(self, fn, name, *args):
         return self.lib.issue(getattr(self.lib.lib, fn), name, *args)
@@ -371,28 +421,28 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        return self._comm.allreduce(tensors, _op(opts, "allreduce")).work
+        return self._comm.allreduce(tensors, _op(opts, "allreduce"))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self._comm.allgather(output_tensors, input_tensors).work
+        return self._comm.allgather(output_tensors, input_tensors)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
-        return self._comm.allgather_base(output, input).work
+        return self._comm.allgather_base(output, input)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter")).work
+        return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter"))
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base")).work
+        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base"))
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = getattr(opts, "rootRank", 0) if opts is not None else 0
-        return self._comm.broadcast(tensors, root).work
+        return self._comm.broadcast(tensors, root)
 
     def barrier(self, opts=None):
-        return self._comm.barrier().work
+        return self._comm.barrier()
 
     # What the backend does not do: a clear error naming the call.
 
@@ -452,4 +502,4 @@ def allreduce_hook(state, bucket):
     else:
         comm = _Comm.get(int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1)))
     t = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-    return comm.allreduce([t], _lib.AVG, name="allreduce_hook").future.then(lambda fut: fut.value()[0])
+    return comm.allreduce([t], _lib.AVG, name="allreduce_hook").get_future().then(lambda fut: fut.value()[0])

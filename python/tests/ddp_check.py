@@ -48,7 +48,8 @@ def _child_cannot_call():
 
 def model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    # BatchNorm: DDP broadcasts its buffers from C++ before every forward (Works torch holds only in C++)
+    return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
 def train(m, loader, steps):

@@ -32,7 +32,7 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             dist.all_reduce(t)
-        except RuntimeError as e:  # Work.wait raises the library's error as a RuntimeError
+        except RuntimeError as e:  # a MigctlError
             if "migctl" not in str(e):
                 raise
             print(json.dumps({"rank": rank, "raised": True, "step": step, "error": str(e)}), flush=True)
