@@ -17,6 +17,10 @@
 //     ranks' CPU threads reduce one part each into a result slot, and every
 //     rank copies the result back: about n·S each way over a shared link
 //     instead of 2(n-1)·S, the right choice for ranks on one physical GPU.
+//   - Hierarchical: for several ranks on each of several GPUs (Params.Groups):
+//     each group's ranks reduce one part each on the device from the peers'
+//     staged inputs, the CPU threads sum the G group partials, every rank
+//     fetches the result. S out and (2−1/m)·S in per rank; the CPU reads G·S.
 //   - HostStagedSmall: the host-staged all-reduce for small messages (the
 //     Communicator picks it up to Options.SmallBytes): every rank stages its
 //     whole buffer, reduces every rank's input itself and copies the result
@@ -30,6 +34,10 @@
 // context; any failure on any rank (error, deadline, dead peer) raises the
 // job's abort flag so that every rank returns an error rather than hang or
 // report a partial result.
+//
+// Machine.Estimate (costmodel.go) gives each algorithm's floor on a machine
+// (link each way and both ways per GPU, CPU reduction, NVLink, round trip)
+// and Machine.Choose the one predicted fastest: trainer's --algo auto.
 //
 // Options.Trace (migctl bench: MIGCTL_TRACE=1) makes the executor time every
 // step of every call and write a summary when it closes (trace.go).
