@@ -131,7 +131,7 @@ class Library:
 
     def issue(self, fn, what, *args):
         """Calls a collective entry point and returns its handle."""
-        if os.getpid() != self.pid:
+        if _forked:
             raise MigctlError(ERR_FORKED, f"migctl {what}: called in a process forked from the training "
                                           "process (a DataLoader worker?); only the training process may run collectives")
         h = ctypes.c_uint64(0)
@@ -141,6 +141,15 @@ class Library:
 
 _lock = threading.Lock()
 _lib = None
+_forked = False  # set in a child forked from the process that loaded the library
+
+
+def _mark_forked():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
 
 
 def load():

@@ -87,45 +87,32 @@ def _where(t):
 
 
 class _Completer:
-    """Waits for issued collectives in order and completes their Work."""
+    """Completes, in issue order, the Works whose Future was asked for (or
+    that nobody claimed): a thread that waits for their handles."""
 
-    def __init__(self, lib):
-        self.lib = lib
+    def __init__(self):
         self.q = queue.SimpleQueue()
-        self.pending = 0
-        self.mu = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="migctl-completion", daemon=True)
         self.thread.start()
 
     def submit(self, work):
-        with self.mu:
-            self.pending += 1
         self.q.put(work)
 
     def _run(self):
-        lib = self.lib
         while True:
             w = self.q.get()
-            err = None
-            for h in w._handles:
-                code = lib.lib.migctl_wait(h, -1)
-                if code != _lib.OK and err is None:
-                    err = lib.error(code, w._name)
-            if err is None and w._post is not None:
-                try:
-                    w._post()
-                except Exception as e:  # noqa: BLE001 - handed to the waiter
-                    err = e
-            w._finish(err)
-            w = None  # no reference left in this thread's frame (the Work belongs to its caller now)
-            with self.mu:
-                self.pending -= 1
+            w._complete()
+            w = None  # no reference left in this thread's frame
 
 
 class Work(dist._Work):
     """A collective in flight: wait() blocks until it has finished (the result
     is then in the output tensors, for CUDA tensors too) and raises its error;
     get_future() is a torch Future completed with the output tensors.
+
+    The thread that calls wait() first waits for the library's handles itself
+    (no hand-off: a synchronous collective costs one C call more than the
+    library's); get_future() hands the Work to the completion thread.
 
     torch reaches a Work it got through C++ (DDP's reducer, broadcasts of
     module states) only while this Python object lives: once it is gone the
@@ -142,31 +129,61 @@ class Work(dist._Work):
         self._result = result
         self._keep = keep
         self._post = post
+        self._devices = devices
         self._exc = None
         self._consumed = False
+        self._claimed = False
+        self._future = None
+        self._mu = threading.Lock()
         self._done = threading.Event()
-        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         comm._hold(self)
-        comm.completer.submit(self)
 
-    def _finish(self, err):
-        self._exc = err
-        self._keep = self._post = None
-        self._done.set()
-        if err is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(err)
+    def _claim(self):
+        with self._mu:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def _complete(self):
+        """Waits for the handles and finishes (the claimer only)."""
+        lib = self._comm.lib
+        err = None
+        for h in self._handles:
+            code = lib.lib.migctl_wait(h, -1)
+            if code != _lib.OK and err is None:
+                err = lib.error(code, self._name)
+        if err is None and self._post is not None:
+            try:
+                self._post()
+            except Exception as e:  # noqa: BLE001 - handed to the waiter
+                err = e
+        with self._mu:
+            self._exc = err
+            self._keep = self._post = None
+            fut = self._future
+            self._done.set()
+        if fut is not None:
+            self._settle(fut)
         self._comm._release(self, done=True)
+
+    def _settle(self, fut):
+        if self._exc is None:
+            fut.set_result(self._result)
+        else:
+            fut.set_exception(self._exc)
 
     def wait(self, timeout=None):
         self._consumed = True
-        secs = None
-        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-            secs = timeout.total_seconds()
         try:
-            if not self._done.wait(secs):
-                raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
+            if self._claim():
+                self._complete()
+            else:
+                secs = None
+                if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+                    secs = timeout.total_seconds()
+                if not self._done.wait(secs):
+                    raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
             if self._exc is not None:
                 raise self._exc
             return True
@@ -175,8 +192,20 @@ class Work(dist._Work):
 
     def get_future(self):
         self._consumed = True
+        with self._mu:
+            fut = self._future
+            if fut is None:
+                fut = self._future = (torch.futures.Future(devices=self._devices) if self._devices
+                                      else torch.futures.Future())
+                done = self._done.is_set()
+            else:
+                done = None
+        if done:
+            self._settle(fut)
+        elif done is not None and self._claim():
+            self._comm.completer.submit(self)
         self._comm._release(self)
-        return self._future
+        return fut
 
     def is_completed(self):
         return self._done.is_set()
@@ -219,7 +248,8 @@ class _Comm:
         self.lib.check(self.lib.lib.migctl_init(rank, size), "init")
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
-        self.completer = _Completer(self.lib)
+        self.completer = _Completer()
+        self._unclaimed = collections.deque()  # Works nobody has waited for yet, oldest first
         self._live = collections.OrderedDict()  # id -> Work not yet finished and consumed
         self._live_mu = threading.Lock()
         atexit.register(self._finalize)
@@ -227,18 +257,26 @@ class _Comm:
     def _finalize(self):
         if os.getpid() != self.pid:
             return
-        with self.completer.mu:
-            busy = self.completer.pending
-        if busy == 0:  # with collectives in flight (a peer died) exiting must not wait for their deadline
+        with self._live_mu:
+            busy = any(not w._done.is_set() for w in self._live.values())
+        if not busy:  # with collectives in flight (a peer died) exiting must not wait for their deadline
             self.lib.lib.migctl_finalize()
 
     # --- helpers ----------------------------------------------------------
 
     KEEP = 4096  # finished but never consumed Works kept for a late C++ wait()
 
+    UNCLAIMED = 64  # Works issued but never waited for, before the completion thread reaps them
+
     def _hold(self, w):
+        reap = None
         with self._live_mu:
             self._live[id(w)] = w
+            self._unclaimed.append(w)
+            if len(self._unclaimed) > self.UNCLAIMED:
+                reap = self._unclaimed.popleft()
+        if reap is not None and reap._claim():
+            self.completer.submit(reap)
 
     def _release(self, w, done=False):
         with self._live_mu:

@@ -1,0 +1,101 @@
+"""GPU checks of the migctl backend (CUDA tensors; run on the GPU machine):
+
+    migctl run --gpus 0 --np 7 -- python3 python/tests/gpu_checks.py
+
+1. stream order: a tensor written on a side stream after a long sleep kernel
+   is all-reduced with that stream current; if the collective read it before
+   the kernel that wrote it had finished, the sum would be wrong. The result
+   is then used by a kernel queued afterwards on the same stream.
+2. the same through async_op=True and through the Future.
+3. overhead: mean time of an 8 KiB all-reduce through dist.all_reduce vs
+   the library's C call directly (issue + wait), on CUDA and CPU tensors.
+
+Prints one JSON line per rank; exits 1 on a wrong result."""
+
+import ctypes
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import migctl_torch  # noqa: E402
+from migctl_torch import _lib, process_group  # noqa: E402
+
+failures = []
+
+
+def stream_order(rank, world, n=1 << 20, cycles=int(1e9)):
+    want = float(world * (world + 1) // 2)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        x = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(cycles)  # ~0.5 s of GPU time before the write
+        x.fill_(rank + 1)
+        dist.all_reduce(x)  # must wait for the fill on s
+        y = x * 2  # queued after: must see the result
+    s.synchronize()
+    got = x[0].item(), x[-1].item(), y[0].item()
+    if got != (want, want, 2 * want) or not torch.all(x == want).item():
+        failures.append(f"stream order (sync): got {got}, want {want}")
+    with torch.cuda.stream(s):
+        x = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(cycles)
+        x.fill_(rank + 1)
+        w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    with torch.cuda.stream(s):
+        fut = dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0].sum())
+    total = fut.wait().item()
+    if abs(total - want * world * n) > 1e-3 * want * world * n:
+        failures.append(f"stream order (async, future): sum {total}, want {want * world * n}")
+
+
+def overhead(device, iters=2000):
+    t = torch.ones(2048, device=device)  # 8 KiB of float32
+    for _ in range(50):
+        dist.all_reduce(t)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t)
+    pg_us = (time.perf_counter() - t0) / iters * 1e6
+    lib = _lib.load()
+    c = lib.lib
+    h = ctypes.c_uint64()
+    dev = _lib.DEVICE if device == "cuda" else _lib.HOST
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
+    p = t.data_ptr()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        c.migctl_allreduce(p, p, 2048, _lib.FLOAT32, _lib.SUM, dev, stream, ctypes.byref(h))
+        c.migctl_wait(h.value, -1)
+    raw_us = (time.perf_counter() - t0) / iters * 1e6
+    return {"device": device, "process_group_us": round(pg_us, 2), "c_abi_us": round(raw_us, 2),
+            "python_overhead_us": round(pg_us - raw_us, 2)}
+
+
+def main():
+    torch.cuda.set_device(0)
+    dist.init_process_group("migctl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = process_group._Comm.get(rank, world).lib.lib.migctl_on_gpu() == 1
+    if not on_gpu:
+        failures.append("the library runs the host backend: start with `migctl run --gpus 0` (MIGCTL_BACKEND=gpu)")
+    stream_order(rank, world)
+    ov = [overhead("cuda"), overhead("cpu")]
+    print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
+                      "overhead_8KiB": ov, "failures": failures}), flush=True)
+    dist.barrier()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
