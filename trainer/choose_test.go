@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/internal/cuda"
 )
 
 // chooseAlgorithm over the layouts of issue 9: ranks on MIG instances of
@@ -61,4 +63,61 @@ func TestChooseAlgorithm(t *testing.T) {
 	g := &Group{cfg: config{backend: BackendGPU, settings: map[string]string{allreduce.SettingLinkGiBs: "fast"}},
 		size: 2, peers: peers(2), topo: rendezvous.Topology{SameHost: true, SameGPU: true}, dev: comm.NewHostDevice(comm.HostOptions{})}
 	require.ErrorIs(t, g.chooseAlgorithm(), allreduce.ErrUnsupported)
+}
+
+// Four ranks on MIG instances of two (fake) GPUs, two each: the cost model
+// picks the hierarchical all-reduce, the grouping by physical GPU reaches
+// the communicator, and sums and averages are exact on the device path.
+func TestHierarchicalOnFakeMIG(t *testing.T) {
+	const n, count = 4, 5000
+	errs := world(t, n, func(r int) []Option {
+		bus := []string{"00000000:18:00.0", "00000000:19:00.0"}[r%2] // round robin, as --gpu 0,1
+		f := cuda.NewFake(cuda.FakeDevice{Name: "fake MIG 1g", UUID: cuda.UUID{0x30, byte(r)}, ParentUUID: cuda.UUID{0x40, byte(r % 2)},
+			PCIBusID: bus, SMs: 16, TotalMem: 1 << 30})
+		comm.InstallFakeCUDAKernels(f)
+		return []Option{withCUDA(f), WithBackend(BackendGPU), WithTuning(Tuning{Chunk: 64 << 10, Slots: 3})}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		if g.Algorithm() != allreduce.Hierarchical.String() || g.groups.Count() != 2 || g.groups.Group(g.Rank()) != g.Rank()%2 {
+			return fmt.Errorf("algorithm %s, groups %v: want hierarchical over 2 GPUs", g.Algorithm(), g.groups.Members())
+		}
+		r := g.Rank()
+		send := make([]float32, count)
+		for i := range send {
+			send[i] = input(r, i)
+		}
+		for _, op := range []Op{Sum, Avg} {
+			dev, err := g.Alloc(count, Float32)
+			if err != nil {
+				return err
+			}
+			if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
+				return err
+			}
+			if err := g.AllReduce(ctx, dev, dev, op); err != nil {
+				return err
+			}
+			recv := make([]float32, count)
+			if err := g.Read(ctx, HostSlice(recv).Host(), dev); err != nil {
+				return err
+			}
+			for i := range recv {
+				var want float32
+				for q := range n {
+					want += input(q, i)
+				}
+				if op == Avg {
+					want /= n
+				}
+				if recv[i] != want {
+					return fmt.Errorf("%v element %d = %v, want %v", op, i, recv[i], want)
+				}
+			}
+			if err := g.Free(dev); err != nil {
+				return err
+			}
+		}
+		return g.Barrier(ctx)
+	})
+	requireAll(t, errs)
 }
