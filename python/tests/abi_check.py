@@ -7,6 +7,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 
@@ -91,6 +92,13 @@ def main():
         os._exit(0 if ok else 1)
     _, st = os.waitpid(pid, 0)
     check(os.waitstatus_to_exitcode(st) == 0, "forked child was not refused")
+    # the library leaves SIGINT to Python (no signal.Notify in it)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        check(False, "SIGINT did not raise KeyboardInterrupt")
+    except KeyboardInterrupt:
+        pass
     wait(c.migctl_barrier(ctypes.byref(h)), "barrier")
     check(c.migctl_finalize() == L.OK, f"finalize: {err()}")
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_CLOSED, "barrier after finalize")
