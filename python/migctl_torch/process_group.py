@@ -34,8 +34,8 @@ _DTYPES = {
 _OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("MIN", _lib.MIN), ("MAX", _lib.MAX))
         if hasattr(dist.ReduceOp, name)]
 
-SUPPORTED = ("allreduce", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
-             "broadcast", "barrier")
+SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
+             "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier")
 
 
 def _unsupported(call):
@@ -473,6 +473,15 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base"))
 
+    # Newer torch calls the flat variants by these names (all_gather_into_tensor,
+    # reduce_scatter_tensor and functional collectives).
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002
+        return self._comm.allgather_base(output, input, name="all_gather_single")
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+        return self._comm.reduce_scatter_base(output, input, _op(opts, "reduce_scatter_single"),
+                                              name="reduce_scatter_single")
+
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -495,6 +504,15 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, *a, **k):
         raise _unsupported("reduce_scatter_tensor_coalesced")
+
+    def all_gather_single_coalesced(self, *a, **k):
+        raise _unsupported("all_gather_single_coalesced")
+
+    def reduce_scatter_single_coalesced(self, *a, **k):
+        raise _unsupported("reduce_scatter_single_coalesced")
+
+    def all_to_all_single(self, *a, **k):
+        raise _unsupported("all_to_all_single")
 
     def reduce(self, *a, **k):
         raise _unsupported("reduce")

@@ -143,6 +143,14 @@ def run(device, sizes):
         t = src.clone()
         dist.broadcast(t, src=world - 1)
         expect(f"broadcast {dtype}", t, values(n, world - 1, torch.int64, "cpu").to(dtype))
+    # the flat variants under newer torch's names, on the group object itself
+    pg = dist.group.WORLD
+    flat = torch.empty(world * 5, device=dev)
+    pg.all_gather_single(flat, values(5, rank, torch.float32, dev)).wait()
+    expect("pg.all_gather_single", flat, torch.cat([values(5, r, torch.float32, "cpu") for r in range(world)]))
+    out = torch.empty(5, device=dev)
+    pg.reduce_scatter_single(out, values(5 * world, rank, torch.float32, dev)).wait()
+    expect("pg.reduce_scatter_single", out, reduced(5 * world, world, torch.float32, "sum")[rank * 5:(rank + 1) * 5])
     b = torch.tensor([rank == 0, False, True], device=dev)
     dist.all_reduce(b, op=dist.ReduceOp.MAX)
     expect("all_reduce max bool", b, torch.tensor([True, False, True]))
@@ -164,6 +172,7 @@ def run(device, sizes):
     for name, call in [
         ("reduce", lambda: dist.reduce(torch.ones(2, device=dev), dst=0)),
         ("gather", lambda: dist.gather(torch.ones(2, device=dev), [torch.ones(2, device=dev) for _ in range(world)] if rank == 0 else None, dst=0)),
+        ("all_to_all_single", lambda: pg.all_to_all_single(torch.ones(world, device=dev), torch.ones(world, device=dev), [], [], None)),
         ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world)),
         ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT)),
     ]:
