@@ -42,12 +42,13 @@ timeout 120 "$M" bench limits --refresh "${lim_args[@]}" > "$OUT/limits.txt" 2> 
 timeout 60 "$M" bench limits "${lim_args[@]}" -o json > "$OUT/limits.json" 2>> "$OUT/limits.err"
 cat "$OUT/limits.txt" >&2
 
-# run NAME GPUS NP SIZE ALGO ITERS WARMUP: one migctl bench, JSON to $OUT/NAME.json.
+# run NAME GPUS NP SIZE ALGO ITERS WARMUP [FLAGS...]: one migctl bench, JSON to $OUT/NAME.json.
 run() {
   local name=$1 gpus=$2 np=$3 size=$4 algo=$5 n=$6 w=$7
-  log "migctl bench allreduce --np $np --gpu $gpus -b $size --algo $algo ($name)"
+  shift 7
+  log "migctl bench allreduce --np $np --gpu $gpus -b $size --algo $algo $* ($name)"
   timeout 120 "$M" bench allreduce --backend "$BACKEND" --transport shm --gpu "$gpus" --np "$np" \
-    -b "$size" -e "$size" -n "$n" -w "$w" --algo "$algo" --shm-dir "$SHM_DIR" -c 1 -q -o json \
+    -b "$size" -e "$size" -n "$n" -w "$w" --algo "$algo" --shm-dir "$SHM_DIR" -c 1 -q -o json "$@" \
     > "$OUT/$name.json" 2> "$OUT/$name.err"
   local rc=$?
   echo "$rc" > "$OUT/$name.rc"
@@ -61,6 +62,11 @@ for algo in auto hoststaged ring hierarchical; do
   run "r8x2_${algo}" 0,1 8 "$BIG" "$algo" 10 3
   run "s7x1_${algo}" 0   7 8KiB   "$algo" 300 30
 done
+# More CPU threads where the host's reduction binds (the default is about 14/np per rank):
+# how far host-staged and hierarchical move when the CPU is not the limit (issue 9, item 2).
+run r4x2_hoststaged_w6   0,1 4 "$BIG" hoststaged   10 3 --reduce-workers 6
+run r8x2_hoststaged_w3   0,1 8 "$BIG" hoststaged   10 3 --reduce-workers 3
+run r8x2_hierarchical_w3 0,1 8 "$BIG" hierarchical 10 3 --reduce-workers 3
 
 # gloo in the same run: ranks round robin over --gpus, as migctl's --gpu.
 # Fewer gloo iterations when the migctl rows took long, to stay within about 6 minutes.
@@ -75,7 +81,7 @@ if [ "$GLOO" != none ]; then
 fi
 
 python3 - "$OUT" <<'PY' | tee "$OUT/table.md"
-import json, os, re, sys
+import glob, json, os, re, sys
 out = sys.argv[1]
 
 def ours(name):
@@ -115,10 +121,12 @@ for label, prefix, n, size, ngpu, must, goal in cases:
     small = size < (1 << 20)
     g = gloo.get((n, size, ngpu))
     gs = (fmt(g[0], small) + ("" if g[1] else " (WRONG)")) if g else "n/a"
-    for algo in ("auto", "hoststaged", "ring", "hierarchical"):
+    extra = sorted(os.path.basename(p)[:-5][len(prefix) + 1:] for p in glob.glob(os.path.join(out, prefix + "_*_w*.json")))
+    for algo in ["auto", "hoststaged", "ring", "hierarchical"] + extra:
         r = ours(f"{prefix}_{algo}")
+        algo = re.sub(r"_w(\d+)$", r" --reduce-workers \1", algo)
         if not r:
-            print(f"| {label} | {algo} | FAILED (see {prefix}_{algo}.err) | | | | | | | {gs} | | | |")
+            print(f"| {label} | {algo} | FAILED (see the .err file) | | | | | | | {gs} | | | |")
             continue
         ok = r["rc"] == "0" and r["wrong"] == 0
         verdict = ("goal ✔" if r["ms"] <= goal else "must ✔" if r["ms"] <= must else "misses") if ok else f"FAILED (rc {r['rc']}, {r['wrong']} wrong)"
