@@ -118,13 +118,15 @@ func rankLines(t *testing.T, out string) map[int]map[string]any {
 	return res
 }
 
-// runRanks starts script on np ranks under `migctl run --backend host`.
+// runRanks starts script on np ranks under `migctl run --sim h200x8`: a
+// simulated node with an embedded daemon leasing one 1g.18gb instance per
+// rank, workers on the host backend (what CI can run).
 func runRanks(t *testing.T, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
 	t.Helper()
 	lib, bin := artifacts(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	argv := append([]string{"run", "--backend", "host", "--np", fmt.Sprint(np), "-q", "--timeout", "60s", "--",
+	argv := append([]string{"run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", fmt.Sprint(np), "-q", "--timeout", "60s", "--",
 		python, filepath.Join(repoRoot(t), "python", "tests", script)}, args...)
 	cmd := exec.CommandContext(ctx, bin, argv...)
 	cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")

@@ -248,6 +248,7 @@ class _Comm:
         self.lib.check(self.lib.lib.migctl_init(rank, size), "init")
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
+        self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
         self.completer = _Completer()
         self._unclaimed = collections.deque()  # Works nobody has waited for yet, oldest first
         self._live = collections.OrderedDict()  # id -> Work not yet finished and consumed
@@ -287,6 +288,11 @@ class _Comm:
                     del self._live[k]
 
     def _issue(self, fn, name, *args):
+        if args[-2] == _lib.DEVICE and not self.on_gpu:  # (..., device, stream)
+            raise RuntimeError(
+                f"migctl {name}: a CUDA tensor, but this process's migctl group runs on host memory "
+                "(MIGCTL_BACKEND=host): start the job with `migctl run --profile ...` or `--gpus ...` "
+                "(MIGCTL_BACKEND=gpu), or use CPU tensors")
         return self.lib.issue(getattr(self.lib.lib, fn), name, *args)
 
     @staticmethod
