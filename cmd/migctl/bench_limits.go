@@ -101,7 +101,7 @@ func (o *benchLimitsOptions) Run(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	l, _, err := ensureLimits(ctx, o.cache, o.backend, o.ordinal, o.refresh, o.streams.ErrOut)
+	l, _, err := ensureLimits(ctx, o.cache, o.backend, o.ordinal, o.refresh, limits.HostOptions{}, o.streams.ErrOut)
 	if err != nil {
 		return err
 	}
@@ -124,9 +124,10 @@ func parseOrdinals(s string) ([]int, error) {
 // measuring and caching what is missing (everything with refresh): the
 // host's reduction bandwidth, and with backend gpu or auto (when CUDA has
 // devices) the GPUs with these ordinals (nil: all). It also returns the
-// UUIDs of those GPUs. A cache that cannot be written is reported on
-// progress, not fatal.
-func ensureLimits(ctx context.Context, path, backend string, ordinals []int, refresh bool, progress io.Writer) (limits.Limits, []string, error) {
+// UUIDs of those GPUs. hostOpts shapes the host measurement. A cache that
+// cannot be written is reported on progress, not fatal.
+func ensureLimits(ctx context.Context, path, backend string, ordinals []int, refresh bool, hostOpts limits.HostOptions,
+	progress io.Writer) (limits.Limits, []string, error) {
 	host, _ := os.Hostname()
 	l, err := limits.Load(path, host)
 	if err != nil {
@@ -136,7 +137,7 @@ func ensureLimits(ctx context.Context, path, backend string, ordinals []int, ref
 	changed := false
 	if refresh || l.Host.ReduceThreadGiBs <= 0 {
 		fmt.Fprintf(progress, "bench: measuring the host's reduction bandwidth (cached in %s)\n", path)
-		if l.Host, err = limits.MeasureHost(ctx, limits.HostOptions{}); err != nil {
+		if l.Host, err = limits.MeasureHost(ctx, hostOpts); err != nil {
 			return l, nil, fmt.Errorf("measuring the host's reduction bandwidth: %w", err)
 		}
 		changed = true
@@ -252,9 +253,12 @@ func (r *limitsReport) Rows() [][]string {
 	return rows
 }
 
-// limits measures (or reads from the cache) the machine of this benchmark
-// and returns what fills the report's LIMIT column; nil with --limits=false.
-// A failure to measure is reported and leaves the column out.
+// limits returns what fills the report's LIMIT column (nil with
+// --limits=false): the machine from the cache, measuring what is missing.
+// GPUs are measured now, before the ranks start, while they are idle; the
+// host, when only it is missing, after the run, once a report exists (a
+// failed run measures nothing and is not delayed). A failure to measure is
+// reported and leaves the column out.
 func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 	s := o.spec
 	if !s.Limits {
@@ -269,24 +273,40 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 		fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
 		return nil
 	}
-	var ordinals []int
+	// Smaller than `bench limits` measures: a first run should not wait.
+	hostOpts := limits.HostOptions{Bytes: 32 << 20, Reps: 2}
+	measure := func() (allreduce.Machine, string, error) {
+		var ordinals []int
+		if s.Backend == "gpu" {
+			ordinals = uniqueOrdinals(s.GPUs)
+		}
+		l, uuids, err := ensureLimits(ctx, path, s.Backend, ordinals, false, hostOpts, progress)
+		if err != nil {
+			return allreduce.Machine{}, "", err
+		}
+		source := fmt.Sprintf("measured (%s)", path)
+		m := l.Machine(allreduce.H200(), uuids)
+		if s.Backend == "gpu" && len(uuids) == 0 {
+			source += "; GPU link from hw/H200.md"
+			h := allreduce.H200()
+			m.LinkGiBs, m.DuplexGiBs, m.RoundTrip = h.LinkGiBs, h.DuplexGiBs, h.RoundTrip
+		}
+		return m, source, nil
+	}
+	var m allreduce.Machine
+	var source string
 	if s.Backend == "gpu" {
-		ordinals = uniqueOrdinals(s.GPUs)
-	}
-	l, uuids, err := ensureLimits(ctx, path, s.Backend, ordinals, false, progress)
-	if err != nil {
-		fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
-		return nil
-	}
-	source := fmt.Sprintf("measured (%s)", path)
-	if s.Backend == "gpu" && len(uuids) == 0 {
-		source += "; GPU link from hw/H200.md"
-	}
-	m := l.Machine(allreduce.H200(), uuids)
-	if s.Backend == "gpu" && len(uuids) == 0 {
-		m.LinkGiBs, m.DuplexGiBs, m.RoundTrip = allreduce.H200().LinkGiBs, allreduce.H200().DuplexGiBs, allreduce.H200().RoundTrip
+		if m, source, err = measure(); err != nil {
+			fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
+			return nil
+		}
 	}
 	return func(rep *benchReport) error {
+		if s.Backend != "gpu" {
+			if m, source, err = measure(); err != nil {
+				return err
+			}
+		}
 		groups := make([]int, rep.NP) // the host backend: one group
 		if s.Backend == "gpu" && len(s.GPUs) > 0 {
 			for r := range groups {

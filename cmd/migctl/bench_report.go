@@ -80,6 +80,9 @@ func (r *benchReport) Rows() [][]string {
 		limit, pct := "-", "-"
 		if x.LimitUS > 0 {
 			limit = fmt.Sprintf("%.1f", x.LimitUS)
+			if x.LimitUS < 1 {
+				limit = fmt.Sprintf("%.3f", x.LimitUS)
+			}
 			if x.PctLimit > 0 {
 				pct = fmt.Sprintf("%.0f%%", x.PctLimit)
 			}
