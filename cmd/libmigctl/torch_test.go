@@ -146,6 +146,35 @@ func TestCABIThroughCtypes(t *testing.T) {
 	runRanks(t, 3, 2*time.Minute, "abi_check.py")
 }
 
+// TestCABIFromC builds a C program against include/migctl.h and runs it
+// alone (a group of one). NVML symbols of the library stay unresolved until
+// called (never, in a training process): link with --allow-shlib-undefined.
+func TestCABIFromC(t *testing.T) {
+	lib, _ := artifacts(t)
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("no gcc")
+	}
+	root := repoRoot(t)
+	exe := filepath.Join(t.TempDir(), "smoke")
+	dir := filepath.Dir(lib)
+	link := filepath.Join(t.TempDir(), "libmigctl.so") // -lmigctl needs that name
+	require.NoError(t, os.Symlink(lib, link))
+	out, err := exec.Command(cc, "-Wall", "-Werror", "-I", filepath.Join(root, "include"), "testdata/smoke.c", "-o", exe,
+		"-L", filepath.Dir(link), "-lmigctl", "-Wl,--allow-shlib-undefined", "-Wl,-rpath,"+dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cmd := exec.Command(exe)
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "RANK" && k != "WORLD_SIZE" && !strings.HasPrefix(k, "MIGCTL_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "MIGCTL_BACKEND=host", "LD_LIBRARY_PATH="+dir)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Equal(t, "ok\n", string(out))
+}
+
 func TestTorchBackendOps(t *testing.T) {
 	artifacts(t)
 	needTorch(t)
