@@ -54,7 +54,7 @@ func ContiguousGroups(world, per int) Grouping {
 	for r := range labels {
 		labels[r] = r / per
 	}
-	g, _ := NewGrouping(labels) // at most 256 groups unless world/per > 256
+	g, _ := NewGrouping(labels) // "" beyond 256 groups, which Build refuses
 	return g
 }
 
@@ -240,13 +240,17 @@ func levelTwo(p Params, groups [][]int, r, c int) []Step {
 	if c >= K {
 		wait = allRanks(n, roleD, uint64(c-K+1))
 	}
+	spans := [][2]int{{a0, a0}} // an empty piece still sets the flag
+	if len(cuts) > 1 {
+		spans = spans[:0]
+		for i := 0; i+1 < len(cuts); i++ {
+			spans = append(spans, [2]int{cuts[i], cuts[i+1]})
+		}
+	}
 	owners := map[int]bool{}
 	var steps []Step
-	for i := 0; i+1 < len(cuts) || i == 0; i++ {
-		a, b := cuts[0], cuts[0]
-		if i+1 < len(cuts) {
-			a, b = cuts[i], cuts[i+1]
-		}
+	for _, sp := range spans {
+		a, b := sp[0], sp[1]
 		st := Step{Lane: LaneReduce, Kind: HostReduce, Host: Span{stagedOut(p, slot) + a, b - a}, Final: p.Avg, Div: n}
 		if b > a {
 			for _, mem := range groups {
