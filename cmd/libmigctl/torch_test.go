@@ -194,6 +194,14 @@ func TestTorchDDPMatchesGloo(t *testing.T) {
 	}
 }
 
+func TestTorchCommHookOnGlooJob(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for r, m := range runRanks(t, 2, 3*time.Minute, "hook_check.py") {
+		require.Equal(t, 0.0, m["max_diff"], "rank %d", r)
+	}
+}
+
 // TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
 // survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
 // must raise within the collective deadline.
