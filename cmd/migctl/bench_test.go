@@ -109,13 +109,16 @@ func TestBenchValidateAccepts(t *testing.T) {
 	}
 }
 
-// TestBenchHelpStatesTheSizeRule: every size flag's help says which units
-// are powers of 1024 and which of 1000.
-func TestBenchHelpStatesTheSizeRule(t *testing.T) {
-	var out bytes.Buffer
-	cmd := newRootCmd(streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &out})
-	cmd.SetArgs([]string{"bench", "allreduce", "--help"})
-	require.NoError(t, cmd.Execute())
-	require.Contains(t, out.String(), bytesize.Units)
-	require.Contains(t, out.String(), `(default "64MiB")`)
+// TestSizeFlagsStateTheRule: the help of every command that takes a byte
+// size says which units are powers of 1024 and which of 1000.
+func TestSizeFlagsStateTheRule(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "allreduce"}, {"daemon"}, {"swap", "reserve"}, {"partition", "sim", "attach"},
+	} {
+		var out bytes.Buffer
+		cmd := newRootCmd(streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &out})
+		cmd.SetArgs(append(args, "--help"))
+		require.NoError(t, cmd.Execute())
+		require.Contains(t, out.String(), bytesize.Units, "migctl %v --help", args)
+	}
 }
