@@ -61,13 +61,16 @@ func (m Machine) HostReduceGiBs(threads int) float64 {
 // a job must choose the same algorithm: the rendezvous makes every rank's
 // settings equal).
 const (
-	SettingLinkGiBs     = "allreduce.link_gibs"
-	SettingDuplexGiBs   = "allreduce.duplex_gibs"
-	SettingThreadGiBs   = "allreduce.reduce_thread_gibs"
-	SettingHostGiBs     = "allreduce.reduce_host_gibs"
-	SettingP2PGiBs      = "allreduce.p2p_gibs"
-	SettingRoundTripUS  = "allreduce.roundtrip_us"
-	settingsFloatFormat = 'g'
+	SettingLinkGiBs    = "allreduce.link_gibs"
+	SettingDuplexGiBs  = "allreduce.duplex_gibs"
+	SettingThreadGiBs  = "allreduce.reduce_thread_gibs"
+	SettingHostGiBs    = "allreduce.reduce_host_gibs"
+	SettingP2PGiBs     = "allreduce.p2p_gibs"
+	SettingRoundTripUS = "allreduce.roundtrip_us"
+	// SettingReduceWorkers is the reduce threads per rank the choice
+	// assumes (Options.ReduceWorkers; not part of Machine).
+	SettingReduceWorkers = "allreduce.reduce_workers"
+	settingsFloatFormat  = 'g'
 )
 
 // Settings encodes m for rendezvous settings.

@@ -47,6 +47,9 @@ func TestChooseAlgorithm(t *testing.T) {
 		// host-staged at its n·S, less than hierarchical's (2−1/m)·S.
 		{"8 on 2 GPUs, fast CPU", []int{4, 4}, BackendGPU, AlgorithmAuto,
 			map[string]string{allreduce.SettingThreadGiBs: "40"}, allreduce.HostStaged, 2},
+		// 6 threads per rank instead of 1: 48 threads reduce 2 GiB in 10 ms.
+		{"8 on 2 GPUs, more reduce workers", []int{4, 4}, BackendGPU, AlgorithmAuto,
+			map[string]string{allreduce.SettingReduceWorkers: "6"}, allreduce.HostStaged, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -63,6 +66,8 @@ func TestChooseAlgorithm(t *testing.T) {
 	g := &Group{cfg: config{backend: BackendGPU, settings: map[string]string{allreduce.SettingLinkGiBs: "fast"}},
 		size: 2, peers: peers(2), topo: rendezvous.Topology{SameHost: true, SameGPU: true}, dev: comm.NewHostDevice(comm.HostOptions{})}
 	require.ErrorIs(t, g.chooseAlgorithm(), allreduce.ErrUnsupported)
+	g.cfg.settings = map[string]string{allreduce.SettingReduceWorkers: "0"}
+	require.ErrorIs(t, g.chooseAlgorithm(), comm.ErrInvalid)
 }
 
 // Four ranks on MIG instances of two (fake) GPUs, two each: the cost model

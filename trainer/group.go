@@ -294,12 +294,14 @@ func (g *Group) chooseAlgorithm() error {
 		if err != nil {
 			return fmt.Errorf("machine figures for choosing the all-reduce algorithm: %w (fix or drop the setting)", err)
 		}
-		// Threads as the executor's default (about 14/world per rank) or
-		// the tuning, without the per-process core cap, which ranks need
-		// not share.
-		workers := c.tuning.ReduceWorkers
-		if workers <= 0 {
-			workers = max(1, min(6, 14/g.size))
+		// Reduce threads per rank: the setting every rank shares, else the
+		// executor's default without its per-process core cap (the tuning
+		// and the cores a process sees need not be equal on every rank).
+		workers := max(1, min(6, 14/g.size))
+		if v, ok := c.settings[allreduce.SettingReduceWorkers]; ok {
+			if workers, err = strconv.Atoi(v); err != nil || workers < 1 {
+				return fmt.Errorf("setting %s=%q: want a thread count: %w", allreduce.SettingReduceWorkers, v, comm.ErrInvalid)
+			}
 		}
 		choice, err := m.Choose(allreduce.Workload{Coll: allreduce.AllReduce, Groups: groups, Bytes: 256 << 20,
 			ReduceThreads: g.size * workers, HostBackend: c.backend == BackendHost}, allreduce.ShmCandidates(groups))
