@@ -27,10 +27,8 @@
  * loaded the library (a PyTorch DataLoader worker) must not use it: there
  * every function returns MIGCTL_ERR_FORKED without entering the runtime.
  *
- * Loading: the library refers to NVML functions (through the Go packages it
- * links) that a training process never calls and that exist only where the
- * NVIDIA driver is installed; they must bind lazily: dlopen(RTLD_LAZY), or
- * link with -lmigctl -Wl,--allow-shlib-undefined (and no LD_BIND_NOW).
+ * Loading: the library needs only libc (and loads libcuda.so.1 itself at run
+ * time when the group uses a GPU): dlopen it, or link with -lmigctl.
  *
  * Versioning: MIGCTL_ABI_VERSION changes whenever a signature, a constant or
  * a semantic above changes; migctl_abi_version() is the library's.

@@ -1,7 +1,6 @@
 """ctypes binding of libmigctl.so (include/migctl.h). No torch here."""
 
 import ctypes
-import ctypes.util
 import os
 import shutil
 import threading
@@ -62,31 +61,13 @@ def _candidates():
         yield os.path.join(os.path.dirname(os.path.realpath(exe)), "libmigctl.so")
 
 
-def _dlopen_lazy(path):
-    """dlopen with RTLD_LAZY. ctypes.CDLL always adds RTLD_NOW, but the
-    library refers to NVML functions (through the Go packages it links) that
-    a training process never calls and that only exist where the NVIDIA
-    driver is installed: they must be bound lazily, if ever."""
-    try:
-        libdl = ctypes.CDLL(None)
-        libdl.dlopen  # glibc >= 2.34 has it in libc
-    except AttributeError:
-        libdl = ctypes.CDLL(ctypes.util.find_library("dl"))
-    libdl.dlopen.restype, libdl.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
-    libdl.dlerror.restype, libdl.dlerror.argtypes = ctypes.c_char_p, []
-    h = libdl.dlopen(os.fsencode(path), os.RTLD_LAZY | os.RTLD_LOCAL)
-    if not h:
-        raise ImportError(f"loading {path}: {(libdl.dlerror() or b'').decode(errors='replace')}")
-    return h
-
-
 class Library:
     """The loaded library with its prototypes; one per process."""
 
     def __init__(self, path):
         self.path = path
         self.pid = os.getpid()
-        lib = ctypes.CDLL(path, handle=_dlopen_lazy(path))
+        lib = ctypes.CDLL(path)
         c_int, c_size, c_uptr, c_vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p
         work_p = ctypes.POINTER(ctypes.c_uint64)
         proto = {
