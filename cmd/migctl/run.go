@@ -297,6 +297,12 @@ func (o *runOptions) Run(ctx context.Context) error {
 			return err
 		}
 		cfg.Devices = devs
+		// No leases, but a daemon may still be there to preempt the job:
+		// the workers follow its swaps (and report to it) through the socket.
+		if o.socketGiven {
+			cfg.DaemonSocket = o.socket
+		}
+		_, swapSocket = ctxmgr.DaemonSockets()
 	case o.profile != "":
 		d, err := openRunDaemon(ctx, o)
 		if err != nil {

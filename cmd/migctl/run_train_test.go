@@ -291,3 +291,17 @@ func TestRunGangSwapHeldPastDeadline(t *testing.T) {
 	require.Equal(t, 0, res.Restarts, "the job was restarted: %s", stderr.String())
 	requireSameWeights(t, weights(t, plainOut, 4)[0], weights(t, out, 4), 0)
 }
+
+// TestRunGPUsPassesDaemonSocket: with --gpus (no leases) a daemon named by
+// --socket still reaches the workers (MIGCTL_SOCKET, and with --swap the
+// shim's MIGSWAP_SOCKET), so a job on whole GPUs follows its swaps.
+func TestRunGPUsPassesDaemonSocket(t *testing.T) {
+	r := newRunCLI(t, testutil.MigctlBin(t))
+	lib := filepath.Join(t.TempDir(), "libmigswap.so") // not loaded by sh's echo: any file will do
+	require.NoError(t, os.WriteFile(lib, nil, 0o644))
+	stdout, stderr, err := r.run(t, []string{"LD_PRELOAD="}, "--gpus", "0", "--np", "1", "-q", "--socket", "/tmp/x-control.sock",
+		"--swap", "--swap-lib", lib, "--swap-socket", "/tmp/x-swap.sock", "--",
+		"sh", "-c", `echo "sock=$MIGCTL_SOCKET swap=$MIGSWAP_SOCKET"`)
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, "sock=/tmp/x-control.sock swap=/tmp/x-swap.sock")
+}
