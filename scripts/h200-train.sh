@@ -9,6 +9,7 @@
 #   4. every collective checked on the GPU through the SDK (scripts/gpu-collectives-check.sh);
 #   5. extra steps from scripts/h200-train.d/*.sh (PyTorch backend, topology rows) when present.
 # Needs bin/migctl, bin/sgd, bin/libmigswap.so (make build shim) built on the dev machine.
+# ONLY="1 3" runs just those numbered steps (default: all).
 # Results: $OUT/summary.txt (one line per check), $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,10 +32,12 @@ print(f"ranks identical {same}, max relative difference {d:.2e}")
 sys.exit(0 if same and d <= 1e-6 else 1)
 PY
 }
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 dur() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("duration") or d.get("seconds"), "restarts", d.get("restarts"))' "$1" 2>/dev/null; }
 nvidia-smi --query-gpu=index,name,mig.mode.current,memory.used --format=csv,noheader > "$R/gpus.txt" 2>&1
 cat "$R/gpus.txt"
 
+if want 1; then
 echo "== 1. Go example, 7 workers on GPU 0 vs 1 worker"
 $M run --gpus 0 --np 7 -o json -q -- bin/sgd --steps 200 --batch 56 --device-buffers --log-every 50 --out "$W/sgd7" > "$W/sgd7.json" 2> "$W/sgd7.err"; rc7=$?
 $M run --gpus 0 --np 1 -o json -q -- bin/sgd --steps 200 --batch 56 --device-buffers --log-every 50 --out "$W/sgd1" > "$W/sgd1.json" 2> "$W/sgd1.err"; rc1=$?
@@ -45,6 +48,8 @@ else
   say "FAIL go-example-7-on-gpu0 (rc $rc7/$rc1): ${c:-}"; tail -5 "$W/sgd7.err"
 fi
 
+fi
+if want 2; then
 echo "== 2. plain PyTorch DDP over gloo, 7 workers on GPU 0"
 if $M run --gpus 0 --np 7 -o json -q -- python3 scripts/ddp_plain_gloo.py --steps 50 > "$W/gloo7.json" 2> "$W/gloo7.err"; then
   say "PASS pytorch-gloo-7-on-gpu0: $(grep -h '"script"' "$W/gloo7.err" "$W/gloo7.json" | head -1)"
@@ -52,6 +57,8 @@ else
   say "FAIL pytorch-gloo-7-on-gpu0"; tail -8 "$W/gloo7.err"
 fi
 
+fi
+if want 3; then
 echo "== 3. gang swap with the real shim, held 40 s past a 20-s deadline"
 $M daemon --socket "$W/c.sock" --swap-socket "$W/s.sock" > "$W/daemon.log" 2>&1 &
 dpid=$!
@@ -84,12 +91,16 @@ else
   say "FAIL gang-swap-40s-real-shim (ref $rcr, held $rch, out $rco, in $rci): ${c:-}"; tail -5 "$W/held.err"; tail -3 "$W/swapout.json"
 fi
 
+fi
+if want 4; then
 echo "== 4. every collective on the GPU through the SDK"
 OUT="$W/check" timeout 300 scripts/gpu-collectives-check.sh > "$W/gpu-check.txt" 2>&1
 say "gpu-collectives-check: $(tail -1 "$W/gpu-check.txt")"
+fi
 
 for x in scripts/h200-train.d/*.sh; do
   [ -f "$x" ] || continue
+  want "$(basename "$x" .sh)" || continue
   echo "== $x"
   OUT="$W/$(basename "$x" .sh)" timeout 420 bash "$x" > "$W/$(basename "$x" .sh).txt" 2>&1
   say "$(basename "$x"): rc=$? $(tail -1 "$W/$(basename "$x" .sh).txt")"

@@ -10,7 +10,7 @@ R=${OUT:-./pytorch-checks-out}; mkdir -p "$R"
 pass=0 fail=0
 check() { # check NAME NP -- CMD...
   local name=$1 np=$2; shift 3
-  if timeout 150 $M run --gpus 0 --np "$np" -q -- "$@" > "$R/$name.out" 2> "$R/$name.err"; then
+  if timeout "${T:-150}" $M run --gpus 0 --np "$np" -q -- "$@" > "$R/$name.out" 2> "$R/$name.err"; then
     pass=$((pass+1)); echo "ok    $name"
   else
     fail=$((fail+1)); echo "FAIL  $name"; tail -4 "$R/$name.err"
@@ -18,7 +18,7 @@ check() { # check NAME NP -- CMD...
   grep -h '^\[0\]: {' "$R/$name.out" "$R/$name.err" | head -2
 }
 python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
-check ops-cuda-7 7 -- python3 python/tests/ops_check.py --device cuda
+check ops-cuda-7 7 -- python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539
 check gpu-checks-7 7 -- python3 python/tests/gpu_checks.py
 check ddp-hook-2 2 -- python3 python/tests/ddp_check.py
 echo "$pass passed, $fail failed"
