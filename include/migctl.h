@@ -43,7 +43,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 1
+#define MIGCTL_ABI_VERSION 2 /* 2: migctl_issue */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -129,6 +129,22 @@ int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int 
 
 /* Finishes once every rank has entered it. */
 int migctl_barrier(migctl_work_t *work);
+
+/* Collective kinds of migctl_issue. */
+#define MIGCTL_KIND_ALLREDUCE 0
+#define MIGCTL_KIND_REDUCE_SCATTER 1
+#define MIGCTL_KIND_ALL_GATHER 2
+#define MIGCTL_KIND_BROADCAST 3
+#define MIGCTL_KIND_BARRIER 4
+
+/* Any collective above in one call that returns its handle (> 0) or a
+ * negative MIGCTL_ERR_* code: what an FFI binding calls (no out-parameter to
+ * allocate per call). count is the count of that kind's entry point (recv_count
+ * for reduce-scatter, send_count for all-gather); op is read by the
+ * reductions, root by broadcast; a barrier ignores the rest. Like every
+ * collective it only queues the work: it never waits for a peer. */
+int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                     int device, uintptr_t stream);
 
 /* Waits for work up to timeout_ms (negative: no limit) and frees it; returns
  * the collective's result, or MIGCTL_PENDING (work still valid) when the

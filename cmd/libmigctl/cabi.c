@@ -80,6 +80,21 @@ int migctl_barrier(migctl_work_t *work) {
 	return migctlGoCollective(4, NULL, NULL, 0, 0, 0, 0, 0, 0, work);
 }
 
+int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                     int device, uintptr_t stream) {
+	migctl_work_t w = 0;
+	int rc;
+	GUARD(MIGCTL_ERR_FORKED);
+	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER) {
+		static const char msg[] = "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)";
+		migctl_set_error(msg, sizeof msg - 1);
+		return MIGCTL_ERR_INVALID;
+	}
+	if (kind == MIGCTL_KIND_BARRIER) return (rc = migctlGoCollective(4, NULL, NULL, 0, 0, 0, 0, 0, 0, &w)) ? rc : (int64_t)w;
+	rc = migctlGoCollective(kind, (void *)send, recv, count, dtype, op, root, device, stream, &w);
+	return rc ? rc : (int64_t)w;
+}
+
 int migctl_wait(migctl_work_t work, int64_t timeout_ms) { GUARD(MIGCTL_ERR_FORKED); return migctlGoWait(work, timeout_ms, 1); }
 int migctl_test(migctl_work_t work) { GUARD(MIGCTL_ERR_FORKED); return migctlGoWait(work, 0, 0); }
 int migctl_abort(const char *reason) { GUARD(MIGCTL_ERR_FORKED); return migctlGoAbort((char *)reason); }

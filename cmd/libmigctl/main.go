@@ -182,7 +182,7 @@ func migctlGoCollective(kind C.int, send, recv unsafe.Pointer, count C.size_t, d
 		return fail(fmt.Errorf("libmigctl: dtype %d: want MIGCTL_FLOAT32..MIGCTL_UINT8: %w", dtype, comm.ErrInvalid))
 	}
 	o := trainer.Op(op)
-	if o < trainer.Sum || o > trainer.Max {
+	if (kind == kindAllReduce || kind == kindReduceScatter) && (o < trainer.Sum || o > trainer.Max) {
 		return fail(fmt.Errorf("libmigctl: op %d: want MIGCTL_SUM, AVG, MIN or MAX: %w", op, comm.ErrInvalid))
 	}
 	if kind != kindBarrier && count > 0 && (recv == nil || send == nil && kind != kindBroadcast) {

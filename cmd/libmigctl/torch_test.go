@@ -202,6 +202,21 @@ func TestTorchCommHookOnGlooJob(t *testing.T) {
 	}
 }
 
+// TestTorchCollectivesDoNotBlock: with the last rank 2 s late, the others'
+// async collectives (and DDP's bucket all-reduces in backward) return at once
+// and complete later, their Futures through the completion thread.
+func TestTorchCollectivesDoNotBlock(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for r, m := range runRanks(t, 3, 3*time.Minute, "async_check.py") {
+		if r == 2 {
+			continue // the slow rank
+		}
+		require.Less(t, m["issue_s"].(float64), 0.5, "rank %d", r)
+		require.Greater(t, m["done_s"].(float64), 1.0, "rank %d", r)
+	}
+}
+
 // TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
 // survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
 // must raise within the collective deadline.

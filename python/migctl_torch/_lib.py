@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 OK = 0
 PENDING = 1
@@ -24,6 +24,7 @@ ERR_INTERNAL = -99
 FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32, INT64, UINT8 = range(7)
 SUM, AVG, MIN, MAX = range(4)
 HOST, DEVICE = 0, 1
+KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRIER = range(5)
 
 _NAMES = {
     ERR_INVALID: "invalid argument",
@@ -84,6 +85,8 @@ class Library:
             "migctl_all_gather": ([c_vp, c_vp, c_size, c_int, c_int, c_uptr, work_p], c_int),
             "migctl_broadcast": ([c_vp, c_vp, c_size, c_int, c_int, c_int, c_uptr, work_p], c_int),
             "migctl_barrier": ([work_p], c_int),
+            # the one entry point the process group calls per collective: handle or error code
+            "migctl_issue": ([c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], ctypes.c_int64),
             "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
             "migctl_test": ([ctypes.c_uint64], c_int),
             "migctl_abort": ([ctypes.c_char_p], c_int),

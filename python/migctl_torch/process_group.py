@@ -2,9 +2,12 @@
 
 The state lives in the library (one group per process); this module converts
 tensors to pointers, streams and dtype codes, and turns the library's handles
-into Work objects and torch Futures. One completion thread per process waits
-for the handles in the order they were issued (the library runs collectives
-one at a time in that order) and completes the Futures.
+into Work objects and torch Futures. A call only queues the collective in
+the library (one C call, migctl_issue) and returns a Work: it never waits for
+a peer, so DDP's reducer overlaps the buckets' all-reduces with the backward
+pass. wait() waits for the handle in the library (GIL released); a Future is
+settled by the completion thread, which waits for the handles in the order
+they were issued (the library runs collectives one at a time in that order).
 """
 
 import atexit
@@ -34,6 +37,8 @@ _DTYPES = {
 _OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("MIN", _lib.MIN), ("MAX", _lib.MAX))
         if hasattr(dist.ReduceOp, name)]
 
+_SUM = dist.ReduceOp.SUM
+
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
              "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier")
 
@@ -46,9 +51,14 @@ def _unsupported(call):
 
 
 def _op(opts, call):
-    op = getattr(opts, "reduceOp", None) if opts is not None else None
-    if op is None:
+    if opts is None:
         return _lib.SUM
+    op = opts.reduceOp
+    try:
+        if op == _SUM:
+            return _lib.SUM
+    except TypeError:
+        pass
     for name, code in _OPS:
         try:
             if op == getattr(dist.ReduceOp, name):
@@ -77,18 +87,12 @@ def _move_dtype(t):
     return dt, t.numel()
 
 
-def _where(t):
-    """(device flag, CUstream) of a tensor: its current stream for CUDA."""
-    if t.is_cuda:
-        return _lib.DEVICE, torch.cuda.current_stream(t.device).cuda_stream
-    if t.device.type != "cpu":
-        raise NotImplementedError(f"migctl backend: tensors on {t.device} are not supported (cpu and cuda are)")
-    return _lib.HOST, 0
-
-
 class _Completer:
     """Completes, in issue order, the Works whose Future was asked for (or
-    that nobody claimed): a thread that waits for their handles."""
+    that nobody claimed): a thread that waits for their handles in the
+    library (migctl_wait, with the GIL released) and settles their Futures.
+    The caller's thread never waits for a peer: DDP's reducer issues a
+    bucket, asks for its Future and goes on with the backward pass."""
 
     def __init__(self):
         self.q = queue.SimpleQueue()
@@ -99,10 +103,15 @@ class _Completer:
         self.q.put(work)
 
     def _run(self):
+        get = self.q.get
         while True:
-            w = self.q.get()
-            w._complete()
+            w = get()
+            w._run()
             w = None  # no reference left in this thread's frame
+
+
+# Work states.
+_ISSUED, _CLAIMED, _DONE = 0, 1, 2
 
 
 class Work(dist._Work):
@@ -110,9 +119,11 @@ class Work(dist._Work):
     is then in the output tensors, for CUDA tensors too) and raises its error;
     get_future() is a torch Future completed with the output tensors.
 
-    The thread that calls wait() first waits for the library's handles itself
-    (no hand-off: a synchronous collective costs one C call more than the
-    library's); get_future() hands the Work to the completion thread.
+    Issuing never waits: the library queues the collective and returns a
+    handle. The first thread to need the result claims the handles and waits
+    for them in the library itself (wait(): no hand-off, a synchronous
+    collective costs one C call more than the library's); get_future() hands
+    the Work to the completion thread instead, which settles the Future.
 
     torch reaches a Work it got through C++ (DDP's reducer, broadcasts of
     module states) only while this Python object lives: once it is gone the
@@ -121,51 +132,51 @@ class Work(dist._Work):
     get_future() has been called, or, unconsumed, until KEEP later ones have
     finished."""
 
-    def __init__(self, comm, name, handles, result, keep=(), post=None, devices=None):
+    def __init__(self, comm, name, handles, result, keep=None, post=None, devices=None, slots=None):
         super().__init__()
         self._comm = comm
         self._name = name
         self._handles = handles
         self._result = result
-        self._keep = keep
+        self._keep = keep  # tensors the library reads or writes until the end
         self._post = post
         self._devices = devices
+        self._slots = slots  # CUDA side streams lent to the collective
         self._exc = None
+        self._state = _ISSUED
         self._consumed = False
-        self._claimed = False
         self._future = None
-        self._mu = threading.Lock()
-        self._done = threading.Event()
         comm._hold(self)
 
-    def _claim(self):
-        with self._mu:
-            if self._claimed:
-                return False
-            self._claimed = True
-            return True
-
-    def _complete(self):
-        """Waits for the handles and finishes (the claimer only)."""
-        lib = self._comm.lib
+    def _run(self):
+        """Waits for the handles in the library and finishes (the claimer only)."""
+        c = self._comm
         err = None
         for h in self._handles:
-            code = lib.lib.migctl_wait(h, -1)
+            code = c.cwait(h, -1)  # ctypes releases the GIL while it blocks
             if code != _lib.OK and err is None:
-                err = lib.error(code, self._name)
+                err = c.lib.error(code, self._name)
         if err is None and self._post is not None:
             try:
                 self._post()
             except Exception as e:  # noqa: BLE001 - handed to the waiter
                 err = e
-        with self._mu:
+        self._keep = self._post = None
+        if self._slots is not None:
+            c._slots.extend(self._slots)
+            self._slots = None
+        with c._mu:
             self._exc = err
-            self._keep = self._post = None
+            self._state = _DONE
             fut = self._future
-            self._done.set()
+            if self._consumed:
+                c._live.pop(id(self), None)
+            elif len(c._live) > c.KEEP:
+                c._trim()
+            if c._waiters:
+                c._cv.notify_all()
         if fut is not None:
             self._settle(fut)
-        self._comm._release(self, done=True)
 
     def _settle(self, fut):
         if self._exc is None:
@@ -174,44 +185,64 @@ class Work(dist._Work):
             fut.set_exception(self._exc)
 
     def wait(self, timeout=None):
-        self._consumed = True
-        try:
-            if self._claim():
-                self._complete()
+        c = self._comm
+        if self._state != _DONE:
+            with c._mu:
+                mine = self._state == _ISSUED
+                if mine:
+                    self._state = _CLAIMED
+            if mine:
+                self._run()
             else:
-                secs = None
-                if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-                    secs = timeout.total_seconds()
-                if not self._done.wait(secs):
-                    raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
-            if self._exc is not None:
-                raise self._exc
-            return True
-        finally:
-            self._comm._release(self)
+                self._await(timeout)
+        with c._mu:
+            self._consumed = True
+            c._live.pop(id(self), None)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def _await(self, timeout):
+        """Waits for the thread that claimed the handles to finish."""
+        c = self._comm
+        secs = None
+        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+            secs = timeout.total_seconds()
+        with c._cv:
+            c._waiters += 1
+            try:
+                while self._state != _DONE:
+                    if not c._cv.wait(secs) and secs is not None and self._state != _DONE:
+                        raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
+            finally:
+                c._waiters -= 1
 
     def get_future(self):
-        self._consumed = True
-        with self._mu:
+        c = self._comm
+        with c._mu:
+            self._consumed = True
             fut = self._future
-            if fut is None:
-                fut = self._future = (torch.futures.Future(devices=self._devices) if self._devices
-                                      else torch.futures.Future())
-                done = self._done.is_set()
-            else:
-                done = None
-        if done:
+            if fut is not None:
+                return fut
+            fut = self._future = (torch.futures.Future(devices=self._devices) if self._devices
+                                  else torch.futures.Future())
+            state = self._state
+            if state == _ISSUED:
+                self._state = _CLAIMED
+            elif state == _DONE:
+                c._live.pop(id(self), None)
+        if state == _ISSUED:
+            c.completer.submit(self)
+        elif state == _DONE:
             self._settle(fut)
-        elif done is not None and self._claim():
-            self._comm.completer.submit(self)
-        self._comm._release(self)
+        # _CLAIMED: the claimer settles it when it finishes (it reads _future under the lock)
         return fut
 
     def is_completed(self):
-        return self._done.is_set()
+        return self._state == _DONE
 
     def is_success(self):
-        return self._done.is_set() and self._exc is None
+        return self._state == _DONE and self._exc is None
 
     def exception(self):
         return self._exc
@@ -224,11 +255,11 @@ class _Comm:
     """The process's group in libmigctl, and the collectives on tensors."""
 
     _instance = None
-    _mu = threading.Lock()
+    _imu = threading.Lock()
 
     @classmethod
     def get(cls, rank=-1, size=-1):
-        with cls._mu:
+        with cls._imu:
             c = cls._instance
             if c is None or c.pid != os.getpid():
                 if c is not None:
@@ -249,17 +280,22 @@ class _Comm:
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
+        self.cissue = self.lib.lib.migctl_issue
+        self.cwait = self.lib.lib.migctl_wait
         self.completer = _Completer()
-        self._unclaimed = collections.deque()  # Works nobody has waited for yet, oldest first
-        self._live = collections.OrderedDict()  # id -> Work not yet finished and consumed
-        self._live_mu = threading.Lock()
+        self._mu = threading.Lock()
+        self._cv = threading.Condition(self._mu)
+        self._waiters = 0
+        self._unclaimed = collections.deque()  # the last Works issued, oldest first
+        self._live = {}  # id -> Work not yet finished and consumed (insertion ordered)
+        self._slots = []  # free CUDA side streams: (stream, event)
         atexit.register(self._finalize)
 
     def _finalize(self):
         if os.getpid() != self.pid:
             return
-        with self._live_mu:
-            busy = any(not w._done.is_set() for w in self._live.values())
+        with self._mu:
+            busy = any(w._state != _DONE for w in self._live.values())
         if not busy:  # with collectives in flight (a peer died) exiting must not wait for their deadline
             self.lib.lib.migctl_finalize()
 
@@ -271,29 +307,67 @@ class _Comm:
 
     def _hold(self, w):
         reap = None
-        with self._live_mu:
+        with self._mu:
             self._live[id(w)] = w
-            self._unclaimed.append(w)
-            if len(self._unclaimed) > self.UNCLAIMED:
-                reap = self._unclaimed.popleft()
-        if reap is not None and reap._claim():
+            u = self._unclaimed
+            u.append(w)
+            if len(u) > self.UNCLAIMED:
+                reap = u.popleft()
+                if reap._state == _ISSUED:
+                    reap._state = _CLAIMED
+                else:
+                    reap = None
+        if reap is not None:
             self.completer.submit(reap)
 
-    def _release(self, w, done=False):
-        with self._live_mu:
-            if w._done.is_set() and w._consumed:
-                self._live.pop(id(w), None)
-            if done and len(self._live) > self.KEEP:
-                for k in [k for k, v in self._live.items() if v._done.is_set()][: len(self._live) - self.KEEP]:
-                    del self._live[k]
+    def _trim(self):
+        """Drops the oldest finished, never consumed Works beyond KEEP (lock held)."""
+        extra = len(self._live) - self.KEEP
+        for k in [k for k, v in self._live.items() if v._state == _DONE][:extra]:
+            del self._live[k]
 
-    def _issue(self, fn, name, *args):
-        if args[-2] == _lib.DEVICE and not self.on_gpu:  # (..., device, stream)
+    def _fail(self, code, name):
+        raise self.lib.error(int(code), name)
+
+    def _where(self, t, name, slots):
+        """(device flag, CUstream) of a tensor for the library. A CUDA tensor's
+        collective is ordered after the work queued on the current stream
+        now, at the call: a side stream of ours waits for an event recorded
+        there and goes to the library (which records its own event on it when
+        the collective starts, maybe much later, when the current stream has
+        more work queued, say the rest of the backward pass)."""
+        if not t.is_cuda:
+            if t.device.type != "cpu":
+                raise NotImplementedError(f"migctl backend: tensors on {t.device} are not supported (cpu and cuda are)")
+            return _lib.HOST, 0
+        if not self.on_gpu:
             raise RuntimeError(
                 f"migctl {name}: a CUDA tensor, but this process's migctl group runs on host memory "
                 "(MIGCTL_BACKEND=host): start the job with `migctl run --profile ...` or `--gpus ...` "
                 "(MIGCTL_BACKEND=gpu), or use CPU tensors")
-        return self.lib.issue(getattr(self.lib.lib, fn), name, *args)
+        cur = torch.cuda.current_stream(t.device)
+        try:
+            slot = self._slots.pop()
+        except IndexError:
+            slot = (torch.cuda.Stream(t.device), torch.cuda.Event())
+        side, ev = slot
+        if side.device != t.device:
+            self._slots.append(slot)
+            slot = (torch.cuda.Stream(t.device), torch.cuda.Event())
+            side, ev = slot
+        ev.record(cur)
+        side.wait_event(ev)
+        slots.append(slot)
+        return _lib.DEVICE, side.cuda_stream
+
+    def _issue(self, kind, name, t, send, recv, count, dt, op, root, slots):
+        dev, stream = self._where(t, name, slots)
+        h = self.cissue(kind, send, recv, count, dt, op, root, dev, stream)
+        if h < 0:
+            if slots:
+                self._slots.extend(slots)
+            self._fail(h, name)
+        return h
 
     @staticmethod
     def _devices(tensors):
@@ -325,22 +399,36 @@ class _Comm:
     # --- collectives --------------------------------------------------------
 
     def allreduce(self, tensors, op, name="allreduce"):
-        handles, keep, back = [], [], []
+        if len(tensors) == 1:  # the common case (DDP's buckets, dist.all_reduce), with the fewest steps
+            t = tensors[0]
+            dt = _DTYPES.get(t.dtype)
+            if dt is not None and t.is_contiguous():
+                if t.is_cpu:
+                    p = t.data_ptr()
+                    h = self.cissue(_lib.KIND_ALLREDUCE, p, p, t.numel(), dt, op, 0, _lib.HOST, 0)
+                    if h < 0:
+                        self._fail(h, name)
+                    return Work(self, name, (h,), tensors, t)
+                slots = []
+                p = t.data_ptr()
+                h = self._issue(_lib.KIND_ALLREDUCE, name, t, p, p, t.numel(), dt, op, 0, slots)
+                return Work(self, name, (h,), tensors, t, None, self._devices(tensors), slots)
+        handles, keep, back, slots = [], [], [], []
         for t in tensors:
             dt = _reduce_dtype(t, name, op)
             buf = t if t.is_contiguous() else t.contiguous()
             if buf is not t:
                 back.append((t, buf))
-            dev, stream = _where(buf)
             keep.append(buf)
             p = buf.data_ptr()
-            handles.append(self._issue("migctl_allreduce", name, p, p, buf.numel(), dt, op, dev, stream))
-        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
+            handles.append(self._issue(_lib.KIND_ALLREDUCE, name, buf, p, p, buf.numel(), dt, op, 0, slots))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors),
+                    slots or None)
 
     def allgather(self, output_lists, inputs, name="allgather"):
         if len(output_lists) != len(inputs):
             raise ValueError(f"migctl {name}: {len(output_lists)} output lists for {len(inputs)} inputs")
-        handles, keep, back, results = [], [], [], []
+        handles, keep, back, results, slots = [], [], [], [], []
         for outs, inp in zip(output_lists, inputs):
             if len(outs) != self.size:
                 raise ValueError(f"migctl {name}: {len(outs)} output tensors, want one per rank ({self.size})")
@@ -353,32 +441,31 @@ class _Comm:
             keep += [src, flat]
             back += [(o, flat[k * inp.numel():(k + 1) * inp.numel()]) for k, o in enumerate(outs)]
             dt, n = _move_dtype(src)
-            dev, stream = _where(src)
-            handles.append(self._issue("migctl_all_gather", name, src.data_ptr(), flat.data_ptr(), n, dt, dev, stream))
+            handles.append(self._issue(_lib.KIND_ALL_GATHER, name, src, src.data_ptr(), flat.data_ptr(), n, dt, 0, 0,
+                                       slots))
             results.append(outs)
-        return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs))
+        return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs), slots or None)
 
     def allgather_base(self, output, inp, name="_allgather_base"):
         if output.numel() != self.size * inp.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: output has {output.numel()} {output.dtype} on {output.device}, "
                              f"want {self.size} x the input's {inp.numel()} {inp.dtype} on {inp.device}")
-        keep, back = [], []
+        back, slots = [], []
         out = output if output.is_contiguous() else output.contiguous()
         if out is not output:
             back.append((output, out))
         block = inp.numel() * inp.element_size()
         in_place = out is output and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + self.rank * block
         src = out if in_place else (inp if inp.is_contiguous() else inp.contiguous())
-        keep += [src, out]
         dt, n = _move_dtype(inp)
-        dev, stream = _where(out)
-        h = self._issue("migctl_all_gather", name, src.data_ptr(), out.data_ptr(), n, dt, dev, stream)
-        return Work(self, name, [h], [output], keep, self._copy_back(back), self._devices([output]))
+        h = self._issue(_lib.KIND_ALL_GATHER, name, out, src.data_ptr(), out.data_ptr(), n, dt, 0, 0, slots)
+        return Work(self, name, (h,), [output], (src, out), self._copy_back(back), self._devices([output]),
+                    slots or None)
 
     def reduce_scatter(self, outputs, input_lists, op, name="reduce_scatter"):
         if len(outputs) != len(input_lists):
             raise ValueError(f"migctl {name}: {len(outputs)} outputs for {len(input_lists)} input lists")
-        handles, keep, back = [], [], []
+        handles, keep, back, slots = [], [], [], []
         for out, ins in zip(outputs, input_lists):
             if len(ins) != self.size:
                 raise ValueError(f"migctl {name}: {len(ins)} input tensors, want one per rank ({self.size})")
@@ -392,17 +479,17 @@ class _Comm:
             if dst is not out:
                 back.append((out, dst))
             keep += [flat, dst]
-            dev, stream = _where(flat)
-            handles.append(self._issue("migctl_reduce_scatter", name, flat.data_ptr(), dst.data_ptr(), out.numel(),
-                                       dt, op, dev, stream))
-        return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs))
+            handles.append(self._issue(_lib.KIND_REDUCE_SCATTER, name, flat, flat.data_ptr(), dst.data_ptr(),
+                                       out.numel(), dt, op, 0, slots))
+        return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs),
+                    slots or None)
 
     def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
         if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
                              f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
         dt = _reduce_dtype(output, name, op)
-        keep, back = [], []
+        back, slots = [], []
         block = output.numel() * output.element_size()
         in_place = (inp.is_contiguous() and output.is_contiguous()
                     and output.data_ptr() == inp.data_ptr() + self.rank * block)
@@ -414,30 +501,31 @@ class _Comm:
                                                                      device=output.device)
             if dst is not output:
                 back.append((output, dst))
-        keep += [src, dst]
-        dev, stream = _where(src)
-        h = self._issue("migctl_reduce_scatter", name, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
-                        dev, stream)
-        return Work(self, name, [h], [output], keep, self._copy_back(back), self._devices([output]))
+        h = self._issue(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
+                        0, slots)
+        return Work(self, name, (h,), [output], (src, dst), self._copy_back(back), self._devices([output]),
+                    slots or None)
 
     def broadcast(self, tensors, root, name="broadcast"):
         if not 0 <= root < self.size:
             raise ValueError(f"migctl {name}: root {root} of {self.size} ranks")
-        handles, keep, back = [], [], []
+        handles, keep, back, slots = [], [], [], []
         for t in tensors:
             buf = t if t.is_contiguous() else t.contiguous()
             if buf is not t:
                 back.append((t, buf))
             keep.append(buf)
             dt, n = _move_dtype(buf)
-            dev, stream = _where(buf)
             p = buf.data_ptr()
-            handles.append(self._issue("migctl_broadcast", name, p, p, n, dt, root, dev, stream))
-        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
+            handles.append(self._issue(_lib.KIND_BROADCAST, name, buf, p, p, n, dt, 0, root, slots))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors),
+                    slots or None)
 
     def barrier(self, name="barrier"):
-        h = self.lib.issue(self.lib.lib.migctl_barrier, name)
-        return Work(self, name, [h], [])
+        h = self.cissue(_lib.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0)
+        if h < 0:
+            self._fail(h, name)
+        return Work(self, name, (h,), [])
 
 
 class ProcessGroupMigctl(dist.ProcessGroup):

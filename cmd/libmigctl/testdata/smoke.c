@@ -29,6 +29,14 @@ int main(void) {
 	CHECK(migctl_reduce_scatter(x, y, 3, MIGCTL_FLOAT32, MIGCTL_MAX, MIGCTL_HOST, 0, &w) == MIGCTL_OK, "reduce_scatter");
 	CHECK(migctl_wait(w, -1) == MIGCTL_OK, "wait");
 	CHECK(migctl_barrier(&w) == MIGCTL_OK && migctl_wait(w, -1) == MIGCTL_OK, "barrier");
+	{
+		int64_t h = migctl_issue(MIGCTL_KIND_ALLREDUCE, x, y, 3, MIGCTL_FLOAT32, MIGCTL_MAX, 0, MIGCTL_HOST, 0);
+		CHECK(h > 0 && migctl_wait((migctl_work_t)h, -1) == MIGCTL_OK, "migctl_issue allreduce");
+		h = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+		CHECK(h > 0 && migctl_wait((migctl_work_t)h, -1) == MIGCTL_OK, "migctl_issue barrier");
+		CHECK(migctl_issue(99, x, y, 3, MIGCTL_FLOAT32, 0, 0, MIGCTL_HOST, 0) == MIGCTL_ERR_INVALID, "bad kind refused");
+		CHECK(migctl_issue(MIGCTL_KIND_ALLREDUCE, x, y, 3, 42, 0, 0, MIGCTL_HOST, 0) == MIGCTL_ERR_INVALID, "issue: bad dtype");
+	}
 	CHECK(migctl_allreduce(x, y, 3, 42, MIGCTL_SUM, MIGCTL_HOST, 0, &w) == MIGCTL_ERR_INVALID, "bad dtype refused");
 	CHECK(strstr(migctl_last_error(), "dtype") != NULL, "error text names the dtype");
 	CHECK(migctl_finalize() == MIGCTL_OK, "finalize");
