@@ -57,8 +57,9 @@ type Membership struct {
 
 // DefaultConnectTimeout bounds how long a call waits for an absent
 // rendezvous server (retrying with backoff) before it fails with an
-// *UnreachableError; the call's ctx deadline bounds it too.
-const DefaultConnectTimeout = 10 * time.Second
+// *UnreachableError; the call's ctx deadline bounds it too. Launchers start
+// the server before their ranks, so only a rank joined by hand can be early.
+const DefaultConnectTimeout = 5 * time.Second
 
 // DialOption configures a Client.
 type DialOption func(*Client)
