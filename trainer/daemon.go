@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -184,7 +185,7 @@ func (l *daemonLink) report() {
 	defer cancel()
 	for _, r := range stats {
 		if r.Job == "" {
-			r.Job = "pid-" + itoa(os.Getpid())
+			r.Job = "pid-" + strconv.Itoa(os.Getpid())
 		}
 		_, _ = l.ctl.ReportCollectives(ctx, r)
 	}

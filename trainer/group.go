@@ -402,7 +402,8 @@ func (g *Group) Backend() Backend { return g.cfg.backend }
 // Transport is the transport in use.
 func (g *Group) Transport() Transport { return g.transport }
 
-// Algorithm names the all-reduce algorithm ("ring", "hoststaged", "ring-ipc").
+// Algorithm names the all-reduce algorithm ("ring", "hoststaged",
+// "hierarchical", "ring-ipc").
 func (g *Group) Algorithm() string { return g.alg.String() }
 
 // Timeout is every collective's deadline.

@@ -337,6 +337,23 @@ func TestGPUBackendOnFakeDriver(t *testing.T) {
 				return fmt.Errorf("staged max element %d = %v, want %v", i, recv[i], input(n-1, i))
 			}
 		}
+		// In place, staged: reduce-scatter leaves block r at its place.
+		whole := make([]float32, n*count)
+		for i := range whole {
+			whole[i] = input(r, i)
+		}
+		if err := g.ReduceScatter(ctx, HostSlice(whole), HostSlice(whole), Sum); err != nil {
+			return err
+		}
+		for i := range count {
+			var want float32
+			for q := range n {
+				want += input(q, r*count+i)
+			}
+			if got := whole[r*count+i]; got != want {
+				return fmt.Errorf("staged in-place reducescatter element %d = %v, want %v", i, got, want)
+			}
+		}
 		// Device buffers: allocated on the group's device, and a raw
 		// pointer to the same memory with the legacy default stream.
 		dev, err := g.Alloc(count, Float32)

@@ -36,11 +36,17 @@ func (g *Group) withOperands(ctx context.Context, send, recv Buffer, sendN, recv
 	if err := f(s, r); err != nil {
 		return err
 	}
-	if !rStaged || recvN == 0 {
+	back := recvN * es
+	if inPlace {
+		// In place, the result is somewhere in the whole buffer (reduce-
+		// scatter: at this rank's block).
+		back = n * es
+	}
+	if !rStaged || back == 0 {
 		return nil
 	}
 	// The result goes back to the caller's host memory.
-	if err := g.stream.CopyToHost(recv.host[:recvN*es], r, 0); err != nil {
+	if err := g.stream.CopyToHost(recv.host[:back], r, 0); err != nil {
 		return fmt.Errorf("copying the result back: %w", err)
 	}
 	return g.stream.Synchronize(ctx)

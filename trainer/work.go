@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -63,8 +62,6 @@ func (g *Group) submit(ctx context.Context, name, op string, bytes int, run func
 	g.queue <- w
 	return w
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // work runs the queued collectives one at a time, in order.
 func (g *Group) work() {
