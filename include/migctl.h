@@ -6,9 +6,14 @@
  * One group per process. A process started by `migctl run` calls
  * migctl_init_from_env() once, then issues collectives; every rank must issue
  * the same collectives in the same order with the same counts. Collectives
- * return at once with a handle; migctl_wait() blocks until the collective has
- * finished (the result is then in the receive buffer) and frees the handle,
- * migctl_test() polls it. Every handle must be waited for exactly once.
+ * return at once with a handle (they only queue the work: never waiting for a
+ * peer); migctl_wait() blocks until the collective has finished (the result
+ * is then in the receive buffer) and frees the handle, migctl_test() polls
+ * it. Every handle must be waited for exactly once, by one thread; at most
+ * 4096 may be issued and not yet waited for. Bad arguments (dtype, op, root,
+ * NULL buffers) fail the issuing call; what fails while the collective runs
+ * (a dead peer, device memory on the host backend, too small a buffer) is
+ * the result of migctl_wait.
  *
  * Buffers: host memory (device = 0) or CUDA device memory of the group's
  * device in its primary context (device = 1, what PyTorch allocates), with the
@@ -43,7 +48,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 2 /* 2: migctl_issue */
+#define MIGCTL_ABI_VERSION 2 /* 2: migctl_issue; errors of a running collective come from migctl_wait */
 
 /* Result codes. */
 #define MIGCTL_OK 0

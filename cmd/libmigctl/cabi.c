@@ -1,12 +1,27 @@
 // The C entry points of libmigctl.so (include/migctl.h). Each one refuses to
 // run in a child forked after the library was loaded (the Go runtime's threads
-// do not exist there, so entering it could hang), then calls the Go export
-// that does the work. The last error's text is kept per thread.
+// do not exist there, so entering it could hang). The last error's text is
+// kept per thread.
+//
+// Collectives never enter the Go runtime on the caller's thread: an issue
+// validates its arguments, fills the next slot of a ring (the handle names
+// the slot) and wakes the dispatcher, a Go goroutine (main.go) that takes the
+// slots in order, runs each collective through the trainer SDK and marks the
+// slot done; migctl_wait sleeps on the slot's futex word. A cgo callback that
+// blocks on a Go channel costs a hand-off of its locked thread both ways
+// (~40 us per collective); this path costs a futex wake each way at most.
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "migctl.h"
+#include "cabi.h"
 #include "_cgo_export.h"
 
 static pid_t loaded_pid;
@@ -27,6 +42,11 @@ void migctl_set_error(const char *msg, size_t n) {
 	last_error[n] = 0;
 }
 
+static int set_error(int code, const char *msg) {
+	migctl_set_error(msg, strlen(msg));
+	return code;
+}
+
 static int in_child(void) {
 	if (forked || getpid() != loaded_pid) {
 		static const char msg[] = "libmigctl: called in a process forked from the one that loaded it "
@@ -40,62 +60,320 @@ static int in_child(void) {
 
 #define GUARD(fallback) if (in_child()) return (fallback)
 
+static long futex(uint32_t *w, int op, uint32_t v, const struct timespec *t) {
+	return syscall(SYS_futex, w, op | FUTEX_PRIVATE_FLAG, v, t, NULL, 0);
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+// SPIN_NS is how long a waiter polls before it sleeps on a futex (as the shm
+// transport's waits: 20 us): a collective of a few KiB finishes within it,
+// and a sleeper costs a futex wake and a context switch (~10 us).
+#define SPIN_NS 20000L
+
+static int64_t mono_ns(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+// spin_u32 polls *w for up to SPIN_NS until it is v.
+static int spin_u32(uint32_t *w, uint32_t v) {
+	int64_t end = 0;
+	for (int i = 0;; i++) {
+		if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == v) return 1;
+		if ((i & 63) == 63) {
+			int64_t now = mono_ns();
+			if (end == 0) end = now + SPIN_NS;
+			else if (now >= end) return 0;
+		}
+		relax();
+	}
+}
+
+// --- the ring of collectives -------------------------------------------------
+
+static migctl_slot_t ring[MIGCTL_SLOTS];
+static pthread_mutex_t issue_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t issued;      // the last handle issued (written under issue_mu)
+static uint32_t issued_seq;  // the dispatcher's futex word: bumped by every issue and by stop
+static uint32_t disp_asleep; // the dispatcher sleeps (or is about to) on issued_seq
+static uint64_t taken;       // the last handle the dispatcher took (dispatcher only)
+static int stopping;         // finalize: the dispatcher returns once the ring is drained
+static int state;            // 0 not initialised, 1 ready, 2 finalized
+static int group_size;
+
+static void wake_dispatcher(void) {
+	__atomic_add_fetch(&issued_seq, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&disp_asleep, __ATOMIC_SEQ_CST)) futex(&issued_seq, FUTEX_WAKE, 1, NULL);
+}
+
+static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
+                     uintptr_t stream) {
+	int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+	if (st == 0) return set_error(MIGCTL_ERR_NOT_INITIALIZED, "libmigctl: not initialised: call migctl_init_from_env first");
+	if (st == 2) return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
+	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER)
+		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)");
+	if (kind != MIGCTL_KIND_BARRIER) {
+		if (dtype < MIGCTL_FLOAT32 || dtype > MIGCTL_UINT8)
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad dtype: want MIGCTL_FLOAT32..MIGCTL_UINT8");
+		if ((kind == MIGCTL_KIND_ALLREDUCE || kind == MIGCTL_KIND_REDUCE_SCATTER) && (op < MIGCTL_SUM || op > MIGCTL_MAX))
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad op: want MIGCTL_SUM, AVG, MIN or MAX");
+		if (count > 0 && (recv == NULL || (send == NULL && kind != MIGCTL_KIND_BROADCAST)))
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: NULL buffer for a non-empty collective");
+		if (kind == MIGCTL_KIND_BROADCAST && (root < 0 || root >= group_size))
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: broadcast root out of range: want 0..size-1");
+		if (count > (size_t)INT64_MAX / 8)
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
+	}
+	pthread_mutex_lock(&issue_mu);
+	if (state != 1) { // finalized meanwhile
+		pthread_mutex_unlock(&issue_mu);
+		return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
+	}
+	uint64_t h = issued + 1;
+	migctl_slot_t *s = &ring[h % MIGCTL_SLOTS];
+	if (__atomic_load_n(&s->id, __ATOMIC_ACQUIRE) != 0) {
+		pthread_mutex_unlock(&issue_mu);
+		return set_error(MIGCTL_ERR_INVALID, "libmigctl: too many collectives in flight (4096 issued and not "
+		                                     "waited for): migctl_wait for every handle");
+	}
+	s->kind = kind;
+	s->send = send;
+	s->recv = recv;
+	s->count = count;
+	s->dtype = dtype;
+	s->op = op;
+	s->root = root;
+	s->device = device;
+	s->stream = stream;
+	s->code = 0;
+	s->err = NULL;
+	s->word = 0;
+	__atomic_store_n(&s->id, h, __ATOMIC_RELEASE);
+	__atomic_store_n(&issued, h, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&issue_mu);
+	wake_dispatcher();
+	return (int64_t)h;
+}
+
+// migctl_next is the dispatcher's: the next issued slot in order, waiting
+// for one (a short spin, then the futex); NULL once stopping with the ring
+// drained.
+migctl_slot_t *migctl_next(void) {
+	uint64_t want = taken + 1;
+	int64_t end = 0;
+	for (int spin = 0;; spin++) {
+		if (__atomic_load_n(&issued, __ATOMIC_ACQUIRE) >= want) {
+			taken = want;
+			return &ring[want % MIGCTL_SLOTS];
+		}
+		if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) return NULL;
+		if ((spin & 63) != 63) {
+			relax();
+			continue;
+		}
+		int64_t now = mono_ns();
+		if (end == 0) end = now + SPIN_NS;
+		if (now < end) continue;
+		uint32_t seq = __atomic_load_n(&issued_seq, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&disp_asleep, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&issued, __ATOMIC_SEQ_CST) < want && !__atomic_load_n(&stopping, __ATOMIC_SEQ_CST))
+			futex(&issued_seq, FUTEX_WAIT, seq, NULL);
+		__atomic_store_n(&disp_asleep, 0, __ATOMIC_SEQ_CST);
+		end = 0;
+	}
+}
+
+// migctl_complete is the dispatcher's: s finished with code (and its text).
+void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
+	if (code != MIGCTL_OK) {
+		char *e = malloc(n + 1);
+		if (e != NULL) {
+			memcpy(e, msg, n);
+			e[n] = 0;
+		}
+		s->err = e;
+	}
+	s->code = code;
+	if (__atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+// migctl_stop_dispatcher makes migctl_next return NULL once the ring is drained.
+void migctl_stop_dispatcher(void) {
+	__atomic_store_n(&stopping, 1, __ATOMIC_SEQ_CST);
+	wake_dispatcher();
+}
+
+static migctl_slot_t *lookup(migctl_work_t h) {
+	migctl_slot_t *s = &ring[h % MIGCTL_SLOTS];
+	if (h == 0 || h > __atomic_load_n(&issued, __ATOMIC_ACQUIRE) || __atomic_load_n(&s->id, __ATOMIC_ACQUIRE) != h) {
+		set_error(MIGCTL_ERR_BAD_HANDLE, "libmigctl: unknown work handle (already waited for, or never issued)");
+		return NULL;
+	}
+	return s;
+}
+
+// wait_word waits until *w is 1 (done), up to timeout_ms (negative: no
+// limit); 0 when the time ran out first. It polls for SPIN_NS first.
+static int wait_word(uint32_t *w, int64_t timeout_ms) {
+	struct timespec end = {0, 0}, now, rel;
+	if (spin_u32(w, 1)) return 1;
+	if (timeout_ms == 0) return 0;
+	if (timeout_ms > 0) {
+		clock_gettime(CLOCK_MONOTONIC, &end);
+		end.tv_sec += timeout_ms / 1000;
+		end.tv_nsec += (timeout_ms % 1000) * 1000000L;
+		if (end.tv_nsec >= 1000000000L) {
+			end.tv_sec++;
+			end.tv_nsec -= 1000000000L;
+		}
+	}
+	for (;;) {
+		uint32_t v = 0;
+		// 0 -> 2: a sleeper is on the word (migctl_complete wakes only then)
+		if (!__atomic_compare_exchange_n(w, &v, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && v == 1) return 1;
+		struct timespec *tp = NULL;
+		if (timeout_ms > 0) {
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			rel.tv_sec = end.tv_sec - now.tv_sec;
+			rel.tv_nsec = end.tv_nsec - now.tv_nsec;
+			if (rel.tv_nsec < 0) {
+				rel.tv_sec--;
+				rel.tv_nsec += 1000000000L;
+			}
+			if (rel.tv_sec < 0) return __atomic_load_n(w, __ATOMIC_ACQUIRE) == 1;
+			tp = &rel;
+		}
+		futex(w, FUTEX_WAIT, 2, tp);
+		if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == 1) return 1;
+	}
+}
+
+// result returns a finished slot's code with its text as the thread's last
+// error; free: release the slot (its handle becomes unknown).
+static int result(migctl_slot_t *s, migctl_work_t h, int free_it) {
+	if (!free_it) {
+		int code = s->code;
+		if (code != MIGCTL_OK && s->err != NULL) set_error(code, s->err);
+		return code;
+	}
+	uint64_t want = h;
+	if (!__atomic_compare_exchange_n(&s->id, &want, UINT64_MAX, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return set_error(MIGCTL_ERR_BAD_HANDLE, "libmigctl: unknown work handle (already waited for, or never issued)");
+	int code = s->code;
+	if (s->err != NULL) {
+		if (code != MIGCTL_OK) set_error(code, s->err);
+		free(s->err);
+		s->err = NULL;
+	}
+	__atomic_store_n(&s->id, 0, __ATOMIC_RELEASE);
+	return code;
+}
+
+// --- entry points ------------------------------------------------------------
+
 int migctl_abi_version(void) { return MIGCTL_ABI_VERSION; }
 const char *migctl_last_error(void) { return last_error; }
 
-int migctl_init_from_env(void) { GUARD(MIGCTL_ERR_FORKED); return migctlGoInit(-1, -1); }
-int migctl_init(int rank, int size) { GUARD(MIGCTL_ERR_FORKED); return migctlGoInit(rank, size); }
+static int init(int rank, int size) {
+	int rc = migctlGoInit(rank, size);
+	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
+		group_size = migctlGoInfo(1);
+		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
+	}
+	return rc;
+}
+
+int migctl_init_from_env(void) { GUARD(MIGCTL_ERR_FORKED); return init(-1, -1); }
+int migctl_init(int rank, int size) { GUARD(MIGCTL_ERR_FORKED); return init(rank, size); }
 int migctl_rank(void) { GUARD(-1); return migctlGoInfo(0); }
 int migctl_size(void) { GUARD(-1); return migctlGoInfo(1); }
 int migctl_local_rank(void) { GUARD(-1); return migctlGoInfo(2); }
 int migctl_local_size(void) { GUARD(-1); return migctlGoInfo(3); }
 int migctl_on_gpu(void) { GUARD(-1); return migctlGoInfo(4); }
 
+static int out(int64_t h, migctl_work_t *work) {
+	if (h < 0) return (int)h;
+	*work = (migctl_work_t)h;
+	return MIGCTL_OK;
+}
+
+#define NULL_WORK()                                                                                 \
+	do {                                                                                            \
+		if (work == NULL) return set_error(MIGCTL_ERR_INVALID, "libmigctl: the work argument is NULL"); \
+		*work = 0;                                                                                  \
+	} while (0)
+
 int migctl_allreduce(const void *send, void *recv, size_t count, int dtype, int op,
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoCollective(0, (void *)send, recv, count, dtype, op, 0, device, stream, work);
+	NULL_WORK();
+	return out(issue(MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream), work);
 }
 
 int migctl_reduce_scatter(const void *send, void *recv, size_t recv_count, int dtype, int op,
                           int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoCollective(1, (void *)send, recv, recv_count, dtype, op, 0, device, stream, work);
+	NULL_WORK();
+	return out(issue(MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream), work);
 }
 
 int migctl_all_gather(const void *send, void *recv, size_t send_count, int dtype,
                       int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoCollective(2, (void *)send, recv, send_count, dtype, 0, 0, device, stream, work);
+	NULL_WORK();
+	return out(issue(MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream), work);
 }
 
 int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int root,
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoCollective(3, (void *)send, recv, count, dtype, 0, root, device, stream, work);
+	NULL_WORK();
+	return out(issue(MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream), work);
 }
 
 int migctl_barrier(migctl_work_t *work) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoCollective(4, NULL, NULL, 0, 0, 0, 0, 0, 0, work);
+	NULL_WORK();
+	return out(issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0), work);
 }
 
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream) {
-	migctl_work_t w = 0;
-	int rc;
 	GUARD(MIGCTL_ERR_FORKED);
-	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER) {
-		static const char msg[] = "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)";
-		migctl_set_error(msg, sizeof msg - 1);
-		return MIGCTL_ERR_INVALID;
-	}
-	if (kind == MIGCTL_KIND_BARRIER) return (rc = migctlGoCollective(4, NULL, NULL, 0, 0, 0, 0, 0, 0, &w)) ? rc : (int64_t)w;
-	rc = migctlGoCollective(kind, (void *)send, recv, count, dtype, op, root, device, stream, &w);
-	return rc ? rc : (int64_t)w;
+	return issue(kind, (void *)send, recv, count, dtype, op, root, device, stream);
 }
 
-int migctl_wait(migctl_work_t work, int64_t timeout_ms) { GUARD(MIGCTL_ERR_FORKED); return migctlGoWait(work, timeout_ms, 1); }
-int migctl_test(migctl_work_t work) { GUARD(MIGCTL_ERR_FORKED); return migctlGoWait(work, 0, 0); }
+int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
+	GUARD(MIGCTL_ERR_FORKED);
+	migctl_slot_t *s = lookup(work);
+	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
+	if (!wait_word(&s->word, timeout_ms)) return MIGCTL_PENDING;
+	return result(s, work, 1);
+}
+
+int migctl_test(migctl_work_t work) {
+	GUARD(MIGCTL_ERR_FORKED);
+	migctl_slot_t *s = lookup(work);
+	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
+	if (__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) != 1) return MIGCTL_PENDING;
+	return result(s, work, 0);
+}
+
 int migctl_abort(const char *reason) { GUARD(MIGCTL_ERR_FORKED); return migctlGoAbort((char *)reason); }
-int migctl_finalize(void) { GUARD(MIGCTL_ERR_FORKED); return migctlGoFinalize(); }
+
+int migctl_finalize(void) {
+	GUARD(MIGCTL_ERR_FORKED);
+	pthread_mutex_lock(&issue_mu); // no issue is half done: the dispatcher drains every issued one
+	__atomic_store_n(&state, 2, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&issue_mu);
+	return migctlGoFinalize();
+}

@@ -6,7 +6,7 @@ package main
 #include <stddef.h>
 #include <stdlib.h>
 #include "migctl.h"
-void migctl_set_error(const char *msg, size_t n);
+#include "cabi.h"
 */
 import "C"
 
@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/migctl/migctl/comm"
@@ -24,14 +23,14 @@ import (
 
 func main() {} // a c-shared library has no main
 
-// The process's group and the collectives in flight.
+// The process's group. The collectives in flight live in cabi.c's ring; the
+// dispatcher goroutine runs them.
 var (
-	mu      sync.Mutex
-	group   *trainer.Group
-	closed  bool
-	works   = map[uint64]*trainer.Work{}
-	nextID  uint64
-	initCtx = context.Background
+	mu         sync.Mutex
+	group      *trainer.Group
+	closed     bool
+	dispatched chan struct{} // closed when the dispatcher has returned
+	initCtx    = context.Background
 )
 
 // Collective kinds, as cabi.c passes them.
@@ -123,7 +122,36 @@ func migctlGoInit(rank, size C.int) C.int {
 		return fail(err)
 	}
 	group = g
+	dispatched = make(chan struct{})
+	go dispatch(g, dispatched)
 	return C.MIGCTL_OK
+}
+
+// dispatch runs the issued collectives in order, each to its end (the
+// trainer's worker runs it; this goroutine, not locked to a thread, waits
+// for it, so the Go scheduler hands over on one thread), and marks their
+// slots done. It returns when migctl_finalize has stopped it and the ring is
+// drained.
+func dispatch(g *trainer.Group, done chan struct{}) {
+	defer close(done)
+	for {
+		s := C.migctl_next()
+		if s == nil {
+			return
+		}
+		err := run(g, s)
+		if err == nil {
+			C.migctl_complete(s, C.MIGCTL_OK, nil, 0)
+			continue
+		}
+		msg := err.Error()
+		if msg == "" {
+			msg = "error"
+		}
+		cs := C.CString(msg)
+		C.migctl_complete(s, code(err), cs, C.size_t(len(msg)))
+		C.free(unsafe.Pointer(cs))
+	}
 }
 
 //export migctlGoInfo
@@ -166,107 +194,40 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 	return trainer.HostBytes(unsafe.Slice((*byte)(p), count*dt.Size()), dt)
 }
 
-//export migctlGoCollective
-func migctlGoCollective(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int,
-	stream C.uintptr_t, work *C.migctl_work_t) C.int {
-	if work == nil {
-		return fail(fmt.Errorf("libmigctl: the work argument is NULL: %w", comm.ErrInvalid))
-	}
-	*work = 0
-	g, err := current()
-	if err != nil {
-		return fail(err)
-	}
-	dt := trainer.DType(dtype)
-	if dt < trainer.Float32 || dt > trainer.Uint8 {
-		return fail(fmt.Errorf("libmigctl: dtype %d: want MIGCTL_FLOAT32..MIGCTL_UINT8: %w", dtype, comm.ErrInvalid))
-	}
-	o := trainer.Op(op)
-	if (kind == kindAllReduce || kind == kindReduceScatter) && (o < trainer.Sum || o > trainer.Max) {
-		return fail(fmt.Errorf("libmigctl: op %d: want MIGCTL_SUM, AVG, MIN or MAX: %w", op, comm.ErrInvalid))
-	}
-	if kind != kindBarrier && count > 0 && (recv == nil || send == nil && kind != kindBroadcast) {
-		return fail(fmt.Errorf("libmigctl: NULL buffer for %d elements: %w", count, comm.ErrInvalid))
-	}
-	n, size := int(count), g.Size()
-	onDev, st := device != 0, uintptr(stream)
+// run runs the collective of slot s (its arguments were checked by cabi.c)
+// and returns its error.
+func run(g *trainer.Group, s *C.migctl_slot_t) error {
+	send, recv := s.send, s.recv
+	n, size := int(s.count), g.Size()
+	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)
+	onDev, st := s.device != 0, uintptr(s.stream)
 	inPlace := send == recv
 	ctx := context.Background()
-	var w *trainer.Work
-	switch kind {
+	switch s.kind {
 	case kindAllReduce:
-		w = g.AllReduceAsync(ctx, buffer(send, n, dt, onDev, st), buffer(recv, n, dt, onDev, st), o)
+		return g.AllReduce(ctx, buffer(send, n, dt, onDev, st), buffer(recv, n, dt, onDev, st), o)
 	case kindReduceScatter:
-		sn := n * size
-		rn := n
+		sn, rn := n*size, n
 		if inPlace {
 			rn = sn
 		}
-		w = g.ReduceScatterAsync(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, rn, dt, onDev, st), o)
+		return g.ReduceScatter(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, rn, dt, onDev, st), o)
 	case kindAllGather:
 		sn := n
 		if inPlace {
 			sn = n * size
 		}
-		w = g.AllGatherAsync(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, n*size, dt, onDev, st))
+		return g.AllGather(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, n*size, dt, onDev, st))
 	case kindBroadcast:
-		if root < 0 || int(root) >= size {
-			return fail(fmt.Errorf("libmigctl: broadcast root %d of %d ranks: %w", root, size, comm.ErrInvalid))
-		}
-		s := trainer.Buffer{}
+		snd := trainer.Buffer{}
 		if send != nil {
-			s = buffer(send, n, dt, onDev, st)
+			snd = buffer(send, n, dt, onDev, st)
 		}
-		w = g.BroadcastAsync(ctx, s, buffer(recv, n, dt, onDev, st), int(root))
+		return g.Broadcast(ctx, snd, buffer(recv, n, dt, onDev, st), int(s.root))
 	case kindBarrier:
-		w = g.BarrierAsync(ctx)
-	default:
-		return fail(fmt.Errorf("libmigctl: collective kind %d: %w", kind, comm.ErrInvalid))
+		return g.Barrier(ctx)
 	}
-	mu.Lock()
-	nextID++
-	id := nextID
-	works[id] = w
-	mu.Unlock()
-	*work = C.migctl_work_t(id)
-	return C.MIGCTL_OK
-}
-
-//export migctlGoWait
-func migctlGoWait(h C.migctl_work_t, timeoutMS C.int64_t, free C.int) C.int {
-	mu.Lock()
-	w := works[uint64(h)]
-	mu.Unlock()
-	if w == nil {
-		return fail(fmt.Errorf("libmigctl: work %d: %w", uint64(h), errBadHandle))
-	}
-	switch {
-	case timeoutMS < 0:
-		<-w.Done()
-	case timeoutMS == 0:
-		select {
-		case <-w.Done():
-		default:
-			return C.MIGCTL_PENDING
-		}
-	default:
-		t := time.NewTimer(time.Duration(timeoutMS) * time.Millisecond)
-		defer t.Stop()
-		select {
-		case <-w.Done():
-		case <-t.C:
-			return C.MIGCTL_PENDING
-		}
-	}
-	if free != 0 {
-		mu.Lock()
-		delete(works, uint64(h))
-		mu.Unlock()
-	}
-	if err := w.Err(); err != nil {
-		return fail(err)
-	}
-	return C.MIGCTL_OK
+	return fmt.Errorf("libmigctl: collective kind %d: %w", s.kind, comm.ErrInvalid)
 }
 
 //export migctlGoAbort
@@ -286,12 +247,15 @@ func migctlGoAbort(reason *C.char) C.int {
 //export migctlGoFinalize
 func migctlGoFinalize() C.int {
 	mu.Lock()
-	g := group
+	g, done := group, dispatched
 	group, closed = nil, true
 	mu.Unlock()
 	if g == nil {
 		return C.MIGCTL_OK
 	}
+	// cabi.c refuses new collectives now; the dispatcher runs the issued ones.
+	C.migctl_stop_dispatcher()
+	<-done
 	if err := g.Close(); err != nil {
 		return fail(err)
 	}

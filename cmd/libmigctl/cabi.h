@@ -1,0 +1,27 @@
+// The ring of collectives shared by cabi.c (the C entry points) and main.go
+// (the dispatcher goroutine). Not part of the public ABI.
+#ifndef MIGCTL_CABI_H
+#define MIGCTL_CABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MIGCTL_SLOTS 4096 // collectives issued and not yet waited for, at most
+
+typedef struct {
+	uint64_t id;      // the handle in this slot; 0: free; UINT64_MAX: being released
+	int kind, dtype, op, root, device;
+	void *send, *recv;
+	size_t count;
+	uintptr_t stream;
+	uint32_t word;    // 0 queued or running, 1 done, 2 running with a waiter asleep on it
+	int code;         // the result once done
+	char *err;        // its text (malloc'd) when code != MIGCTL_OK
+} migctl_slot_t;
+
+void migctl_set_error(const char *msg, size_t n);
+migctl_slot_t *migctl_next(void);
+void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n);
+void migctl_stop_dispatcher(void);
+
+#endif
