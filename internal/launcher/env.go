@@ -3,40 +3,42 @@ package launcher
 import (
 	"os"
 	"strconv"
+
+	"github.com/migctl/migctl/trainer"
 )
 
-// The worker environment (the team's contract; trainer.Init reads the
-// MIGCTL_* ones, PyTorch's env:// init the torchrun ones).
+// The worker environment: the names trainer.Init reads are the trainer's
+// (one definition); the others are torchrun's, read by PyTorch's env://
+// init and torch.distributed.elastic.
 const (
-	EnvRank           = "RANK"
-	EnvWorldSize      = "WORLD_SIZE"
-	EnvLocalRank      = "LOCAL_RANK"
-	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
-	EnvGroupRank      = "GROUP_RANK"
-	EnvGroupWorldSize = "GROUP_WORLD_SIZE"
+	EnvRank           = trainer.EnvRank
+	EnvWorldSize      = trainer.EnvWorldSize
+	EnvLocalRank      = trainer.EnvLocalRank
+	EnvLocalWorldSize = trainer.EnvLocalWorldSize
+	EnvGroupRank      = trainer.EnvGroupRank
+	EnvGroupWorldSize = trainer.EnvGroupWorldSize
+	EnvRestartCount   = trainer.EnvRestartCount
+	EnvRdzvAddr       = trainer.EnvRendezvous
+	EnvJobToken       = trainer.EnvToken
+	EnvJob            = trainer.EnvJob
+	EnvGeneration     = trainer.EnvGeneration
+	EnvBackend        = trainer.EnvBackend
+	EnvDevice         = trainer.EnvDevice
+	EnvTimeout        = trainer.EnvTimeout
+	EnvSocket         = trainer.EnvSocket
+	EnvSwapSocket     = trainer.EnvSwapSocket
+	EnvSwapJob        = trainer.EnvSwapJob
+	EnvSwapPriority   = trainer.EnvSwapPriority
+
 	EnvRoleRank       = "ROLE_RANK"
 	EnvRoleWorldSize  = "ROLE_WORLD_SIZE"
 	EnvMasterAddr     = "MASTER_ADDR"
 	EnvMasterPort     = "MASTER_PORT"
-	EnvRestartCount   = "TORCHELASTIC_RESTART_COUNT"
 	EnvMaxRestarts    = "TORCHELASTIC_MAX_RESTARTS"
 	EnvRunID          = "TORCHELASTIC_RUN_ID"
 	EnvErrorFile      = "TORCHELASTIC_ERROR_FILE"
 	EnvVisibleDevices = "CUDA_VISIBLE_DEVICES"
-
-	EnvRdzvAddr   = "MIGCTL_RDZV_ADDR"
-	EnvJobToken   = "MIGCTL_JOB_TOKEN"
-	EnvJob        = "MIGCTL_JOB"
-	EnvGeneration = "MIGCTL_GENERATION"
-	EnvBackend    = "MIGCTL_BACKEND"
-	EnvDevice     = "MIGCTL_DEVICE"
-	EnvTimeout    = "MIGCTL_TIMEOUT"
-	EnvSocket     = "MIGCTL_SOCKET"
-
-	EnvSwapSocket   = "MIGSWAP_SOCKET"
-	EnvSwapJob      = "MIGSWAP_JOB"
-	EnvSwapPriority = "MIGSWAP_PRIORITY"
-	EnvPreload      = "LD_PRELOAD"
+	EnvPreload        = "LD_PRELOAD"
 )
 
 // workerEnv is what one worker's environment adds to the launcher's.
