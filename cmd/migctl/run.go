@@ -49,6 +49,7 @@ type runOptions struct {
 
 	command     []string
 	socketGiven bool
+	shmDir      string
 	prioritySet bool
 	gpusSet     bool // --gpus given: an empty value is then an error
 	teeV        supervisor.Tee
@@ -153,6 +154,7 @@ func newRunCmd(s streams) *cobra.Command {
 	f.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "time between SIGTERM and SIGKILL when workers are stopped")
 	f.StringVar(&o.logDir, "log-dir", "", "keep each worker's stdout.log, stderr.log and error.json under DIR/attempt_N/LOCAL_RANK")
 	f.StringVar(&o.tee, "tee", "all", "with --log-dir, what still reaches the terminal: none, stdout, stderr or all")
+	f.StringVar(&o.shmDir, "shm-dir", "/dev/shm", "directory of the workers' shared-memory segments (MIGCTL_SHM_ROOT; a tmpfs)")
 	f.StringVar(&o.job, "job", "", "job name (leases, MIGSWAP_JOB, TORCHELASTIC_RUN_ID; default run-<random>)")
 	f.DurationVar(&o.timeout, "timeout", launcher.DefaultTimeout, "collective deadline of the workers (MIGCTL_TIMEOUT)")
 	f.StringVar(&o.socket, "socket", os.Getenv(ctxmgr.EnvControlSocket), "the daemon's control socket (env "+ctxmgr.EnvControlSocket+"; default: the user's or root's daemon)")
@@ -284,7 +286,7 @@ func (o *runOptions) Run(ctx context.Context) error {
 		Command: o.command, NProc: o.np, NNodes: o.nnodes, NodeRank: o.nodeRank, RdzvEndpoint: o.rdzvEndpoint,
 		Job: o.job, Token: os.Getenv(launcher.EnvJobToken), Backend: o.backend, Timeout: o.timeout,
 		MaxRestarts: o.maxRestarts, Grace: o.grace, LogDir: o.logDir, Tee: o.teeV,
-		Stdout: o.Out, Stderr: o.ErrOut, Signals: sigs, ShmRoot: "/dev/shm",
+		Stdout: o.Out, Stderr: o.ErrOut, Signals: sigs, ShmRoot: o.shmDir,
 	}
 	if !o.quiet {
 		cfg.Log = o.ErrOut

@@ -76,18 +76,26 @@ func pidsOf(path string) []int {
 	return pids
 }
 
-// shmEntries lists /dev/shm entries migctl could have made.
-func shmEntries(t *testing.T) []string {
+// startAndKill starts a run of np workers of the executable exe, waits
+// until they all run, lets them work for after, and SIGKILLs the victim-th
+// of them (in pid order). It returns the command (to Wait for), the workers'
+// pids and the run's output.
+func startAndKill(t *testing.T, c *exec.Cmd, exe string, np, victim int, after time.Duration) (*exec.Cmd, []int, *lockedBuffer, *lockedBuffer) {
 	t.Helper()
-	ents, err := os.ReadDir("/dev/shm")
-	require.NoError(t, err)
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "migctl") {
-			out = append(out, e.Name())
+	var stdout, stderr lockedBuffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	require.NoError(t, c.Start())
+	var pids []int
+	for range 200 {
+		if pids = pidsOf(exe); len(pids) == np {
+			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return out
+	require.Len(t, pids, np, stderr.String())
+	time.Sleep(after)
+	require.NoError(t, syscall.Kill(pids[victim], syscall.SIGKILL))
+	return c, pids, &stdout, &stderr
 }
 
 // TestRunTrainsOnSimulatedMIG is the newcomer's command: `migctl run --sim
@@ -98,10 +106,11 @@ func shmEntries(t *testing.T) []string {
 // with --max-restarts 0 the run fails naming the killed rank.
 func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 	bin, sgd := testutil.MigctlBin(t), sgdBin(t)
-	shmBefore := shmEntries(t)
+	shmDir := t.TempDir() // the workers' segments go here: it must end empty
 	train := []string{"--steps", "40", "--batch", "84", "--seed", "5", "--log-every", "0"}
 	run := func(t *testing.T, r *runCLI, np int, extra []string, out string, sgdArgs ...string) (string, string, error) {
-		args := append(append([]string{}, r.sim...), "--np", fmt.Sprint(np), "--profile", "1g.18gb", "-o", "json", "--grace", "1s")
+		args := append(append([]string{}, r.sim...), "--np", fmt.Sprint(np), "--profile", "1g.18gb", "-o", "json", "--grace", "1s",
+			"--shm-dir", shmDir)
 		args = append(append(args, extra...), "--", sgd)
 		args = append(append(args, train...), "--out", out)
 		return r.run(t, nil, append(args, sgdArgs...)...)
@@ -142,22 +151,9 @@ func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		args := append(append([]string{}, r.sim...), "--np", "4", "--profile", "1g.18gb", "-o", "json", "--grace", "1s",
-			"--max-restarts", "2", "--", sgd)
+			"--shm-dir", shmDir, "--max-restarts", "2", "--", sgd)
 		args = append(append(args, train...), "--out", out, "--ckpt", ckpt, "--ckpt-every", "5", "--step-delay", "40ms")
-		c := r.cmd(ctx, nil, args...)
-		var stdout, stderr lockedBuffer
-		c.Stdout, c.Stderr = &stdout, &stderr
-		require.NoError(t, c.Start())
-		var victims []int
-		for range 200 {
-			if victims = pidsOf(sgd); len(victims) == 4 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		require.Len(t, victims, 4, stderr.String())
-		time.Sleep(500 * time.Millisecond) // mid-run: past a checkpoint or two
-		require.NoError(t, syscall.Kill(victims[2], syscall.SIGKILL))
+		c, victims, stdout, stderr := startAndKill(t, r.cmd(ctx, nil, args...), sgd, 4, 2, 500*time.Millisecond)
 		require.NoError(t, c.Wait(), stderr.String())
 		res := summary(t, stdout.String())
 		require.Equal(t, 1, res.Restarts)
@@ -174,21 +170,8 @@ func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		args := append(append([]string{}, r.sim...), "--np", "3", "--profile", "1g.18gb", "-o", "json", "--grace", "1s",
-			"--max-restarts", "0", "--", sgd, "--steps", "400", "--batch", "84", "--step-delay", "20ms")
-		c := r.cmd(ctx, nil, args...)
-		var stdout, stderr lockedBuffer
-		c.Stdout, c.Stderr = &stdout, &stderr
-		require.NoError(t, c.Start())
-		var victims []int
-		for range 200 {
-			if victims = pidsOf(sgd); len(victims) == 3 {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		require.Len(t, victims, 3, stderr.String())
-		time.Sleep(300 * time.Millisecond)
-		require.NoError(t, syscall.Kill(victims[1], syscall.SIGKILL))
+			"--shm-dir", shmDir, "--max-restarts", "0", "--", sgd, "--steps", "400", "--batch", "84", "--step-delay", "20ms")
+		c, victims, stdout, stderr := startAndKill(t, r.cmd(ctx, nil, args...), sgd, 3, 1, 300*time.Millisecond)
 		err := c.Wait()
 		require.Error(t, err, "the run succeeded although a worker was killed")
 		res := summary(t, stdout.String())
@@ -200,7 +183,9 @@ func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 		require.Empty(t, pidsOf(sgd), "workers left running")
 		r.requireClean(t)
 	})
-	require.ElementsMatch(t, shmBefore, shmEntries(t), "shared-memory entries left in /dev/shm")
+	left, err := os.ReadDir(shmDir)
+	require.NoError(t, err)
+	require.Empty(t, left, "shared-memory segments left behind")
 }
 
 // TestRunGangSwapHeldPastDeadline: a 4-rank job under a running daemon is

@@ -29,6 +29,7 @@ const (
 	EnvSwapSocket     = trainer.EnvSwapSocket
 	EnvSwapJob        = trainer.EnvSwapJob
 	EnvSwapPriority   = trainer.EnvSwapPriority
+	EnvShmRoot        = trainer.EnvShmRoot
 
 	EnvRoleRank       = "ROLE_RANK"
 	EnvRoleWorldSize  = "ROLE_WORLD_SIZE"
@@ -79,6 +80,9 @@ func (e workerEnv) list() []string {
 	out = append(out, kv(EnvDevice, ord))
 	if c.DaemonSocket != "" {
 		out = append(out, kv(EnvSocket, c.DaemonSocket))
+	}
+	if c.ShmRoot != "" {
+		out = append(out, kv(EnvShmRoot, c.ShmRoot))
 	}
 	if s := c.Swap; s != nil {
 		pre := s.Library

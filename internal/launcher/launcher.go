@@ -108,8 +108,9 @@ type Config struct {
 	Swap         *Swap
 	// Env is added to every worker's environment last.
 	Env []string
-	// ShmRoot, when set, is swept of shared-memory segments whose creator is
-	// dead after every generation (what a worker killed mid-setup leaves).
+	// ShmRoot, when set, is where the workers make their shared-memory
+	// segments (MIGCTL_SHM_ROOT), swept of segments whose creator is dead
+	// after every generation (what a worker killed mid-setup leaves).
 	ShmRoot string
 	// OnStart is called as each worker starts (global rank, pid).
 	OnStart func(rank, pid int)
