@@ -174,7 +174,10 @@ func countHosts(peers []rendezvous.Peer) int {
 // self is what this rank reports at the rendezvous.
 func (g *Group) self() rendezvous.Peer {
 	c := g.cfg
-	host, _ := os.Hostname()
+	host := c.host
+	if host == "" {
+		host, _ = os.Hostname()
+	}
 	p := rendezvous.Peer{Rank: c.rank, Host: host, PID: os.Getpid(), World: c.size, Settings: map[string]string{}}
 	if td, ok := g.dev.(comm.TopologyDevice); ok {
 		t := td.Topology()

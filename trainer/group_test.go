@@ -386,3 +386,15 @@ func TestGPUBackendOnFakeDriver(t *testing.T) {
 	})
 	requireAll(t, errs)
 }
+
+// Ranks on two hosts fail at Init, every one of them, at once.
+func TestGroupAcrossHostsFailsAtInit(t *testing.T) {
+	start := time.Now()
+	err := world(t, 3, func(r int) []Option { return []Option{withHost(fmt.Sprintf("node%d", r%2))} }, func(*Group) error {
+		return errors.New("Init succeeded across hosts")
+	})
+	require.ErrorIs(t, err, ErrMultiNode)
+	require.NotContains(t, err.Error(), "Init succeeded")
+	require.ErrorContains(t, err, "2 hosts")
+	require.Less(t, time.Since(start), 10*time.Second)
+}

@@ -149,8 +149,9 @@ type config struct {
 	swapSocket, swapJob  string
 	swapPriority         int
 
-	api cuda.Interface // tests: a fake driver
-	dev comm.Device    // tests: an injected device
+	api  cuda.Interface // tests: a fake driver
+	dev  comm.Device    // tests: an injected device
+	host string         // tests: the host name reported at the rendezvous
 }
 
 // WithRendezvous sets the rendezvous address and job token (instead of
@@ -277,6 +278,11 @@ func WithSettings(kv map[string]string) Option {
 // withCUDA runs the gpu backend on api (tests: a fake driver).
 func withCUDA(api cuda.Interface) Option {
 	return func(c *config) error { c.api = api; return nil }
+}
+
+// withHost reports host as this rank's host name (tests of multi-host groups).
+func withHost(host string) Option {
+	return func(c *config) error { c.host = host; return nil }
 }
 
 // withDevice injects the rank's device (tests).
