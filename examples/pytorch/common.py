@@ -79,21 +79,24 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             times.append(time.perf_counter() - t0)
         if len(losses) < args.losses:
             losses.append(loss.item())
-    mine = torch.tensor([sum(times) / max(len(times), 1)], dtype=torch.float64)
+    med = sorted(times)[len(times) // 2] if times else 0.0
+    mine = torch.tensor([sum(times) / max(len(times), 1), med], dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
     # the report goes over gloo on CPU tensors whatever the backend, so it measures nothing of it
     rep = dist.new_group(backend="gloo")
-    all_t = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    all_t = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_t, mine, group=rep)
     all_c = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_c, checksum, group=rep)
-    slowest = max(t.item() for t in all_t)
+    slowest = max(t[0].item() for t in all_t)
+    slowest_median = max(t[1].item() for t in all_t)
     if rank == 0:
         out = {"model": name, "backend": args.backend, "world": world, "device": str(device),
                "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
                "step_ms_slowest_rank": round(slowest * 1e3, 3),
-               "step_ms_per_rank": [round(t.item() * 1e3, 3) for t in all_t],
+               "step_ms_per_rank": [round(t[0].item() * 1e3, 3) for t in all_t],
+               "step_ms_median_slowest_rank": round(slowest_median * 1e3, 3),  # robust on a busy machine
                "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}

@@ -332,10 +332,12 @@ class _Comm:
     def _where(self, t, name, slots):
         """(device flag, CUstream) of a tensor for the library. A CUDA tensor's
         collective is ordered after the work queued on the current stream
-        now, at the call: a side stream of ours waits for an event recorded
-        there and goes to the library (which records its own event on it when
-        the collective starts, maybe much later, when the current stream has
-        more work queued, say the rest of the backward pass)."""
+        now, at the call. The library records its event on the stream it is
+        given when the collective starts: that can be much later, when the
+        current stream has more work queued (DDP: the rest of the backward
+        pass, so no overlap). So a side stream of ours waits for an event
+        recorded now and goes to the library instead (lent to the collective
+        until it finishes; ~3 torch calls)."""
         if not t.is_cuda:
             if t.device.type != "cpu":
                 raise NotImplementedError(f"migctl backend: tensors on {t.device} are not supported (cpu and cuda are)")
@@ -412,7 +414,7 @@ class _Comm:
                 slots = []
                 p = t.data_ptr()
                 h = self._issue(_lib.KIND_ALLREDUCE, name, t, p, p, t.numel(), dt, op, 0, slots)
-                return Work(self, name, (h,), tensors, t, None, self._devices(tensors), slots)
+                return Work(self, name, (h,), tensors, t, None, [t.device], slots or None)
         handles, keep, back, slots = [], [], [], []
         for t in tensors:
             dt = _reduce_dtype(t, name, op)

@@ -7,6 +7,8 @@
    the kernel that wrote it had finished, the sum would be wrong. The result
    is then used by a kernel queued afterwards on the same stream.
 2. the same through async_op=True and through the Future.
+2b. two all-reduces in flight (DDP's buckets): each waits for its own
+   producer only, not for work queued on the stream after its call.
 3. overhead: mean time of an 8 KiB all-reduce through dist.all_reduce vs
    the library's C call directly (issue + wait), on CUDA and CPU tensors.
 
@@ -56,6 +58,47 @@ def stream_order(rank, world, n=1 << 20, cycles=int(1e9)):
         failures.append(f"stream order (async, future): sum {total}, want {want * world * n}")
 
 
+def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
+    """Two async all-reduces as DDP issues its buckets: x1 written after a
+    ~0.1 s sleep kernel, all-reduced, then x2 written after a longer one and
+    all-reduced while the first is in flight. Both sums must be right (the
+    second must wait for its own fill), and the first must finish before the
+    stream's second sleep has (it must not wait for work queued after its
+    call: that was the lost overlap of DDP's buckets)."""
+    want = float(world * (world + 1) // 2)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with torch.cuda.stream(s):
+        x1 = torch.zeros(n, device="cuda")
+        x2 = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(cycles)
+        x1.fill_(rank + 1)
+        f1 = dist.all_reduce(x1, async_op=True).get_future()
+        # longer than every rank's first sleep together (time-sliced ranks on one GPU)
+        torch.cuda._sleep(2 * world * cycles)
+        x2.fill_(rank + 1)
+        w2 = dist.all_reduce(x2, async_op=True)
+        end = torch.cuda.Event()
+        end.record(s)
+    f1_first = None
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 60:
+        if f1.done():
+            f1_first = not end.query()
+            break
+        time.sleep(0.0005)
+    f1.wait()
+    w2.wait()
+    s.synchronize()
+    if not (torch.all(x1 == want).item() and torch.all(x2 == want).item()):
+        failures.append(f"in-flight order: x1 {x1[0].item()} x2 {x2[0].item()}, want {want}")
+    if f1_first is not True:
+        failures.append("in-flight order: the first all-reduce waited for work queued on its stream after "
+                        f"its call (finished before the second sleep: {f1_first})")
+    return f1_first
+
+
 def overhead(device, iters=2000):
     t = torch.ones(2048, device=device)  # 8 KiB of float32
     for _ in range(50):
@@ -78,8 +121,18 @@ def overhead(device, iters=2000):
         c.migctl_allreduce(p, p, 2048, _lib.FLOAT32, _lib.SUM, dev, stream, ctypes.byref(h))
         c.migctl_wait(h.value, -1)
     raw_us = (time.perf_counter() - t0) / iters * 1e6
+    # the issuing call alone (Python + a C call that only queues), 64 in flight at a time
+    dist.barrier()
+    issue = 0.0
+    for _ in range(iters // 64):
+        t0 = time.perf_counter()
+        ws = [dist.all_reduce(t, async_op=True) for _ in range(64)]
+        issue += time.perf_counter() - t0
+        for w in ws:
+            w.wait()
     return {"device": device, "process_group_us": round(pg_us, 2), "c_abi_us": round(raw_us, 2),
-            "python_overhead_us": round(pg_us - raw_us, 2)}
+            "python_overhead_us": round(pg_us - raw_us, 2),
+            "async_issue_us": round(issue / (iters // 64 * 64) * 1e6, 2)}
 
 
 def main():
@@ -90,6 +143,7 @@ def main():
     if not on_gpu:
         failures.append("the library runs the host backend: start with `migctl run --gpus 0` (MIGCTL_BACKEND=gpu)")
     stream_order(rank, world)
+    in_flight_order(rank, world)
     ov = [overhead("cuda"), overhead("cpu")]
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
                       "overhead_8KiB": ov, "failures": failures}), flush=True)
