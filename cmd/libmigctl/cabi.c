@@ -10,10 +10,12 @@
 // slot done; migctl_wait sleeps on the slot's futex word. A cgo callback that
 // blocks on a Go channel costs a hand-off of its locked thread both ways
 // (~40 us per collective); this path costs a futex wake each way at most.
+#define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -72,10 +74,28 @@ static inline void relax(void) {
 #endif
 }
 
-// SPIN_NS is how long a waiter polls before it sleeps on a futex (as the shm
-// transport's waits: 20 us): a collective of a few KiB finishes within it,
-// and a sleeper costs a futex wake and a context switch (~10 us).
-#define SPIN_NS 20000L
+// spin_ns is how long a waiter (migctl_wait, and the dispatcher between
+// collectives) polls before it sleeps on a futex: 20 us, as the shm
+// transport's waits, when the process's CPUs leave two per local rank (a
+// small collective finishes within it, and a sleeper costs a futex wake and
+// a context switch, ~10-30 us); 0 on fewer CPUs, where a spinning thread
+// takes the core a peer needs (2 ranks on 2 CPUs: an 8 KiB all-reduce took
+// 155 us with the spin, 80-110 us without). MIGCTL_LIB_SPIN_US overrides it.
+static int64_t spin_ns = 20000;
+
+static void choose_spin(int local_size) {
+	const char *env = getenv("MIGCTL_LIB_SPIN_US");
+	if (env != NULL && *env != 0) {
+		spin_ns = strtol(env, NULL, 10) * 1000L;
+		if (spin_ns < 0) spin_ns = 0;
+		return;
+	}
+	cpu_set_t set;
+	int cpus = 0;
+	if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+	if (local_size < 1) local_size = 1;
+	spin_ns = cpus >= 2 * local_size ? 20000 : 0;
+}
 
 static int64_t mono_ns(void) {
 	struct timespec t;
@@ -83,14 +103,15 @@ static int64_t mono_ns(void) {
 	return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-// spin_u32 polls *w for up to SPIN_NS until it is v.
+// spin_u32 polls *w for up to spin_ns until it is v.
 static int spin_u32(uint32_t *w, uint32_t v) {
 	int64_t end = 0;
+	if (spin_ns == 0) return __atomic_load_n(w, __ATOMIC_ACQUIRE) == v;
 	for (int i = 0;; i++) {
 		if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == v) return 1;
 		if ((i & 63) == 63) {
 			int64_t now = mono_ns();
-			if (end == 0) end = now + SPIN_NS;
+			if (end == 0) end = now + spin_ns;
 			else if (now >= end) return 0;
 		}
 		relax();
@@ -181,7 +202,7 @@ migctl_slot_t *migctl_next(void) {
 			continue;
 		}
 		int64_t now = mono_ns();
-		if (end == 0) end = now + SPIN_NS;
+		if (end == 0) end = now + spin_ns;
 		if (now < end) continue;
 		uint32_t seq = __atomic_load_n(&issued_seq, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&disp_asleep, 1, __ATOMIC_SEQ_CST);
@@ -222,7 +243,7 @@ static migctl_slot_t *lookup(migctl_work_t h) {
 }
 
 // wait_word waits until *w is 1 (done), up to timeout_ms (negative: no
-// limit); 0 when the time ran out first. It polls for SPIN_NS first.
+// limit); 0 when the time ran out first. It polls for spin_ns first.
 static int wait_word(uint32_t *w, int64_t timeout_ms) {
 	struct timespec end = {0, 0}, now, rel;
 	if (spin_u32(w, 1)) return 1;
@@ -287,6 +308,7 @@ static int init(int rank, int size) {
 	int rc = migctlGoInit(rank, size);
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
 		group_size = migctlGoInfo(1);
+		choose_spin(migctlGoInfo(3));
 		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
 	}
 	return rc;
