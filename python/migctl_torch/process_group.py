@@ -366,8 +366,8 @@ class _Comm:
         dev, stream = self._where(t, name, slots)
         h = self.cissue(kind, send, recv, count, dt, op, root, dev, stream)
         if h < 0:
-            if slots:
-                self._slots.extend(slots)
+            if dev == _lib.DEVICE:  # this call's side stream only: earlier ones of the Work are in use
+                self._slots.append(slots.pop())
             self._fail(h, name)
         return h
 
