@@ -129,6 +129,9 @@ func readPids(t *testing.T, dir, prefix string) []int {
 		if strings.HasPrefix(e.Name(), prefix) {
 			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 			require.NoError(t, err)
+			if !bytes.HasSuffix(b, []byte("\n")) {
+				continue // the shell has created the file but not written it yet
+			}
 			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 			require.NoError(t, err)
 			pids = append(pids, pid)
