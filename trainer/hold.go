@@ -118,12 +118,16 @@ func (h *holdState) deadline(ctx context.Context, timeout time.Duration) (contex
 	held0 := h.heldTime(start)
 	var mu sync.Mutex
 	var t *time.Timer
+	stopped := false
 	check := func() {
 		now := time.Now()
 		heldFor := h.heldTime(now) - held0
 		active := now.Sub(start) - heldFor
 		mu.Lock()
 		defer mu.Unlock()
+		if stopped {
+			return // the collective ended while this check was waiting for mu
+		}
 		if active >= timeout && !h.isHeld() {
 			cause := fmt.Errorf("%w: %v", ErrTimeout, timeout)
 			if heldFor > 0 {
@@ -147,6 +151,7 @@ func (h *holdState) deadline(ctx context.Context, timeout time.Duration) (contex
 	}
 	return dctx, func() {
 		mu.Lock()
+		stopped = true
 		t.Stop()
 		mu.Unlock()
 		dcancel()
