@@ -7,34 +7,17 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type testDaemon struct {
 	swapSocket, ctlSocket string
-	log                   *syncBuffer
+	log                   *testutil.LockedBuffer
 }
 
 // startTestDaemon runs `migctl daemon` in-process with its sockets in a
@@ -44,7 +27,7 @@ func startTestDaemon(t *testing.T, extra ...string) *testDaemon {
 	dir, err := os.MkdirTemp("", "mcd") // short: Unix socket paths are limited to 108 bytes
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &testDaemon{swapSocket: filepath.Join(dir, "run", "swap.sock"), ctlSocket: filepath.Join(dir, "run", "ctl.sock"), log: &syncBuffer{}}
+	d := &testDaemon{swapSocket: filepath.Join(dir, "run", "swap.sock"), ctlSocket: filepath.Join(dir, "run", "ctl.sock"), log: &testutil.LockedBuffer{}}
 	runTestDaemon(t, d, append([]string{"daemon", "--swap-socket", d.swapSocket, "--socket", d.ctlSocket, "--rebalance-every", "0"}, extra...))
 	return d
 }

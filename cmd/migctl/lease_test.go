@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ctxmgr "github.com/migctl/migctl/context"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 func TestLeaseCommandsRoundTrip(t *testing.T) {
@@ -103,7 +105,7 @@ func TestDaemonSimNeedsNoFlags(t *testing.T) {
 	dir, err := os.MkdirTemp("", "mcn")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &testDaemon{ctlSocket: filepath.Join(dir, "c.sock"), swapSocket: filepath.Join(dir, "s.sock"), log: &syncBuffer{}}
+	d := &testDaemon{ctlSocket: filepath.Join(dir, "c.sock"), swapSocket: filepath.Join(dir, "s.sock"), log: &testutil.LockedBuffer{}}
 	t.Setenv(envControlSocket, d.ctlSocket)
 	t.Setenv(envSwapSocket, d.swapSocket)
 	t.Setenv("XDG_STATE_HOME", filepath.Join(dir, "state"))

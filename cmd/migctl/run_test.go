@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -62,25 +61,6 @@ func (r *runCLI) run(t *testing.T, extraEnv []string, args ...string) (stdout, s
 	c.Stdout, c.Stderr = &out, &errOut
 	err = c.Run()
 	return out.String(), errOut.String(), err
-}
-
-// lockedBuffer is a bytes.Buffer a running command may write while the
-// test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // summary reads the -o json summary at the end of stdout.
@@ -228,7 +208,7 @@ echo done $RANK`
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		c := r.cmd(ctx, nil, append(r.sim, "--np", "3", "--profile", "1g.18gb", "--max-restarts", "2", "-o", "json", "--", "sh", "-c", script)...)
-		var out, errOut lockedBuffer
+		var out, errOut testutil.LockedBuffer
 		c.Stdout, c.Stderr = &out, &errOut
 		require.NoError(t, c.Start())
 		victim := filepath.Join(r.dir, "pid-0-1")

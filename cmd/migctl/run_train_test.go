@@ -80,9 +80,9 @@ func pidsOf(path string) []int {
 // until they all run, lets them work for after, and SIGKILLs the victim-th
 // of them (in pid order). It returns the command (to Wait for), the workers'
 // pids and the run's output.
-func startAndKill(t *testing.T, c *exec.Cmd, exe string, np, victim int, after time.Duration) (*exec.Cmd, []int, *lockedBuffer, *lockedBuffer) {
+func startAndKill(t *testing.T, c *exec.Cmd, exe string, np, victim int, after time.Duration) (*exec.Cmd, []int, *testutil.LockedBuffer, *testutil.LockedBuffer) {
 	t.Helper()
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testutil.LockedBuffer
 	c.Stdout, c.Stderr = &stdout, &stderr
 	require.NoError(t, c.Start())
 	var pids []int
@@ -205,7 +205,7 @@ func TestRunGangSwapHeldPastDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	daemon := exec.CommandContext(ctx, bin, append([]string{"daemon", "--socket", ctl, "--swap-socket", swp}, r.sim...)...)
-	var dlog lockedBuffer
+	var dlog testutil.LockedBuffer
 	daemon.Stderr = &dlog
 	require.NoError(t, daemon.Start())
 	t.Cleanup(func() { _ = daemon.Process.Signal(syscall.SIGTERM); _ = daemon.Wait() })
@@ -222,12 +222,12 @@ func TestRunGangSwapHeldPastDeadline(t *testing.T) {
 		require.NoError(t, err, "migctl %v: %s", args, out)
 		return string(out)
 	}
-	start := func(job, out string) (*exec.Cmd, *lockedBuffer, *lockedBuffer) {
+	start := func(job, out string) (*exec.Cmd, *testutil.LockedBuffer, *testutil.LockedBuffer) {
 		args := append(append([]string{}, r.sim...), "--socket", ctl, "--swap", "--swap-socket", swp, "--job", job,
 			"--np", "4", "--profile", "1g.18gb", "--timeout", "20s", "-o", "json", "--", sgd)
 		args = append(append(args, train...), "--out", out)
 		c := r.cmd(ctx, nil, args...)
-		var stdout, stderr lockedBuffer
+		var stdout, stderr testutil.LockedBuffer
 		c.Stdout, c.Stderr = &stdout, &stderr
 		require.NoError(t, c.Start())
 		return c, &stdout, &stderr

@@ -179,7 +179,7 @@ func TestSwapEndToEndWithShim(t *testing.T) {
 	swapSock, ctlSock, stats := filepath.Join(dir, "run", "swap.sock"), filepath.Join(dir, "run", "ctl.sock"), filepath.Join(dir, "fakecuda.stats")
 
 	// The daemon, with the fake device's capacity declared.
-	var dlog syncBuffer
+	var dlog testutil.LockedBuffer
 	daemon := exec.Command(bin, "daemon", "--gpu-memory", "64MiB", "--swap-socket", swapSock, "--socket", ctlSock, "--rebalance-every", "0")
 	daemon.Stdout, daemon.Stderr = &dlog, &dlog
 	require.NoError(t, daemon.Start())

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,36 +26,18 @@ const (
 	capacity = 80 * gib // what the daemon under test declares per device
 )
 
-// lockedBuffer is a log buffer safe for the process's copying goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // daemonProc is a `migctl daemon` process with declared memory.
 type daemonProc struct {
 	s         *suite
 	cmd       *exec.Cmd
 	swap, ctl string
-	log       *lockedBuffer
+	log       *testutil.LockedBuffer
 }
 
 // startDaemon starts the real daemon binary in dir; it is stopped at the end
 // of the test.
 func (s *suite) startDaemon(t *testing.T, dir string) (*daemonProc, error) {
-	d := &daemonProc{s: s, swap: filepath.Join(dir, "run", "swap.sock"), ctl: filepath.Join(dir, "run", "ctl.sock"), log: &lockedBuffer{}}
+	d := &daemonProc{s: s, swap: filepath.Join(dir, "run", "swap.sock"), ctl: filepath.Join(dir, "run", "ctl.sock"), log: &testutil.LockedBuffer{}}
 	d.cmd = exec.Command(s.bin, "daemon", "--gpu-memory", strconv.FormatInt(capacity>>30, 10)+"GiB",
 		"--swap-socket", d.swap, "--socket", d.ctl, "--rebalance-every", "0")
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log

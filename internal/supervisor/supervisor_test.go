@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // The test binary doubles as the worker: with envWorker set, TestMain runs
@@ -221,28 +223,10 @@ func tdir(cfg Config) string {
 	return ""
 }
 
-// syncBuffer is a bytes.Buffer safe for the supervisor's writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestSuccess(t *testing.T) {
 	cfg := baseConfig(t, 3, "ok")
 	cfg.FirstRank = 4
-	var out, errOut syncBuffer
+	var out, errOut testutil.LockedBuffer
 	cfg.Stdout, cfg.Stderr = &out, &errOut
 	tr := &tracker{}
 	cfg.OnStart = tr.onStart
@@ -515,7 +499,7 @@ func TestStartError(t *testing.T) {
 // line on the console.
 func TestWholeLines(t *testing.T) {
 	cfg := baseConfig(t, 4, "lines")
-	var out, errOut syncBuffer
+	var out, errOut testutil.LockedBuffer
 	cfg.Stdout, cfg.Stderr = &out, &errOut
 	_, err := Run(context.Background(), cfg)
 	require.NoError(t, err)
@@ -538,7 +522,7 @@ func TestLogDirAndTee(t *testing.T) {
 	cfg := baseConfig(t, 2, "ok")
 	cfg.LogDir = t.TempDir()
 	cfg.Tee = TeeStderr
-	var out, errOut syncBuffer
+	var out, errOut testutil.LockedBuffer
 	cfg.Stdout, cfg.Stderr = &out, &errOut
 	_, err := Run(context.Background(), cfg)
 	require.NoError(t, err)

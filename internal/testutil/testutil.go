@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -82,4 +83,25 @@ func build() (string, error) {
 		return "", fmt.Errorf("%w\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// LockedBuffer is a bytes.Buffer that a running process's copying
+// goroutine may write while the test reads it. The zero value is ready.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is what was written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
