@@ -7,9 +7,9 @@ BIN := bin
 # package only (pages of them on a fresh build); our own cgo keeps its warnings.
 REAL_CC := $(if $(filter environment% command%,$(origin CC)),$(CC),gcc)
 GOC = CC=$(abspath scripts/cc-go.sh) MIGCTL_REAL_CC='$(REAL_CC)' $(GO)
-# The packages allowed to use cgo (DESIGN.md): the CUDA binding and the C-ABI
+# The packages allowed to use cgo (DESIGN.md): the CUDA and NCCL bindings and the C-ABI
 # export package of libmigctl.so (go-nvml, a dependency, aside).
-CGO_ALLOWED := github.com/migctl/migctl/internal/cuda github.com/migctl/migctl/cmd/libmigctl
+CGO_ALLOWED := github.com/migctl/migctl/internal/cuda github.com/migctl/migctl/internal/nccl github.com/migctl/migctl/cmd/libmigctl
 GOFLAGS_STRIP := -trimpath -ldflags='-s -w'
 PKGS := ./...
 
