@@ -20,6 +20,7 @@
 #define MAXLINE 4096
 
 static int sock_fd = -1;
+static int pending_fd = -1; /* the last descriptor the daemon passed (SCM_RIGHTS), for the next `gate` */
 static atomic_int connected;
 static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER;
 static char rbuf[2 * MAXLINE];
@@ -208,6 +209,41 @@ static void device_name(char *out, size_t outlen)
 		 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
+/* recv_fds is recv that keeps a descriptor passed with SCM_RIGHTS in
+ * pending_fd (the daemon sends the gate page's memfd with its `gate` line; the
+ * kernel delivers it with that line's first byte, so it is here before the
+ * line is parsed). */
+static ssize_t recv_fds(char *buf, size_t len)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(4 * sizeof(int))];
+	} cm;
+	struct iovec iov = { buf, len };
+	struct msghdr mh;
+	memset(&mh, 0, sizeof mh);
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	mh.msg_control = cm.b;
+	mh.msg_controllen = sizeof cm.b;
+	ssize_t r = recvmsg(sock_fd, &mh, MSG_CMSG_CLOEXEC);
+	if (r < 0)
+		return r;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int fds[4];
+		memcpy(fds, CMSG_DATA(c), n * sizeof(int) < sizeof fds ? n * sizeof(int) : sizeof fds);
+		for (size_t i = 0; i < n && i < 4; i++) {
+			if (pending_fd >= 0)
+				close(pending_fd);
+			pending_fd = fds[i];
+		}
+	}
+	return r;
+}
+
 /* read_line blocks up to timeout_ms for one complete line from the socket. */
 static int read_line(char *line, size_t linelen, int timeout_ms)
 {
@@ -234,7 +270,7 @@ static int read_line(char *line, size_t linelen, int timeout_ms)
 			continue;
 		if (pr <= 0)
 			return pr == 0 ? 0 : -1;
-		ssize_t r = recv(sock_fd, rbuf + rlen, sizeof rbuf - rlen, 0);
+		ssize_t r = recv_fds(rbuf + rlen, sizeof rbuf - rlen);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
@@ -280,6 +316,59 @@ static void do_swap(const char *id, int out)
 	send_line(m);
 }
 
+static long json_long(const char *line, const char *key, long def)
+{
+	char raw[64];
+	if (json_raw(line, key, raw, sizeof raw) != 0)
+		return def;
+	return strtol(raw, NULL, 10);
+}
+
+static int json_bool(const char *line, const char *key)
+{
+	char raw[16];
+	return json_raw(line, key, raw, sizeof raw) == 0 && strcmp(raw, "true") == 0;
+}
+
+/* handle_gate applies the daemon's priority-gating settings; a `gate` with
+ * "page":true comes with the device's page (pending_fd). A bad one is
+ * answered with an error and leaves gating as it was. */
+static void handle_gate(const char *line)
+{
+	struct ms_prio_cfg c;
+	char policy[32] = "", raw[64] = "", err[256] = "";
+	memset(&c, 0, sizeof c);
+	json_str(line, "policy", policy, sizeof policy);
+	if (strcmp(policy, "gate") == 0)
+		c.policy = MS_PG_GATE;
+	else if (strcmp(policy, "budget") == 0)
+		c.policy = MS_PG_BUDGET;
+	else
+		c.policy = MS_PG_OFF;
+	c.budget = (int)json_long(line, "budget", 0);
+	c.slot = (int)json_long(line, "slot", -1);
+	c.signal = json_bool(line, "signal");
+	c.stale_ms = (unsigned)json_long(line, "stale_ms", 0);
+	if (json_raw(line, "mask", raw, sizeof raw) == 0)
+		c.mask = strtoull(raw, NULL, 10);
+	int fd = -1;
+	if (json_bool(line, "page")) {
+		fd = pending_fd;
+		pending_fd = -1;
+		if (fd < 0) {
+			send_line("{\"type\":\"error\",\"reason\":\"gate: page announced but no descriptor came with it\"}");
+			return;
+		}
+	}
+	if (ms_prio_apply(&c, fd, err, sizeof err) != 0) {
+		char m[512], e[400];
+		ms_log("gate refused: %s", err);
+		json_escape(err, e, sizeof e);
+		snprintf(m, sizeof m, "{\"type\":\"error\",\"reason\":%s}", e);
+		send_line(m);
+	}
+}
+
 static void handle(const char *line)
 {
 	char type[64], id[128];
@@ -304,6 +393,8 @@ static void handle(const char *line)
 			json_str(line, "reason", reason, sizeof reason);
 			ms_log("need %ld denied: %s", v, reason);
 		}
+	} else if (strcmp(type, "gate") == 0) {
+		handle_gate(line);
 	} else if (strcmp(type, "error") == 0) {
 		char reason[512] = "";
 		json_str(line, "reason", reason, sizeof reason);
@@ -326,11 +417,24 @@ static void send_usage(void)
 	send_line(m);
 }
 
+static void send_gate_stats(void)
+{
+	struct migswap_stats st;
+	memset(&st, 0, sizeof st);
+	ms_prio_get_stats(&st);
+	char m[256];
+	snprintf(m, sizeof m,
+		 "{\"type\":\"gate_stats\",\"holds\":%llu,\"held_seconds\":%.6f,\"busy_periods\":%llu,\"busy_seconds\":%.6f}",
+		 (unsigned long long)st.prio_holds, (double)st.prio_held_ns * 1e-9, (unsigned long long)st.prio_busy_periods,
+		 (double)st.prio_busy_ns * 1e-9);
+	send_line(m);
+}
+
 static void *control_main(void *arg)
 {
 	(void)arg;
 	char line[MAXLINE];
-	double last_usage = 0;
+	double last_usage = 0, last_gate = 0;
 	const char *pp = getenv("MIGSWAP_PREPIN");
 	int prepin = pp && strcmp(pp, "1") == 0;
 	for (;;) {
@@ -346,9 +450,14 @@ static void *control_main(void *arg)
 			if (prepin)
 				ms_swap_prepin();
 		}
+		if (ms_now() - last_gate >= 0.1 && ms_prio_stats_dirty()) {
+			send_gate_stats();
+			last_gate = ms_now();
+		}
 	}
-	/* the daemon went away: no more swaps; never leave the program blocked */
+	/* the daemon went away: no more swaps, no more gating; never leave the program blocked */
 	ms_log("control connection closed");
+	ms_prio_detach();
 	pthread_mutex_lock(&write_mu);
 	close(sock_fd);
 	sock_fd = -1;
@@ -482,6 +591,9 @@ void ms_control_atfork_child(void)
 	if (sock_fd >= 0)
 		close(sock_fd); /* the parent's connection: never ours */
 	sock_fd = -1;
+	if (pending_fd >= 0)
+		close(pending_fd);
+	pending_fd = -1;
 	rlen = 0;
 	atomic_store(&connected, 0);
 	atomic_store(&usage_dirty, 0);

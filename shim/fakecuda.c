@@ -9,9 +9,12 @@
  *     cuMemSetAccess makes it read/write; cuMemUnmap puts PROT_NONE back;
  *     cuMemRelease closes the memfd. Touching unmapped memory faults, so a
  *     kernel or copy that slips past the shim while it is swapped out crashes.
- *   - Streams and events are synchronous; kernels are C functions looked up by
- *     name in any "module": noop(), add_one(float *p, u64 n), fill(float *p,
- *     u64 n, float v).
+ *   - Kernels are C functions looked up by name in any "module": noop(),
+ *     add_one(float *p, u64 n), fill(float *p, u64 n, float v) run at once,
+ *     in the launching call; sleep_us(u64 usec) is timed: it occupies its
+ *     stream for usec of wall time without blocking the caller, and events,
+ *     stream/context synchronize and queries follow it (see "streams and
+ *     events" below). Everything else is synchronous.
  *   - A CUDA graph is a list of kernel nodes run in order by cuGraphLaunch.
  *
  * Built with -Wl,-Bsymbolic so the fake's own calls and the pointers returned by
@@ -30,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -243,7 +247,18 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d)
 	*d = 0;
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSynchronize(void) { return current_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+static void sleep_until(double t);
+static double all_done_at;
+EXPORT CUresult cuCtxSynchronize(void)
+{
+	if (!current_ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&mu);
+	double t = all_done_at;
+	pthread_mutex_unlock(&mu);
+	sleep_until(t);
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
 {
 	switch (r) {
@@ -461,30 +476,160 @@ EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream x) { (void)x; return cuMemsetD8_v2(d, v, n); }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream x) { (void)x; return cuMemsetD32_v2(d, v, n); }
 
-/* ---- streams and events (synchronous) ---- */
+/* ---- streams and events ----
+ * Everything but the timed kernel sleep_us runs synchronously. sleep_us(u64
+ * usec) takes usec of wall time on its stream without blocking the caller:
+ * each stream has a done_at time (its queued timed work ends then), an event
+ * recorded on it completes at the stream's done_at, and the synchronize calls
+ * sleep until then. The NULL/legacy stream (handles 0, 1, 2) waits for every
+ * stream, as the legacy default stream does. */
 
-struct stream_obj { int magic; };
+struct stream_obj { int magic; double done_at; };
+static double legacy_done_at; /* and all_done_at: under mu */
+
+static double fnow(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_until(double t)
+{
+	for (;;) {
+		double d = t - fnow();
+		if (d <= 0)
+			return;
+		struct timespec ts = { (time_t)d, (long)((d - (double)(time_t)d) * 1e9) };
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int is_legacy(CUstream s) { return (uintptr_t)s <= 2; }
+
+/* stream_done_at: when the timed work queued on s ends (under mu). */
+static double stream_done_at(CUstream s)
+{
+	if (is_legacy(s))
+		return all_done_at > legacy_done_at ? all_done_at : legacy_done_at;
+	return ((struct stream_obj *)s)->done_at;
+}
+
+/* In-flight timed kernels of this process, for tests of launch budgets: the
+ * completion times of the last 4096, and the most ever in flight at a launch. */
+static double inflight_end[4096];
+static unsigned inflight_n;
+static uint64_t inflight_max;
+
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
 	(void)flags;
 	*s = (CUstream)calloc(1, sizeof(struct stream_obj));
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
-EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+	if (!is_legacy(s))
+		free(s);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+	pthread_mutex_lock(&mu);
+	double t = stream_done_at(s);
+	pthread_mutex_unlock(&mu);
+	sleep_until(t);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamQuery(CUstream s)
+{
+	pthread_mutex_lock(&mu);
+	double t = stream_done_at(s);
+	pthread_mutex_unlock(&mu);
+	return fnow() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+struct event_obj { double t; };
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
 {
 	(void)flags;
-	*e = (CUevent)calloc(1, 8);
+	*e = (CUevent)calloc(1, sizeof(struct event_obj));
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
-EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
-EXPORT CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
-EXPORT CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&mu);
+	((struct event_obj *)e)->t = stream_done_at(s);
+	__atomic_add_fetch(&st->event_records, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&mu);
+	double t = ((struct event_obj *)e)->t;
+	pthread_mutex_unlock(&mu);
+	sleep_until(t);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&mu);
+	double t = ((struct event_obj *)e)->t;
+	pthread_mutex_unlock(&mu);
+	return fnow() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)s, (void)mode; return CUDA_ERROR_NOT_SUPPORTED; }
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { (void)s, (void)g; return CUDA_ERROR_NOT_SUPPORTED; }
+
+/* fakecuda_inflight reports this process's timed kernels in flight now and
+ * the most there were at any launch since the last reset (reset != 0 clears it). */
+EXPORT void fakecuda_inflight(uint64_t *now_n, uint64_t *max_n, int reset)
+{
+	pthread_mutex_lock(&mu);
+	double t = fnow();
+	uint64_t n = 0;
+	unsigned lim = inflight_n < 4096 ? inflight_n : 4096;
+	for (unsigned i = 0; i < lim; i++)
+		n += inflight_end[i] > t;
+	if (now_n)
+		*now_n = n;
+	if (max_n)
+		*max_n = inflight_max;
+	if (reset)
+		inflight_max = n;
+	pthread_mutex_unlock(&mu);
+}
+
+/* timed_launch queues usec of work on s and counts what is in flight. */
+static void timed_launch(CUstream s, unsigned long long usec)
+{
+	pthread_mutex_lock(&mu);
+	double t = fnow(), start = stream_done_at(s);
+	if (start < t)
+		start = t;
+	double end = start + (double)usec * 1e-6;
+	if (is_legacy(s))
+		legacy_done_at = end;
+	else
+		((struct stream_obj *)s)->done_at = end;
+	if (end > all_done_at)
+		all_done_at = end;
+	inflight_end[inflight_n++ % 4096] = end;
+	uint64_t n = 0;
+	unsigned lim = inflight_n < 4096 ? inflight_n : 4096;
+	for (unsigned i = 0; i < lim; i++)
+		n += inflight_end[i] > t;
+	if (n > inflight_max)
+		inflight_max = n;
+	pthread_mutex_unlock(&mu);
+}
 
 /* ---- modules and kernels ---- */
 
@@ -508,8 +653,11 @@ static void k_fill(void **params)
 		p[i] = v;
 }
 
+static void k_sleep_us(void **params) { (void)params; } /* timed: see timed_launch */
+
 static struct kernel kernels[] = {
 	{ "noop", k_noop, 0, { 0 } },
+	{ "sleep_us", k_sleep_us, 1, { 8 } },
 	{ "add_one", k_add_one, 2, { 8, 8 } },
 	{ "fill", k_fill, 3, { 8, 8, 4 } },
 };
@@ -534,14 +682,17 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 	return CUDA_ERROR_NOT_FOUND;
 }
 
-static CUresult run_kernel(CUfunction f, void **params)
+static CUresult run_kernel_on(CUfunction f, void **params, CUstream s)
 {
 	struct kernel *k = (struct kernel *)f;
 	if (!k)
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (k->nparams && !params)
 		return CUDA_ERROR_INVALID_VALUE;
-	k->fn(params);
+	if (k->fn == k_sleep_us)
+		timed_launch(s, *(unsigned long long *)params[0]);
+	else
+		k->fn(params);
 	__atomic_add_fetch(&st->launches, 1, __ATOMIC_SEQ_CST);
 	return CUDA_SUCCESS;
 }
@@ -549,23 +700,23 @@ static CUresult run_kernel(CUfunction f, void **params)
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			       unsigned shmem, CUstream s, void **params, void **extra)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
 	ensure_stats();
-	return run_kernel(f, params);
+	return run_kernel_on(f, params, s);
 }
 /* A distinct entry point, as the real driver has, for per-thread default streams. */
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 				    unsigned shmem, CUstream s, void **params, void **extra)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
 	ensure_stats();
-	return run_kernel(f, params);
+	return run_kernel_on(f, params, s);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
-	(void)cfg, (void)extra;
+	(void)extra;
 	ensure_stats();
-	return run_kernel(f, params);
+	return run_kernel_on(f, params, cfg ? cfg->hStream : NULL);
 }
 
 /* ---- graphs ---- */
@@ -609,7 +760,7 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
 	*e = (CUgraphExec)c;
 	return CUDA_SUCCESS;
 }
-static CUresult graph_launch(CUgraphExec e)
+static CUresult graph_launch(CUgraphExec e, CUstream s)
 {
 	struct graph_obj *g = (struct graph_obj *)e;
 	if (!g)
@@ -619,14 +770,14 @@ static CUresult graph_launch(CUgraphExec e)
 		void *ptrs[4];
 		for (int j = 0; j < 4; j++)
 			ptrs[j] = g->nodes[i].args[j];
-		CUresult r = run_kernel((CUfunction)g->nodes[i].k, ptrs);
+		CUresult r = run_kernel_on((CUfunction)g->nodes[i].k, ptrs, s);
 		if (r)
 			return r;
 	}
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { (void)s; return graph_launch(e); }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { (void)s; return graph_launch(e); }
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s); }
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
 EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
 

@@ -31,9 +31,13 @@ struct fakecuda_stats {
 	uint64_t vmm_creates;  /* cuMemCreate calls that succeeded */
 	uint64_t plain_allocs; /* cuMemAlloc/Pitch/Managed/Async calls that succeeded */
 	uint64_t vmm_in_use;   /* bytes of in_use held by cuMemCreate handles */
+	uint64_t event_records; /* cuEventRecord calls (all processes on the device) */
 };
 
 uint64_t fakecuda_bytes_in_use(void);
 int fakecuda_get_stats(struct fakecuda_stats *out);
+/* This process's timed kernels (sleep_us) in flight now, and the most in
+ * flight at any launch since the last reset; reset != 0 starts a new maximum. */
+void fakecuda_inflight(uint64_t *now_n, uint64_t *max_n, int reset);
 
 #endif

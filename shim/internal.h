@@ -36,6 +36,9 @@ struct drv {
 	CUresult (*cuMemFreeHost)(void *);
 	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
 	CUresult (*cuStreamSynchronize)(CUstream);
+	CUresult (*cuEventCreate)(CUevent *, unsigned int);
+	CUresult (*cuEventRecord)(CUevent, CUstream);
+	CUresult (*cuEventQuery)(CUevent);
 	CUresult (*cuGetErrorString)(CUresult, const char **);
 	CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
 	CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, int *);
@@ -103,6 +106,87 @@ MS_HIDDEN void ms_control_usage_changed(void);
 MS_HIDDEN void ms_control_atfork_prepare(void);
 MS_HIDDEN void ms_control_atfork_parent(void);
 MS_HIDDEN void ms_control_atfork_child(void);
+
+/* ------------------------------------------------ priority launch gating
+ * prio.c; PROTOCOL.md "Priority launch gating". The daemon hands every
+ * shimmed process of a device the same shared page (a memfd over the control
+ * socket) and a slot in it. A process with lower-priority neighbours
+ * ("signals") sets its slot's bit in page->busy while it has launches in
+ * flight (a watcher thread clears it once events recorded after them have
+ * completed); a process with higher-priority neighbours reads page->busy &
+ * mask before each launch and, when a bit is set, waits (policy gate) or lets
+ * at most budget launches be in flight (policy budget). */
+#define MS_PG_MAGIC 0x5047534dU /* "MSGP" read as a little-endian uint32 */
+#define MS_PG_VERSION 1
+#define MS_PG_SLOTS 64
+#define MS_PG_SIZE 4096
+struct ms_pg_page {
+	uint32_t magic, version;
+	_Atomic uint64_t busy;     /* bit i: slot i has work in flight */
+	_Atomic uint32_t epoch;    /* bumped after a bit is cleared; futex word (shared) */
+	_Atomic uint32_t waiters;  /* processes sleeping on epoch */
+	uint8_t reserved[40];
+	_Atomic uint32_t beat_ms[MS_PG_SLOTS]; /* CLOCK_MONOTONIC ms, low 32 bits: the slot's
+						 * watcher last saw its work in flight */
+};
+enum { MS_PG_OFF = 0, MS_PG_GATE = 1, MS_PG_BUDGET = 2 };
+
+MS_HIDDEN extern atomic_int ms_pg_on;       /* mask != 0 or signal: the slow path is needed */
+MS_HIDDEN extern atomic_ullong ms_pg_mask;  /* slots of higher-priority processes */
+MS_HIDDEN extern atomic_int ms_pg_signal;   /* publish this process's work in flight */
+MS_HIDDEN extern struct ms_pg_page *_Atomic ms_pg_page;
+MS_HIDDEN extern atomic_long ms_pg_calls;   /* signalled calls inside the driver now */
+MS_HIDDEN extern atomic_int ms_pg_local_busy;
+
+MS_HIDDEN int ms_prio_hold(CUstream s); /* waits while a higher slot is busy; budget token or 0 */
+MS_HIDDEN void ms_prio_set_busy(void);
+MS_HIDDEN void ms_prio_note(CUstream s);
+MS_HIDDEN void ms_prio_budget_record(CUstream s, int tok);
+MS_HIDDEN void ms_prio_stream_destroyed(CUstream s);
+
+/* ms_prio_check runs before the swap gate: it holds a low-priority launch
+ * while a higher-priority slot is busy. Cost when nothing is busy: three loads. */
+static inline int ms_prio_check(CUstream s)
+{
+	uint64_t m = atomic_load_explicit(&ms_pg_mask, memory_order_relaxed);
+	if (!m)
+		return 0;
+	struct ms_pg_page *pg = atomic_load_explicit(&ms_pg_page, memory_order_relaxed);
+	if (__builtin_expect(pg != NULL && (atomic_load_explicit(&pg->busy, memory_order_acquire) & m) != 0, 0))
+		return ms_prio_hold(s);
+	return 0;
+}
+
+/* ms_prio_sig_enter/exit bracket the driver call of a signalling process. */
+static inline int ms_prio_sig_enter(void)
+{
+	if (!atomic_load_explicit(&ms_pg_signal, memory_order_relaxed))
+		return 0;
+	atomic_fetch_add(&ms_pg_calls, 1);
+	if (!atomic_load(&ms_pg_local_busy))
+		ms_prio_set_busy();
+	return 1;
+}
+
+static inline void ms_prio_sig_exit(CUstream s, int sig)
+{
+	if (sig) {
+		ms_prio_note(s);
+		atomic_fetch_sub(&ms_pg_calls, 1);
+	}
+}
+
+/* Control thread: apply a `gate` message (page_fd >= 0 maps a new page). */
+struct ms_prio_cfg {
+	int policy, budget, slot, signal;
+	unsigned stale_ms;
+	uint64_t mask;
+};
+MS_HIDDEN int ms_prio_apply(const struct ms_prio_cfg *c, int page_fd, char *err, size_t errlen);
+MS_HIDDEN void ms_prio_detach(void); /* the daemon went away: never hold, never signal */
+MS_HIDDEN int ms_prio_stats_dirty(void);
+MS_HIDDEN void ms_prio_get_stats(struct migswap_stats *s);
+MS_HIDDEN void ms_prio_atfork_child(void);
 
 #define MS_STAT_ADD(field, n) __atomic_add_fetch(&ms_stats_counters.field, (n), __ATOMIC_RELAXED)
 

@@ -182,6 +182,9 @@ static void load_driver(void)
 	LOAD(cuMemFreeHost, "cuMemFreeHost");
 	LOAD(cuStreamCreate, "cuStreamCreate");
 	LOAD(cuStreamSynchronize, "cuStreamSynchronize");
+	LOAD(cuEventCreate, "cuEventCreate");
+	LOAD(cuEventRecord, "cuEventRecord");
+	LOAD(cuEventQuery, "cuEventQuery");
 	LOAD(cuGetErrorString, "cuGetErrorString");
 	LOAD(cuGetProcAddress, "cuGetProcAddress");
 	LOAD(cuGetProcAddress_v2, "cuGetProcAddress_v2");
@@ -313,6 +316,7 @@ EXPORT int migswap_get_stats(struct migswap_stats *out)
 	C(needs);
 #undef C
 	s.arena_bytes = ms_swap_arena_bytes();
+	ms_prio_get_stats(&s);
 	*out = s;
 	return 0;
 }
@@ -594,7 +598,8 @@ struct hook {
 	X(begincap_ptsz, cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, (CUstream s, int mode),      \
 	  (s, mode))                                                                                               \
 	X(endcap, cuStreamEndCapture, "cuStreamEndCapture", 0, (CUstream s, CUgraph * g), (s, g))                  \
-	X(endcap_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, (CUstream s, CUgraph * g), (s, g))
+	X(endcap_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, (CUstream s, CUgraph * g), (s, g))        \
+	X(streamdestroy, cuStreamDestroy_v2, "cuStreamDestroy", 4000, (CUstream s), (s))
 
 #define ALL_HOOKS(X) GATED_HOOKS(X) CUSTOM_HOOKS(X)
 
@@ -614,12 +619,90 @@ static struct hook hooks[H_COUNT];
 ALL_HOOKS(X)
 #undef X
 
-/* gated bodies: the fast path is two atomic increments and a load */
+/* The stream each gated call runs on, for priority gating (prio.c): 0 is the
+ * legacy/per-thread default stream, which synchronous calls use. */
+#define MS_STREAM_launch s
+#define MS_STREAM_launch_ptsz s
+#define MS_STREAM_launchex (c ? c->hStream : NULL)
+#define MS_STREAM_launchex_ptsz (c ? c->hStream : NULL)
+#define MS_STREAM_launchcoop s
+#define MS_STREAM_launchcoop_ptsz s
+#define MS_STREAM_graphlaunch s
+#define MS_STREAM_graphlaunch_ptsz s
+#define MS_STREAM_memcpy NULL
+#define MS_STREAM_memcpy_ptds NULL
+#define MS_STREAM_memcpyasync st
+#define MS_STREAM_memcpyasync_ptsz st
+#define MS_STREAM_htod NULL
+#define MS_STREAM_htod_ptds NULL
+#define MS_STREAM_dtoh NULL
+#define MS_STREAM_dtoh_ptds NULL
+#define MS_STREAM_dtod NULL
+#define MS_STREAM_dtod_ptds NULL
+#define MS_STREAM_htodasync st
+#define MS_STREAM_htodasync_ptsz st
+#define MS_STREAM_dtohasync st
+#define MS_STREAM_dtohasync_ptsz st
+#define MS_STREAM_dtodasync st
+#define MS_STREAM_dtodasync_ptsz st
+#define MS_STREAM_m2d NULL
+#define MS_STREAM_m2d_ptds NULL
+#define MS_STREAM_m2du NULL
+#define MS_STREAM_m2du_ptds NULL
+#define MS_STREAM_m2da s
+#define MS_STREAM_m2da_ptsz s
+#define MS_STREAM_m3d NULL
+#define MS_STREAM_m3d_ptds NULL
+#define MS_STREAM_m3da s
+#define MS_STREAM_m3da_ptsz s
+#define MS_STREAM_peer NULL
+#define MS_STREAM_peer_ptds NULL
+#define MS_STREAM_peerasync st
+#define MS_STREAM_peerasync_ptsz st
+#define MS_STREAM_d8 NULL
+#define MS_STREAM_d8_ptds NULL
+#define MS_STREAM_d16 NULL
+#define MS_STREAM_d16_ptds NULL
+#define MS_STREAM_d32 NULL
+#define MS_STREAM_d32_ptds NULL
+#define MS_STREAM_d8a s
+#define MS_STREAM_d8a_ptsz s
+#define MS_STREAM_d16a s
+#define MS_STREAM_d16a_ptsz s
+#define MS_STREAM_d32a s
+#define MS_STREAM_d32a_ptsz s
+#define MS_STREAM_d2d8 NULL
+#define MS_STREAM_d2d16 NULL
+#define MS_STREAM_d2d32 NULL
+#define MS_STREAM_d2d8a s
+#define MS_STREAM_d2d16a s
+#define MS_STREAM_d2d32a s
+#define MS_STREAM_wv32 s
+#define MS_STREAM_wv64 s
+#define MS_STREAM_wt32 s
+#define MS_STREAM_wt64 s
+
+/* gated bodies: the fast path is two atomic increments and two loads; with
+ * priority gating on (ms_pg_on), prio.c's check before the swap gate and its
+ * bookkeeping around the driver call */
 #define X(id, exp, gpa, mv, PARAMS, ARGS)                                                                      \
 	static CUresult id##_body(id##_t real, UNPAREN PARAMS)                                                     \
 	{                                                                                                          \
 		if (__builtin_expect(!real, 0))                                                                    \
 			return CUDA_ERROR_NOT_FOUND;                                                               \
+		if (__builtin_expect(atomic_load_explicit(&ms_pg_on, memory_order_relaxed), 0)) {                  \
+			CUstream strm_ = MS_STREAM_##id;                                                           \
+			int tok_ = ms_prio_check(strm_);                                                           \
+			gate_enter();                                                                              \
+			int sig_ = ms_prio_sig_enter();                                                            \
+			CUresult r = real ARGS;                                                                    \
+			ms_prio_sig_exit(strm_, sig_);                                                             \
+			gate_exit();                                                                               \
+			if (tok_)                                                                                  \
+				ms_prio_budget_record(strm_, tok_);                                                \
+			MS_STAT_ADD(gated_calls, 1);                                                               \
+			return r;                                                                                  \
+		}                                                                                                  \
 		gate_enter();                                                                                      \
 		CUresult r = real ARGS;                                                                            \
 		gate_exit();                                                                                       \
@@ -1003,6 +1086,14 @@ static CUresult endcap_common(CUresult (*real)(CUstream, CUgraph *), CUstream s,
 static CUresult endcap_body(endcap_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 static CUresult endcap_ptsz_body(endcap_ptsz_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 
+/* A destroyed stream can no longer be recorded on by the gate's watcher. */
+static CUresult streamdestroy_body(streamdestroy_t real, CUstream s)
+{
+	if (atomic_load(&ms_pg_on) || atomic_load(&ms_pg_local_busy))
+		ms_prio_stream_destroyed(s);
+	return real ? real(s) : CUDA_ERROR_NOT_FOUND;
+}
+
 /* -------------------------------------------------------------- lifecycle */
 
 /* Lock order: mode_mu before the control locks (ensure_mode holds mode_mu
@@ -1054,6 +1145,7 @@ static void atfork_child(void)
 	atomic_store(&ms_mode, MIGSWAP_MODE_UNDECIDED);
 	memset(&ms_stats_counters, 0, sizeof ms_stats_counters);
 	ms_swap_atfork_child();
+	ms_prio_atfork_child();
 	ms_control_atfork_child();
 }
 

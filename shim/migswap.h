@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#define MIGSWAP_ABI_VERSION 1
+#define MIGSWAP_ABI_VERSION 2 /* 2: the prio_* fields appended */
 
 /* How the shim runs in this process. */
 enum migswap_mode {
@@ -44,6 +44,16 @@ struct migswap_stats {
 	uint64_t needs;       /* `need` messages sent after OUT_OF_MEMORY */
 	uint64_t arena_bytes; /* size of the pinned host arena (0 until the first swap-out,
 	                       * or until MIGSWAP_PREPIN=1 grows it in the background) */
+	/* priority launch gating (ABI 2) */
+	uint64_t prio_holds;        /* launches/copies held because a higher-priority process was busy */
+	uint64_t prio_held_ns;      /* total time they waited */
+	uint64_t prio_busy_periods; /* times this process went from idle to work in flight (signalling only) */
+	uint64_t prio_busy_ns;      /* total time it had work in flight */
+	uint64_t prio_mask;         /* slots of the higher-priority processes it yields to now */
+	uint32_t prio_policy;       /* 0 off, 1 gate, 2 budget */
+	uint32_t prio_budget;       /* launches in flight allowed while held (budget) */
+	int32_t prio_slot;          /* this process's slot on the device's page, -1 none */
+	uint32_t prio_signal;       /* 1 while it publishes its work in flight */
 };
 
 /* migswap_get_stats fills *out; safe from any thread; returns 0. */
