@@ -17,12 +17,12 @@
 #
 # Build (dev machine): make build shim lib      -> bin/migctl, bin/libmigswap.so
 # Run (repo root, GPU machine):   OUT=/some/dir scripts/h200-priority.sh [drive options]
-#   e.g. DURATION=15 scripts/h200-priority.sh --cases a,b,c
+#   e.g. DURATION=20 scripts/h200-priority.sh --cases a,b,c
 #   drive options: python3 scripts/priority_bench.py drive --help
 # Plumbing test without a GPU (torch on the CPU, no torchvision needed):
 #   scripts/h200-priority.sh --selftest
 # Environment: OUT (default ./h200-priority-out), BIN (default bin), PYTHON (default python3),
-# DURATION (window per case, default 20 s), BUDGET (default 285 s), TOTAL_TIMEOUT (hard limit of
+# DURATION (window per case, default 15 s: 1500 requests), BUDGET (default 285 s), TOTAL_TIMEOUT (hard limit of
 # the whole run, default 330 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +57,7 @@ done
 
 : > "$R/pids"
 timeout -k 10 "${TOTAL_TIMEOUT:-330}" "$PY" scripts/priority_bench.py drive --out "$R" --bin "$BIN" \
-  --duration "${DURATION:-20}" --budget "${BUDGET:-285}" "${extra[@]}" "$@"
+  --duration "${DURATION:-15}" --budget "${BUDGET:-285}" "${extra[@]}" "$@"
 rc=$?
 
 # Leftovers: only the pids the driver recorded (its roles and daemons, each in its own session),

@@ -98,6 +98,14 @@ def shim_stats():
         extra.pop()
     if extra:
         d["extra_u64"] = extra  # fields a later ABI appended, in the order of its migswap.h
+    try:  # slicing (issue 10 D3): struct migswap_slice_stats, eight uint64 (shim/ptxslice.h)
+        sl = ctypes.CDLL(None).migswap_slice_get_stats
+        sb = (ctypes.c_uint64 * 64)()
+        if sl(ctypes.byref(sb)) == 0:
+            d["slice"] = dict(zip(["modules_rewritten", "modules_skipped", "entries_sliceable", "entries_refused",
+                                   "functions_mapped", "sliced_launches", "slices", "fallbacks"], sb))
+    except (AttributeError, OSError):
+        pass
     return d
 
 
@@ -623,6 +631,11 @@ class Driver:
                     if "prio_policy" in sh:
                         b += (f" policy {sh['prio_policy']} slot {sh['prio_slot']} holds {sh['prio_holds']} "
                               f"held {sh['prio_held_ns'] / 1e9:.2f} s busy {sh['prio_busy_ns'] / 1e9:.2f} s")
+                    if sh.get("slice"):
+                        sl = sh["slice"]
+                        b += (f" sliced {sl['sliced_launches']} launches into {sl['slices']} slices "
+                              f"({sl['functions_mapped']} functions with a twin, {sl['modules_rewritten']} modules "
+                              f"rewritten, {sl['modules_skipped']} skipped)")
                     if sh.get("extra_u64"):
                         b += f" extra {sh['extra_u64']}"
                     bits.append(b)
