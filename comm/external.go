@@ -1,8 +1,8 @@
 package comm
 
 import (
-	"context"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/migctl/migctl/internal/cuda"
@@ -17,11 +17,10 @@ type ExternalDevice interface {
 	// WrapPointer returns a Buffer over n bytes of device memory at ptr.
 	// The device does not own it: Free refuses it and Close leaves it.
 	WrapPointer(ptr uintptr, n int) (Buffer, error)
-	// WaitStream blocks until the work queued so far on the caller's
-	// stream (a CUstream of this device's primary context; 0 is the legacy
-	// default stream) has completed: an event recorded there and waited
-	// for, never a device-wide synchronisation.
-	WaitStream(ctx context.Context, stream uintptr) error
+	// RecordStream records an event on the caller's stream now and returns
+	// it: work queued later on that stream is not waited for. Safe to call
+	// from any goroutine while the device runs other work.
+	RecordStream(stream uintptr) (Event, error)
 }
 
 var _ ExternalDevice = (*CUDADevice)(nil)
@@ -46,22 +45,21 @@ func (d *CUDADevice) WrapPointer(ptr uintptr, n int) (Buffer, error) {
 	return &CUDABuffer{ptr: cuda.DevicePtr(ptr), n: n, peer: true}, nil
 }
 
-// WaitStream implements ExternalDevice.
-func (d *CUDADevice) WaitStream(ctx context.Context, stream uintptr) error {
+// RecordStream implements ExternalDevice.
+func (d *CUDADevice) RecordStream(stream uintptr) (Event, error) {
 	if err := d.bind(); err != nil {
-		return err
+		return nil, err
 	}
+	defer d.unbind()
 	e, err := d.event()
 	if err != nil {
-		d.unbind()
-		return err
+		return nil, err
 	}
-	err = d.api.EventRecord(e, cuda.Stream(stream))
-	d.unbind()
-	if err != nil {
+	if err := d.api.EventRecord(e, cuda.Stream(stream)); err != nil {
 		d.recycle(e)
-		return fmt.Errorf("recording an event on the caller's stream: %w", err)
+		return nil, fmt.Errorf("recording an event on the caller's stream: %w", err)
 	}
-	defer d.recycle(e)
-	return (&cudaEvent{d: d, e: e}).Wait(ctx)
+	ev := &cudaEvent{d: d, e: e}
+	runtime.AddCleanup(ev, func(e cuda.Event) { d.recycle(e) }, e)
+	return ev, nil
 }

@@ -30,7 +30,7 @@ func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *W
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.AllReduce(ctx, s, r, n, send.dtype, op)
 		})
-	})
+	}, send, recv)
 }
 
 // ReduceScatter reduces every rank's send (Size()·recv.Count elements) with
@@ -57,7 +57,7 @@ func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op
 		return g.withOperands(ctx, send, recv, block*g.size, block, func(s, r comm.Buffer) error {
 			return g.cm.ReduceScatter(ctx, s, r, block, send.dtype, op)
 		})
-	})
+	}, send, recv)
 }
 
 // AllGather concatenates every rank's send (send.Count elements) in rank
@@ -81,7 +81,7 @@ func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
 		return g.withOperands(ctx, send, recv, block, block*g.size, func(s, r comm.Buffer) error {
 			return g.cm.AllGather(ctx, s, r, block, send.dtype)
 		})
-	})
+	}, send, recv)
 }
 
 // Broadcast sets every rank's recv to root's send (recv.Count elements).
@@ -108,7 +108,7 @@ func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int)
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
 		})
-	})
+	}, send, recv)
 }
 
 // Barrier returns once every rank has entered it.

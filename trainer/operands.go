@@ -13,9 +13,6 @@ import (
 // through scratch buffers where not), runs f, and copies a staged result
 // back. sendN and recvN are the elements the collective reads and writes.
 func (g *Group) withOperands(ctx context.Context, send, recv Buffer, sendN, recvN int, f func(s, r comm.Buffer) error) error {
-	if err := g.waitStreams(ctx, send, recv); err != nil {
-		return err
-	}
 	inPlace := same(send, recv)
 	es := send.dtype.Size()
 	n := max(sendN, recvN)
@@ -52,10 +49,16 @@ func (g *Group) withOperands(ctx context.Context, send, recv Buffer, sendN, recv
 	return g.stream.Synchronize(ctx)
 }
 
-// waitStreams orders the collective after the work queued on the callers'
-// streams (device buffers only).
-func (g *Group) waitStreams(ctx context.Context, bufs ...Buffer) error {
-	var waited []uintptr
+// recordStreams records an event on each distinct stream of the device
+// buffers in bufs (buffers from Alloc on the group's own stream excepted):
+// the collective issued now waits for them (see submit).
+func (g *Group) recordStreams(bufs ...Buffer) ([]comm.Event, error) {
+	var (
+		events  []comm.Event
+		waited  []uintptr
+		ext     comm.ExternalDevice
+		checked bool
+	)
 	for _, b := range bufs {
 		if !b.OnDevice() || b.own != nil && b.stream == 0 {
 			continue
@@ -67,16 +70,21 @@ func (g *Group) waitStreams(ctx context.Context, bufs ...Buffer) error {
 		if dup {
 			continue
 		}
-		ext, ok := g.dev.(comm.ExternalDevice)
-		if !ok {
-			return fmt.Errorf("device buffers need the gpu backend (this group runs on %s): %w", g.cfg.backend, ErrUnsupported)
+		if !checked {
+			var ok bool
+			if ext, ok = g.dev.(comm.ExternalDevice); !ok {
+				return nil, fmt.Errorf("device buffers need the gpu backend (this group runs on %s): %w", g.cfg.backend, ErrUnsupported)
+			}
+			checked = true
 		}
-		if err := ext.WaitStream(ctx, b.stream); err != nil {
-			return fmt.Errorf("waiting for the caller's stream: %w", err)
+		e, err := ext.RecordStream(b.stream)
+		if err != nil {
+			return nil, fmt.Errorf("ordering after the caller's stream: %w", err)
 		}
+		events = append(events, e)
 		waited = append(waited, b.stream)
 	}
-	return nil
+	return events, nil
 }
 
 // operand returns b as a buffer of the group's device of at least n bytes,
@@ -192,14 +200,11 @@ func (g *Group) Write(ctx context.Context, dst Buffer, src []byte) error {
 		if err != nil {
 			return err
 		}
-		if err := g.waitStreams(ctx, dst); err != nil {
-			return err
-		}
 		if err := g.stream.CopyFromHost(b, 0, src); err != nil {
 			return err
 		}
 		return g.stream.Synchronize(ctx)
-	}))
+	}, dst))
 }
 
 // Read copies src into dst in order with the group's collectives.
@@ -216,14 +221,11 @@ func (g *Group) Read(ctx context.Context, dst []byte, src Buffer) error {
 		if err != nil {
 			return err
 		}
-		if err := g.waitStreams(ctx, src); err != nil {
-			return err
-		}
 		if err := g.stream.CopyToHost(dst, b, 0); err != nil {
 			return err
 		}
 		return g.stream.Synchronize(ctx)
-	}))
+	}, src))
 }
 
 // ipcState is the IPC ring's scratch: this rank's send and receive buffers,
@@ -273,9 +275,6 @@ func (g *Group) RegisterIPC(ctx context.Context, send, recv Buffer) error {
 // directly, else with the caller's data copied device to device into
 // scratch buffers the ring's peers have opened.
 func (g *Group) allReduceIPC(ctx context.Context, send, recv Buffer, op Op) error {
-	if err := g.waitStreams(ctx, send, recv); err != nil {
-		return err
-	}
 	if p, ok := g.registered[[2]uintptr{send.ptr, recv.ptr}]; ok && send.own != nil && recv.own != nil {
 		prevRecv := p.Bufs[len(p.Bufs)-1]
 		return g.cm.AllReduceIPC(ctx, send.own, recv.own, p.Bufs[0], prevRecv, send.count, send.dtype, op)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/migctl/migctl/comm"
 )
 
 // Work is a collective issued with an Async method.
@@ -14,6 +16,9 @@ type Work struct {
 	bytes int
 	ctx   context.Context
 	run   func(ctx context.Context) error
+	// after are events recorded on the callers' streams when the call was
+	// made: the collective starts once they complete.
+	after []comm.Event
 	done  chan struct{}
 	err   error
 }
@@ -51,9 +56,19 @@ func failed(name string, err error) *Work {
 
 // submit queues run as the next collective; op and bytes name it for the
 // daemon's metrics ("" for copies). ctx bounds it (with the group's deadline
-// on top, which does not run while the job is held).
-func (g *Group) submit(ctx context.Context, name, op string, bytes int, run func(ctx context.Context) error) *Work {
+// on top, which does not run while the job is held). The collective is
+// ordered after the work queued so far on the streams of the device buffers
+// in bufs: an event is recorded on each stream here, at the call, so it
+// waits for the kernels that produced its input and not for whatever the
+// caller queues after the call (a backward pass goes on while its gradient
+// buckets are reduced).
+func (g *Group) submit(ctx context.Context, name, op string, bytes int, run func(ctx context.Context) error, bufs ...Buffer) *Work {
 	w := &Work{name: name, op: op, bytes: bytes, ctx: ctx, run: run, done: make(chan struct{})}
+	after, err := g.recordStreams(bufs...)
+	if err != nil {
+		return failed(name, fmt.Errorf("%s: %w", name, err))
+	}
+	w.after = after
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -82,6 +97,12 @@ func (g *Group) runWork(w *Work) error {
 	}
 	ctx, stop := g.hold.deadline(w.ctx, g.cfg.timeout)
 	defer stop()
+	for _, e := range w.after {
+		if err := e.Wait(ctx); err != nil {
+			return fmt.Errorf("%s on rank %d: waiting for the caller's stream: %w", w.name, g.rank, err)
+		}
+	}
+	w.after = nil
 	start := time.Now()
 	err := w.run(ctx)
 	if err == nil {

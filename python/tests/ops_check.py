@@ -9,9 +9,11 @@ calls. Inputs are small integers, so every sum is exact in every dtype and
 every element is checked. Prints one JSON line; exits 1 on any mismatch."""
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -37,9 +39,20 @@ def values(n, rank, dtype, device):
     return v.to(dtype).to(device)
 
 
+# OPS_TRACE=1 prints every check with the seconds it took (stderr), to tell a
+# slow path from a hang; OPS_DUMP_AFTER=S dumps every thread's stack and exits
+# after S seconds.
+_TRACE = os.environ.get("OPS_TRACE") == "1"
+_last = [time.monotonic()]
+
+
 def expect(name, got, want):
     global checks
     checks += 1
+    if _TRACE:
+        now = time.monotonic()
+        print(f"[ops] {now - _last[0]:8.3f}s {name}", file=sys.stderr, flush=True)
+        _last[0] = now
     if got.is_complex():
         got, want = torch.view_as_real(got), torch.view_as_real(want)
     got64, want64 = got.detach().cpu().to(torch.float64), want.detach().cpu().to(torch.float64)
@@ -204,6 +217,8 @@ def main():
     ap.add_argument("--sizes", default="0,1,7,1000,65539")
     ap.add_argument("--large", type=int, default=600011, help="one float32 all-reduce past the 2 MiB chunk (0: none)")
     a = ap.parse_args()
+    if os.environ.get("OPS_DUMP_AFTER"):
+        faulthandler.dump_traceback_later(float(os.environ["OPS_DUMP_AFTER"]), exit=True)
     if a.device.startswith("cuda"):
         torch.cuda.set_device(0)
     dist.init_process_group("migctl")

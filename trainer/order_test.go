@@ -1,0 +1,112 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// A collective on device memory waits for the work its caller queued on the
+// buffer's stream before the call, and not for work queued after it (a
+// backward pass goes on queueing kernels while its gradient buckets are
+// reduced). The second all-reduce's stream gets a kernel that blocks until
+// the end of the test right after the call: the collective must finish
+// anyway. Recording the ordering event when the worker reaches the
+// collective (instead of at the call) orders it after the blocking kernel,
+// and it fails on its deadline.
+func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
+	const n, count = 2, 257
+	fakes := make([]*cuda.Fake, n)
+	unblock := make(chan struct{})
+	defer func() {
+		select {
+		case <-unblock:
+		default:
+			close(unblock)
+		}
+	}()
+	errs := world(t, n, func(r int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		f.AddKernel("test_block", func(cuda.FakeMemory, cuda.Dim3, cuda.Dim3, *cuda.Args) error {
+			<-unblock
+			return nil
+		})
+		fakes[r] = f
+		return []Option{withCUDA(f), WithBackend(BackendGPU), WithTimeout(5 * time.Second)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		f := fakes[g.Rank()]
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		dev, err := f.DeviceGet(0)
+		if err != nil {
+			return err
+		}
+		c, err := f.DevicePrimaryCtxRetain(dev)
+		if err != nil {
+			return err
+		}
+		defer f.DevicePrimaryCtxRelease(dev)
+		if err := f.CtxSetCurrent(c); err != nil {
+			return err
+		}
+		mod, err := f.ModuleLoadData([]byte("test"))
+		if err != nil {
+			return err
+		}
+		block, err := f.ModuleGetFunction(mod, "test_block")
+		if err != nil {
+			return err
+		}
+		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			return err
+		}
+		bufs := make([]Buffer, 2)
+		for i := range bufs {
+			if bufs[i], err = g.Alloc(count, Float32); err != nil {
+				return err
+			}
+			in := make([]float32, count)
+			for j := range in {
+				in[j] = input(g.Rank(), j+i)
+			}
+			if err := g.Write(ctx, bufs[i], HostSlice(in).Host()); err != nil {
+				return err
+			}
+		}
+		raw := func(b Buffer) Buffer {
+			return DeviceBuffer(uintptr(b.own.(*comm.CUDABuffer).Ptr()), count, Float32, uintptr(stream))
+		}
+		w := g.AllReduceAsync(ctx, raw(bufs[0]), raw(bufs[0]), Sum)
+		// Queued after the call: the collective must not wait for it.
+		if err := f.LaunchKernel(block, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{}); err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return fmt.Errorf("all-reduce ordered after work queued after the call: %w", err)
+		}
+		got := make([]float32, count)
+		if err := g.Read(ctx, HostSlice(got).Host(), bufs[0]); err != nil {
+			return err
+		}
+		for j := range got {
+			var want float32
+			for q := range n {
+				want += input(q, j)
+			}
+			if got[j] != want {
+				return fmt.Errorf("element %d = %v, want %v", j, got[j], want)
+			}
+		}
+		return nil
+	})
+	close(unblock)
+	requireAll(t, errs)
+}
