@@ -19,8 +19,8 @@
 # Run (repo root, GPU machine):   OUT=/some/dir scripts/h200-priority.sh [drive options]
 #   e.g. DURATION=20 scripts/h200-priority.sh --cases a,b,c
 #   drive options: python3 scripts/priority_bench.py drive --help
-# Plumbing test without a GPU (torch on the CPU, no torchvision needed):
-#   scripts/h200-priority.sh --selftest
+# Plumbing test without a GPU (torch on the CPU, no torchvision needed; the shim cases on the fake
+# libcuda.so): scripts/h200-priority.sh --selftest [--no-torch]
 # Environment: OUT (default ./h200-priority-out), BIN (default bin), PYTHON (default python3),
 # DURATION (window per case, default 15 s: 1500 requests), BUDGET (default 285 s), TOTAL_TIMEOUT (hard limit of
 # the whole run, default 330 s).
@@ -33,21 +33,19 @@ mkdir -p "$R"
 R=$(cd "$R" && pwd)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-extra=()
 if [[ "${1:-}" == "--selftest" ]]; then
   shift
-  # CPU, two-layer model, 2-s windows; the shim cases run against the real daemon with a declared
-  # memory size (no NVML): the shim stays a passthrough without CUDA calls, the plumbing is checked.
-  extra=(--device cpu --model tiny --gpu-memory 80GiB --infer-warmup 5 --train-warmup 2 --tail 0.3)
-  DURATION=${DURATION:-2}
+  # No GPU: the driver with a two-layer torch model on the CPU (cases a-d), then with timed kernels
+  # on the fake libcuda.so (bin/fakecuda) under the real shim and daemon (all cases; e1/e2/f where
+  # bin/ has the feature, and then the trainer's launches must have been held). PASS/FAIL lines.
+  exec timeout -k 10 600 "$PY" scripts/priority_bench.py selftest --out "$R/selftest" --bin "$BIN" "$@"
 fi
 
 echo "h200-priority: out=$R bin=$BIN python=$PY $(date -u +%FT%TZ)"
-if [[ ${#extra[@]} -eq 0 ]]; then
-  nvidia-smi --query-gpu=index,name,driver_version,mig.mode.current,memory.used,memory.total,utilization.gpu,compute_mode \
-    --format=csv 2>&1 | tee "$R/gpu.txt"
-  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>&1 | tee -a "$R/gpu.txt"
-fi
+# read-only queries
+nvidia-smi --query-gpu=index,name,driver_version,mig.mode.current,memory.used,memory.total,utilization.gpu,compute_mode \
+  --format=csv 2>&1 | tee "$R/gpu.txt"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>&1 | tee -a "$R/gpu.txt"
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tee "$R/versions.txt"
 "$PY" -c 'import torchvision; print("torchvision", torchvision.__version__)' 2>&1 | tee -a "$R/versions.txt"
 for f in migctl libmigswap.so; do
@@ -57,7 +55,7 @@ done
 
 : > "$R/pids"
 timeout -k 10 "${TOTAL_TIMEOUT:-330}" "$PY" scripts/priority_bench.py drive --out "$R" --bin "$BIN" \
-  --duration "${DURATION:-15}" --budget "${BUDGET:-285}" "${extra[@]}" "$@"
+  --duration "${DURATION:-15}" --budget "${BUDGET:-285}" "$@"
 rc=$?
 
 # Leftovers: only the pids the driver recorded (its roles and daemons, each in its own session),
@@ -69,7 +67,9 @@ while read -r pid name; do
     echo "killing leftover $name (pid $pid)"
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
     sleep 1
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    if [[ -r /proc/$pid/cmdline ]] && [[ "$(tr '\0' ' ' < "/proc/$pid/cmdline")" == "$cmd" ]]; then
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    fi
   fi
 done < "$R/pids"
 

@@ -216,25 +216,59 @@ def wait_until(t):
 # --------------------------------------------------------------------------- roles
 
 
-def role_infer(a):
-    torch, dev = setup_torch(a)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
-    t_start = time.perf_counter()
-    model = build_model(torch, a.model, "infer").eval().to(dev, dtype=dtype)
-    res = 224 if a.model == "resnet" else 64
-    x_host = torch.randn(1, 3, res, res, dtype=dtype)
-    if dev.type == "cuda":
-        x_host = x_host.pin_memory()
-    x_dev = torch.empty_like(x_host, device=dev)
-    ctx, stream = stream_ctx(torch, dev, a.stream_priority)
+class FakeGPU:
+    """The fake libcuda.so (shim/fakecuda.c, found through LD_LIBRARY_PATH) through ctypes, for the
+    shim's plumbing without a GPU (--model fake): its timed kernel sleep_us(usec) occupies the
+    stream for usec of wall time, asynchronously, as a real kernel would. The fake has no shared
+    device: two processes do not slow each other down, only the shim's gate can."""
 
-    def request():
-        with ctx, torch.inference_mode():
-            x_dev.copy_(x_host, non_blocking=True)
-            out = model(x_dev).float().cpu()  # pageable destination: returns when the logits are here
-            if stream is not None:
-                stream.synchronize()
-            return out
+    def __init__(self):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from swap_train import FakeCu  # the same ctypes bindings swap-h200's self-test uses
+        self.cu = FakeCu()
+        c = ctypes
+        mod, self.f = c.c_void_p(), c.c_void_p()
+        self.cu.ck(self.cu.l.cuModuleLoadData(c.byref(mod), c.c_char_p(b"fake-module")), "cuModuleLoadData")
+        self.cu.ck(self.cu.l.cuModuleGetFunction(c.byref(self.f), mod, c.c_char_p(b"sleep_us")), "cuModuleGetFunction")
+        self.buf = self.cu.alloc(1 << 20)  # so that the shim has an allocation to track
+
+    def kernel(self, usec):
+        u = ctypes.c_uint64(int(usec))
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(u))
+        self.cu.ck(self.cu.l.cuLaunchKernel(self.f, 1, 1, 1, 1, 1, 1, 0, None, params, None), "cuLaunchKernel")
+
+    def sync(self):
+        self.cu.sync()
+
+
+def role_infer(a):
+    t_start = time.perf_counter()
+    if a.model == "fake":  # one 3-ms kernel per request
+        g = FakeGPU()
+        info = {"device": "fake libcuda.so"}
+
+        def request():
+            g.kernel(a.fake_kernel_us)
+            g.sync()
+    else:
+        torch, dev = setup_torch(a)
+        info = device_info(torch, dev)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+        model = build_model(torch, a.model, "infer").eval().to(dev, dtype=dtype)
+        res = 224 if a.model == "resnet" else 64
+        x_host = torch.randn(1, 3, res, res, dtype=dtype)
+        if dev.type == "cuda":
+            x_host = x_host.pin_memory()
+        x_dev = torch.empty_like(x_host, device=dev)
+        ctx, stream = stream_ctx(torch, dev, a.stream_priority)
+
+        def request():
+            with ctx, torch.inference_mode():
+                x_dev.copy_(x_host, non_blocking=True)
+                out = model(x_dev).float().cpu()  # pageable destination: returns when the logits are here
+                if stream is not None:
+                    stream.synchronize()
+                return out
 
     win = Window(a)
     for _ in range(a.warmup):
@@ -275,7 +309,7 @@ def role_infer(a):
                        "max": 1000 * max(slip) if slip else float("nan"),
                        "late_over_1ms": sum(1 for s in slip if s > 0.001)},
            "warmup_s": t_warm, "waited_for_go_s": (t0 - win.t_ready) if t0 else None,
-           "info": device_info(torch, dev), "shim": shim_stats(), "pid": os.getpid()}
+           "info": info, "shim": shim_stats(), "pid": os.getpid()}
     if a.samples and recs:
         with open(a.samples, "w") as f:
             for u, i, d in recs:
@@ -284,23 +318,34 @@ def role_infer(a):
 
 
 def role_train(a):
-    torch, dev = setup_torch(a)
     t_start = time.perf_counter()
-    model = build_model(torch, a.model, "train").to(dev)
     res = 224 if a.model == "resnet" else 64
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    lossf = torch.nn.CrossEntropyLoss()
-    x = torch.randn(a.batch, 3, res, res, device=dev)
-    y = torch.randint(0, 1000, (a.batch,), device=dev)
-    ctx, stream = stream_ctx(torch, dev, a.stream_priority)
+    if a.model == "fake":  # ten 1-ms kernels per step, queued at once, then a sync
+        g = FakeGPU()
+        info = {"device": "fake libcuda.so"}
 
-    def step():
-        with ctx:
-            opt.zero_grad(set_to_none=True)
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.item()
+        def step():
+            for _ in range(10):
+                g.kernel(a.fake_kernel_us / 3)
+            g.sync()
+            return 0.0
+    else:
+        torch, dev = setup_torch(a)
+        info = device_info(torch, dev)
+        model = build_model(torch, a.model, "train").to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        lossf = torch.nn.CrossEntropyLoss()
+        x = torch.randn(a.batch, 3, res, res, device=dev)
+        y = torch.randint(0, 1000, (a.batch,), device=dev)
+        ctx, stream = stream_ctx(torch, dev, a.stream_priority)
+
+        def step():
+            with ctx:
+                opt.zero_grad(set_to_none=True)
+                loss = lossf(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss.item()
 
     win = Window(a)
     for _ in range(a.warmup):
@@ -336,7 +381,7 @@ def role_train(a):
            "res": res, "dtype": "fp32", "duration_s": a.duration, "stream_priority": a.stream_priority,
            "steps_in_window": n, "steps_per_s": sps, "images_per_s": sps * a.batch,
            "step_ms": summary_ms(st), "last_loss": loss, "warmup_s": t_warm, "steps_before_window": n_pre,
-           "waited_for_go_s": t0 - win.t_ready, "info": device_info(torch, dev), "shim": shim_stats(),
+           "waited_for_go_s": t0 - win.t_ready, "info": info, "shim": shim_stats(),
            "pid": os.getpid()}
     emit(a, out)
 
@@ -468,6 +513,8 @@ class Driver:
         for k in [k for k in e if k.startswith("MIGSWAP_")]:
             del e[k]
         e.update({"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": e.get("PRIO_CUDA_VISIBLE_DEVICES", "0")})
+        if self.a.model == "fake":
+            e["LD_LIBRARY_PATH"] = os.path.join(self.a.bin, "fakecuda") + ":" + e.get("LD_LIBRARY_PATH", "")
         if mode in ("shim", "gate", "budget", "slice"):
             e.update({"LD_PRELOAD": os.path.abspath(self.feat.shim), "MIGSWAP_SOCKET": sock, "MIGSWAP_JOB": role,
                       "MIGSWAP_PRIORITY": str(self.a.infer_priority if role == "infer" else 0), "MIGSWAP_LOG": "1"})
@@ -648,7 +695,8 @@ class Driver:
 
     def table(self):
         a = self.a
-        L = [f"Priority benchmark, {a.device}, ResNet-50 batch 1 {a.dtype} every {a.interval_ms:g} ms (high) vs "
+        dev = "fake libcuda.so" if a.model == "fake" else a.device
+        L = [f"Priority benchmark, {dev}, ResNet-50 batch 1 {a.dtype} every {a.interval_ms:g} ms (high) vs "
              f"ResNet-18 batch {a.batch} 224x224 SGD fp32 (best effort), {a.duration:g} s window per case"
              + (f" [model {a.model}: plumbing test, not a measurement]" if a.model != "resnet" else ""), "",
              "| case | what | p50 ms | p99 ms | p99.9 ms | max ms | p99 / alone | train steps/s | % of alone | notes |",
@@ -707,6 +755,58 @@ class Driver:
         return 1 if failed or stopped else 0
 
 
+# --------------------------------------------------------------------------- self-test
+
+
+def run_selftest(a):
+    """No GPU: the drive with a two-layer torch model on the CPU (cases a-d: the torch code, the
+    barrier, the JSON and the table), then with timed kernels on the fake libcuda.so under the
+    real shim and daemon (every case: e1/e2/f run where bin/ has the feature, and then the
+    trainer's launches must have been held). Exits non-zero unless every check holds."""
+    fails = []
+    common = ["--bin", a.bin, "--python", a.python, "--duration", str(a.duration), "--infer-warmup", "5",
+              "--train-warmup", "2", "--tail", "0.3", "--gpu-memory", "80GiB", "--budget", "400"]
+    runs = []
+    if not a.no_torch:
+        runs.append(("torch-cpu", ["--device", "cpu", "--model", "tiny", "--cases", "a,b,c,d"]))
+    runs.append(("fake-driver", ["--model", "fake", "--cases", ",".join(TABLE_ORDER)]))
+    for name, extra in runs:
+        out = os.path.join(a.out, name)
+        da = build_parser().parse_args(["drive", "--out", out] + common + extra)
+        da.cases = [c for c in da.cases.split(",")]
+        da.bin = os.path.abspath(da.bin)
+        print(f"selftest {name}: drive {' '.join(extra)}", flush=True)
+        d = Driver(da)
+        d.run()
+        for cid in da.cases:
+            r = d.results.get(cid, {})
+            row = d.row(cid)
+            if r.get("skip") and CASES[cid][2] in ("gate", "budget", "slice") and "budget:" not in r["skip"]:
+                print(f"  [skip] {name} {cid}: {r['skip'][:120]}")
+                continue
+            ok = not r.get("skip") and not r.get("error")
+            roles = CASES[cid][1]
+            ok = ok and ("infer" not in roles or (row["p99"] is not None and
+                                                 r["infer"]["count"] == r["infer"]["expected"]))
+            ok = ok and ("train" not in roles or (row["sps"] or 0) > 0)
+            why = r.get("skip") or r.get("error") or ""
+            if ok and CASES[cid][2] in ("shim", "gate", "budget", "slice"):
+                si, st = r["infer"].get("shim") or {}, r["train"].get("shim") or {}
+                ok = si.get("mode") == 2 and st.get("mode") == 2
+                why = f"shim modes {si.get('mode')}/{st.get('mode')} (want 2: registered with the daemon)"
+                if ok and CASES[cid][2] in ("gate", "budget"):
+                    ok = (st.get("prio_holds") or 0) > 0 and (si.get("prio_signal") == 1)
+                    why = f"train prio_holds {st.get('prio_holds')}, infer prio_signal {si.get('prio_signal')}"
+                if ok and CASES[cid][2] == "slice":
+                    ok = ((st.get("slice") or {}).get("sliced_launches") or 0) > 0
+                    why = f"train slice stats {st.get('slice')}"
+            print(f"  [{'ok' if ok else 'FAIL'}] {name} {cid}: {CASES[cid][0]}" + ("" if ok else f": {why[:300]}"))
+            if not ok:
+                fails.append(f"{name} {cid}")
+    print("selftest:", "PASS" if not fails else f"FAIL {fails}", flush=True)
+    return 1 if fails else 0
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -716,8 +816,11 @@ def build_parser():
 
     def common(p):
         p.add_argument("--device", default="cuda", help="cuda (GPU 0 as the process sees it) or cpu")
-        p.add_argument("--model", choices=["resnet", "tiny"], default="resnet",
-                       help="resnet: ResNet-50 (infer) / ResNet-18 (train); tiny: CPU plumbing test only")
+        p.add_argument("--model", choices=["resnet", "tiny", "fake"], default="resnet",
+                       help="resnet: ResNet-50 (infer) / ResNet-18 (train); tiny: a two-layer net for the CPU "
+                            "plumbing test; fake: timed kernels on the fake libcuda.so (the shim's plumbing, no torch)")
+        p.add_argument("--fake-kernel-us", type=float, default=3000,
+                       help="--model fake: a request's kernel (a training step: ten of a third of it)")
         p.add_argument("--duration", type=float, default=20, help="seconds of the measured window")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--cpu-threads", type=int, default=2)
@@ -764,6 +867,12 @@ def build_parser():
     d.add_argument("--slice-env", default="MIGSWAP_SLICE_BLOCKS", help="the shim's slicing variable (case f)")
     d.add_argument("--slice-blocks", type=int, default=64, help="its value, set for the training process only")
     d.add_argument("--gpu-memory", default="", help="the daemon's --gpu-memory (default NVML; the CPU test sets it)")
+    t = sub.add_parser("selftest")
+    t.add_argument("--out", required=True)
+    t.add_argument("--bin", default="bin", help="migctl, libmigswap.so and fakecuda/ (make build shim)")
+    t.add_argument("--python", default=sys.executable)
+    t.add_argument("--duration", type=float, default=2)
+    t.add_argument("--no-torch", action="store_true", help="only the fake-driver run")
     return ap
 
 
@@ -776,6 +885,9 @@ def main():
             sys.exit(f"unknown cases {bad}; known: {TABLE_ORDER}")
         a.bin = os.path.abspath(a.bin)
         sys.exit(Driver(a).run())
+    if a.role == "selftest":
+        a.bin = os.path.abspath(a.bin)
+        sys.exit(run_selftest(a))
     try:
         {"infer": role_infer, "train": role_train}[a.role](a)
     except TimeoutError as e:
