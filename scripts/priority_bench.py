@@ -169,12 +169,15 @@ def build_model(torch, kind, role):
 
 
 def stream_ctx(torch, dev, which):
-    """A CUDA stream of the asked priority (high: the device's greatest priority; low: its least,
-    the same as the default stream's), or a no-op context."""
+    """A CUDA stream of the asked priority (high: the device's greatest, asked as -100, which torch
+    clamps to the range; an older torch that refuses it gets -1; low: 0, the least, the default
+    stream's), or a no-op context. Lower numbers are higher priorities."""
     if which == "none" or dev.type != "cuda":
         return contextlib.nullcontext(), None
-    lo, hi = torch.cuda.Stream.priority_range()  # (least, greatest) = (0, -N)
-    s = torch.cuda.Stream(priority=hi if which == "high" else lo)
+    try:
+        s = torch.cuda.Stream(priority=-100 if which == "high" else 0)
+    except (RuntimeError, ValueError):
+        s = torch.cuda.Stream(priority=-1 if which == "high" else 0)
     return torch.cuda.stream(s), s
 
 
@@ -245,7 +248,7 @@ def role_infer(a):
     t_start = time.perf_counter()
     if a.model == "fake":  # one 3-ms kernel per request
         g = FakeGPU()
-        info = {"device": "fake libcuda.so"}
+        info, stream = {"device": "fake libcuda.so"}, None
 
         def request():
             g.kernel(a.fake_kernel_us)
@@ -302,7 +305,8 @@ def role_infer(a):
     slip = [i - u for u, i, _ in recs]
     out = {"role": "infer", "model": "resnet50" if a.model == "resnet" else a.model, "dtype": a.dtype,
            "batch": 1, "interval_ms": a.interval_ms, "duration_s": a.duration,
-           "stream_priority": a.stream_priority, "count": len(recs),
+           "stream_priority": a.stream_priority, "stream_priority_value": getattr(stream, "priority", None),
+           "count": len(recs),
            "expected": int(round(a.duration / iv)), "truncated": truncated,
            "latency_ms": summary_ms(lat), "latency_from_due_ms": summary_ms(lat_due),
            "slip_ms": {"p50": pct([1000 * s for s in slip], 50), "p99": pct([1000 * s for s in slip], 99),
@@ -322,7 +326,7 @@ def role_train(a):
     res = 224 if a.model == "resnet" else 64
     if a.model == "fake":  # ten 1-ms kernels per step, queued at once, then a sync
         g = FakeGPU()
-        info = {"device": "fake libcuda.so"}
+        info, stream = {"device": "fake libcuda.so"}, None
 
         def step():
             for _ in range(10):
@@ -379,6 +383,7 @@ def role_train(a):
     st = [e - s for s, e in inwin]
     out = {"role": "train", "model": "resnet18" if a.model == "resnet" else a.model, "batch": a.batch,
            "res": res, "dtype": "fp32", "duration_s": a.duration, "stream_priority": a.stream_priority,
+           "stream_priority_value": getattr(stream, "priority", None),
            "steps_in_window": n, "steps_per_s": sps, "images_per_s": sps * a.batch,
            "step_ms": summary_ms(st), "last_loss": loss, "warmup_s": t_warm, "steps_before_window": n_pre,
            "waited_for_go_s": t0 - win.t_ready, "info": info, "shim": shim_stats(),
@@ -428,7 +433,10 @@ class Features:
         else:
             with open(self.shim, "rb") as f:
                 self.shim_env = {m.decode() for m in re.findall(rb"MIGSWAP_[A-Z0-9_]+", f.read())}
-        self.gate_flag = self._flag(a.gate_flag, r"--([a-z0-9-]*(?:gate|gating|launch-policy|compute-policy)[a-z0-9-]*)")
+        # `migctl daemon --gate off|gate|budget=N` (context/gate.go, H1); a differently named flag is
+        # still found (or give --gate-flag)
+        self.gate_flag = self._flag(a.gate_flag, r"--(gate)(?![a-z0-9-])") or \
+            self._flag(a.gate_flag, r"--([a-z0-9-]*(?:gate|gating|launch-policy|compute-policy)[a-z0-9-]*)")
 
     def _flag(self, forced, pattern):
         if forced:
@@ -671,6 +679,11 @@ class Driver:
                     bits.append("TRUNCATED (requests fell too far behind)")
             if tr:
                 bits.append(f"step p50 {f((tr.get('step_ms') or {}).get('p50'))} ms")
+            for p in (r.get("status_end") or {}).get("processes") or []:
+                g = p.get("gate") or {}
+                if g.get("class"):
+                    bits.append(f"daemon: {p.get('job')} class {g['class']} policy {g.get('policy')} held "
+                                f"{g.get('heldSeconds', 0):.2f} s/{g.get('holds', 0)} busy {g.get('busySeconds', 0):.2f} s")
             for k in ("infer", "train"):
                 sh = (r.get(k) or {}).get("shim")
                 if sh:
