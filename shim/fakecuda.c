@@ -15,6 +15,9 @@
  *     stream for usec of wall time without blocking the caller, and events,
  *     stream/context synchronize and queries follow it (see "streams and
  *     events" below). Everything else is synchronous.
+ *     grid_probe(u32 *count, u32 *val, u32 seed) runs every block of its grid
+ *     (see k_grid_probe); a module whose image carries the slicing parameter
+ *     __ms_slice (shim/ptxslice.c rewrote it) gets the variant that reads it.
  *   - A CUDA graph is a list of kernel nodes run in order by cuGraphLaunch.
  *
  * Built with -Wl,-Bsymbolic so the fake's own calls and the pointers returned by
@@ -655,24 +658,60 @@ static void k_fill(void **params)
 
 static void k_sleep_us(void **params) { (void)params; } /* timed: see timed_launch */
 
+/* grid_probe(u32 *count, u32 *val, u32 seed): block (x,y,z) of grid (nx,ny,nz)
+ * adds 1 to count[i] and stores a hash of (seed, x, y, z, nx, ny, nz) in val[i],
+ * i = x + nx*(y + ny*z), for every block of the launch grid. The sliced
+ * variant (a PTX rewritten by shim/ptxslice.c) has a fourth parameter, struct
+ * ms_slice_args {u32 off[3], grid[3]}: its blocks are (off + b) of the grid. */
+static __thread unsigned launch_grid[3] = { 1, 1, 1 };
+static void grid_probe(void **params, const uint32_t off[3], const uint32_t grid[3])
+{
+	uint32_t *count = P(*(CUdeviceptr *)params[0]), *val = P(*(CUdeviceptr *)params[1]);
+	uint32_t seed = *(uint32_t *)params[2];
+	for (uint32_t bz = 0; bz < launch_grid[2]; bz++)
+		for (uint32_t by = 0; by < launch_grid[1]; by++)
+			for (uint32_t bx = 0; bx < launch_grid[0]; bx++) {
+				uint32_t x = bx + off[0], y = by + off[1], z = bz + off[2];
+				uint64_t i = x + (uint64_t)grid[0] * (y + (uint64_t)grid[1] * z);
+				count[i] += 1;
+				val[i] = seed ^ (x * 0x9E3779B1u) ^ (y * 0x85EBCA77u) ^ (z * 0xC2B2AE3Du) ^
+					 (grid[0] * 0x27D4EB2Fu) ^ (grid[1] * 0x165667B1u) ^ (grid[2] * 0x61C88647u);
+			}
+}
+static void k_grid_probe(void **params)
+{
+	uint32_t off[3] = { 0, 0, 0 };
+	grid_probe(params, off, launch_grid);
+}
+static void k_grid_probe_sliced(void **params)
+{
+	const uint32_t *a = params[3];
+	grid_probe(params, a, a + 3);
+}
+
 static struct kernel kernels[] = {
 	{ "noop", k_noop, 0, { 0 } },
 	{ "sleep_us", k_sleep_us, 1, { 8 } },
 	{ "add_one", k_add_one, 2, { 8, 8 } },
 	{ "fill", k_fill, 3, { 8, 8, 4 } },
+	{ "grid_probe", k_grid_probe, 3, { 8, 8, 4 } },
+	{ "grid_probe@sliced", k_grid_probe_sliced, 4, { 8, 8, 4, 0 } },
 };
 
-struct module_obj { int magic; };
+struct module_obj { int magic; int sliced; };
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
 {
-	(void)image;
-	*m = (CUmodule)calloc(1, sizeof(struct module_obj));
+	struct module_obj *o = calloc(1, sizeof(struct module_obj));
+	o->sliced = image && strstr(image, "__ms_slice") != NULL; /* test images are strings */
+	*m = (CUmodule)o;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuModuleUnload(CUmodule m) { free(m); return CUDA_SUCCESS; }
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {
-	(void)m;
+	char sliced[64];
+	if (m && ((struct module_obj *)m)->sliced && strcmp(name, "grid_probe") == 0)
+		name = strcpy(sliced, "grid_probe@sliced");
 	for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) {
 		if (strcmp(kernels[i].name, name) == 0) {
 			*f = (CUfunction)&kernels[i];
@@ -700,16 +739,18 @@ static CUresult run_kernel_on(CUfunction f, void **params, CUstream s)
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			       unsigned shmem, CUstream s, void **params, void **extra)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+	(void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
 	ensure_stats();
+	launch_grid[0] = gx, launch_grid[1] = gy, launch_grid[2] = gz;
 	return run_kernel_on(f, params, s);
 }
 /* A distinct entry point, as the real driver has, for per-thread default streams. */
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 				    unsigned shmem, CUstream s, void **params, void **extra)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+	(void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
 	ensure_stats();
+	launch_grid[0] = gx, launch_grid[1] = gy, launch_grid[2] = gz;
 	return run_kernel_on(f, params, s);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)

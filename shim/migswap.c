@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "ptxslice.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -599,7 +600,13 @@ struct hook {
 	  (s, mode))                                                                                               \
 	X(endcap, cuStreamEndCapture, "cuStreamEndCapture", 0, (CUstream s, CUgraph * g), (s, g))                  \
 	X(endcap_ptsz, cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, (CUstream s, CUgraph * g), (s, g))        \
-	X(streamdestroy, cuStreamDestroy_v2, "cuStreamDestroy", 4000, (CUstream s), (s))
+	X(streamdestroy, cuStreamDestroy_v2, "cuStreamDestroy", 4000, (CUstream s), (s))                           \
+	X(modload, cuModuleLoadData, "cuModuleLoadData", 0, (CUmodule * m, const void *img), (m, img))            \
+	X(modloadex, cuModuleLoadDataEx, "cuModuleLoadDataEx", 0,                                                  \
+	  (CUmodule * m, const void *img, unsigned n, int *o, void **v), (m, img, n, o, v))                        \
+	X(modgetfn, cuModuleGetFunction, "cuModuleGetFunction", 0, (CUfunction * f, CUmodule m, const char *nm),   \
+	  (f, m, nm))                                                                                              \
+	X(modunload, cuModuleUnload, "cuModuleUnload", 0, (CUmodule m), (m))
 
 #define ALL_HOOKS(X) GATED_HOOKS(X) CUSTOM_HOOKS(X)
 
@@ -682,6 +689,12 @@ ALL_HOOKS(X)
 #define MS_STREAM_wt32 s
 #define MS_STREAM_wt64 s
 
+/* cuLaunchKernel's gated bodies are named launch_gated_body and
+ * launch_ptsz_gated_body; launch_body/launch_ptsz_body (below) put PTX
+ * slicing (ptxslice.c) in front of them. */
+#define launch_body launch_gated_body
+#define launch_ptsz_body launch_ptsz_gated_body
+
 /* gated bodies: the fast path is two atomic increments and two loads; with
  * priority gating on (ms_pg_on), prio.c's check before the swap gate and its
  * bookkeeping around the driver call */
@@ -711,6 +724,41 @@ ALL_HOOKS(X)
 	}
 GATED_HOOKS(X)
 #undef X
+#undef launch_body
+#undef launch_ptsz_body
+
+/* PTX slicing: a cuLaunchKernel of a function with a rewritten twin runs as
+ * slices of blocks, each a launch of its own through the gated body (so the
+ * priority gate and a swap can come between two slices). Off (one load) unless
+ * MIGSWAP_SLICE_BLOCKS > 0. */
+static __thread launch_t slice_real;
+static CUresult slice_one(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			  unsigned sm, CUstream s, void **p, void **e)
+{
+	return launch_gated_body(slice_real, f, gx, gy, gz, bx, by, bz, sm, s, p, e);
+}
+static CUresult launch_body(launch_t real, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+			    unsigned by, unsigned bz, unsigned sm, CUstream s, void **p, void **e)
+{
+	if (__builtin_expect(ms_slice_on, 0) && real) {
+		CUresult r;
+		slice_real = real;
+		if (ms_slice_try_launch(slice_one, f, gx, gy, gz, bx, by, bz, sm, s, p, e, NULL, NULL, &r))
+			return r;
+	}
+	return launch_gated_body(real, f, gx, gy, gz, bx, by, bz, sm, s, p, e);
+}
+static CUresult launch_ptsz_body(launch_ptsz_t real, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+				 unsigned bx, unsigned by, unsigned bz, unsigned sm, CUstream s, void **p, void **e)
+{
+	if (__builtin_expect(ms_slice_on, 0) && real) {
+		CUresult r;
+		slice_real = (launch_t)real;
+		if (ms_slice_try_launch(slice_one, f, gx, gy, gz, bx, by, bz, sm, s, p, e, NULL, NULL, &r))
+			return r;
+	}
+	return launch_ptsz_gated_body(real, f, gx, gy, gz, bx, by, bz, sm, s, p, e);
+}
 
 static inline void *slot0_real(int h)
 {
@@ -1086,6 +1134,19 @@ static CUresult endcap_common(CUresult (*real)(CUstream, CUgraph *), CUstream s,
 static CUresult endcap_body(endcap_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 static CUresult endcap_ptsz_body(endcap_ptsz_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 
+/* Module loads and lookups: ptxslice.c loads a rewritten twin and maps the
+ * functions when slicing is on; otherwise straight to the driver. */
+static CUresult modload_body(modload_t real, CUmodule *m, const void *img) { return ms_slice_module_load(real, m, img); }
+static CUresult modloadex_body(modloadex_t real, CUmodule *m, const void *img, unsigned n, int *o, void **v)
+{
+	return ms_slice_module_loadex(real, m, img, n, o, v);
+}
+static CUresult modgetfn_body(modgetfn_t real, CUfunction *f, CUmodule m, const char *nm)
+{
+	return ms_slice_module_getfn(real, f, m, nm);
+}
+static CUresult modunload_body(modunload_t real, CUmodule m) { return ms_slice_module_unload(real, m); }
+
 /* A destroyed stream can no longer be recorded on by the gate's watcher. */
 static CUresult streamdestroy_body(streamdestroy_t real, CUstream s)
 {
@@ -1146,6 +1207,7 @@ static void atfork_child(void)
 	memset(&ms_stats_counters, 0, sizeof ms_stats_counters);
 	ms_swap_atfork_child();
 	ms_prio_atfork_child();
+	ms_slice_atfork_child();
 	ms_control_atfork_child();
 }
 
