@@ -10,7 +10,7 @@
 #   e2 the same with policy "budget=N" (N in-flight launches)      (issue 10 D2)
 #   f  e1 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS (issue 10 D3)
 # A case whose feature is not in bin/ prints SKIP with the reason; so does one that would not fit
-# in the budget (default 285 s; cases run a, b, c, e1, e2, f, d, e0). Each case prints a ROW line;
+# in the budget (default 285 s; cases run a, b, c, e1, e2, e0, d, f). Each case prints a ROW line;
 # the end prints the markdown table (also $OUT/priority/table.md, results.json, per-case logs).
 # Never changes GPU settings (only read-only nvidia-smi queries); every process has a timeout and
 # the ones this script started are killed at the end.
