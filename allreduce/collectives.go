@@ -99,6 +99,9 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 		p.Algorithm, p.Parity, p.Groups = HostStagedSmall, c.small&1, ""
 		c.small++
 	}
+	if p.Algorithm == HostStaged {
+		p.GPUShare = c.exec.opts.GPUShare // reduced on the devices, in part or all (split.go)
+	}
 	s, err := c.schedule(p)
 	if err != nil {
 		return err

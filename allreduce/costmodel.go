@@ -122,6 +122,9 @@ type Workload struct {
 	// HostBackend: buffers in host memory, no link; reductions the
 	// device would do run on the CPU too.
 	HostBackend bool
+	// GPUShare is a HostStaged all-reduce's Params.GPUShare: the
+	// thousandths of every chunk the devices reduce.
+	GPUShare int
 }
 
 // Estimate is the floor of a workload on a machine.
@@ -173,6 +176,15 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 	case w.Coll == Barrier:
 	case w.Coll == AllReduce && n == 1:
 		link(func(int) (float64, float64) { return S, S })
+	case w.Coll == AllReduce && w.Algorithm == HostStaged && w.GPUShare > 0:
+		// The devices' part f: each rank's kernel reads the n−1 peers'
+		// copies of its 1/n of it, and the fetch skips that 1/n.
+		f := float64(min(w.GPUShare, GPUShareOne)) / GPUShareOne
+		link(func(int) (float64, float64) { return S, S + f*S*(N-2)/N })
+		e.HostRead = N * (1 - f) * S
+		if w.HostBackend {
+			e.HostRead = N * S // the device part runs on the CPU too
+		}
 	case w.Coll == AllReduce && (w.Algorithm == HostStaged || w.Algorithm == HostStagedSmall):
 		link(func(int) (float64, float64) { return S, S })
 		e.HostRead = N * S
@@ -297,4 +309,42 @@ func ShmCandidates(g Grouping) []Algorithm {
 		c = append(c, Hierarchical)
 	}
 	return c
+}
+
+// shareStep is the resolution, in thousandths, of the shares GPUShare
+// compares (1/32).
+const shareStep = GPUShareOne / 32
+
+// GPUShare is the share of a host-staged all-reduce's reduction (in
+// thousandths, within [lo, hi]) that the cost model predicts fastest for
+// w (w.Algorithm and w.GPUShare are ignored): the devices' part adds
+// (n−2)/n of it to every rank's link traffic in, the CPU's reads shrink
+// with it. Shares are compared from the largest down, and a smaller one
+// must be predicted faster (by 0.1%) to win: where the link binds either
+// way (2 ranks: the devices' reads cost it nothing), the CPU and host
+// memory are left alone. On the host backend, or for one rank, 0.
+func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
+	lo, hi = max(lo, 0), min(hi, GPUShareOne)
+	if lo > hi {
+		return 0, fmt.Errorf("GPU share range [%d, %d]: %w", lo, hi, ErrUnsupported)
+	}
+	if w.HostBackend || len(w.Groups) < 2 || w.Coll != AllReduce {
+		return lo, nil
+	}
+	w.Algorithm = HostStaged
+	best, at := time.Duration(0), -1
+	for f := hi; ; f = max(f-shareStep, lo) {
+		w.GPUShare = f
+		e, err := m.Estimate(w)
+		if err != nil {
+			return 0, err
+		}
+		if at < 0 || float64(e.Limit) < 0.999*float64(best) {
+			best, at = e.Limit, f
+		}
+		if f == lo {
+			break
+		}
+	}
+	return at, nil
 }

@@ -51,6 +51,11 @@ type Options struct {
 	// Trace, when set, receives a summary of per-step timings of every call
 	// at Close (see trace.go). Nil costs nothing.
 	Trace io.Writer
+	// GPUShare is the part of every chunk of a host-staged all-reduce, in
+	// thousandths, that the devices reduce from mapped host memory instead
+	// of the CPU threads (Params.GPUShare; Machine.ResolveGPUShare turns a
+	// reduce-on setting into it). Like Chunk, the same on every rank.
+	GPUShare int
 }
 
 // DefaultSmallBytes is the default Options.SmallBytes.
@@ -80,6 +85,7 @@ func (o Options) withDefaults(world int) Options {
 		o.SmallBytes = DefaultSmallBytes
 	}
 	o.SmallBytes = min(o.SmallBytes, SmallCapacity(world, o.Chunk, o.Slots))
+	o.GPUShare = min(max(o.GPUShare, 0), GPUShareOne)
 	return o
 }
 

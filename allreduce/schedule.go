@@ -205,6 +205,11 @@ type Params struct {
 	// Groups maps every rank to its group (Hierarchical): the ranks that
 	// share one GPU's host link.
 	Groups Grouping
+	// GPUShare is the part of every chunk of a HostStaged all-reduce, in
+	// thousandths (GPUShareOne: all), that the ranks' devices reduce from
+	// the peers' staged inputs in mapped host memory instead of the CPU
+	// threads (split.go); 0 is the plain host-staged schedule.
+	GPUShare int
 }
 
 // Schedule is every rank's steps for one collective call.
@@ -235,6 +240,9 @@ func (p Params) Validate() error {
 		return fmt.Errorf("chunk of %d bytes must be a multiple of 64 and at least 64·world·elemsize: %w", p.Chunk, ErrUnsupported)
 	case p.Root < 0 || p.Root >= p.World:
 		return fmt.Errorf("root %d of %d ranks: %w", p.Root, p.World, ErrUnsupported)
+	case p.GPUShare < 0 || p.GPUShare > GPUShareOne || p.GPUShare > 0 && (p.Algorithm != HostStaged || p.Coll != AllReduce):
+		return fmt.Errorf("GPU share %d/%d of a %s %s: want 0..%d, and only for a host-staged all-reduce: %w",
+			p.GPUShare, GPUShareOne, p.Algorithm, p.Coll, GPUShareOne, ErrUnsupported)
 	case p.Algorithm == Hierarchical && p.Coll == AllReduce && len(p.Groups) != p.World:
 		return fmt.Errorf("hierarchical all-reduce of %d ranks with a grouping of %d: %w", p.World, len(p.Groups), ErrUnsupported)
 	}
@@ -250,6 +258,8 @@ func Build(p Params) (Schedule, error) {
 	switch {
 	case p.Coll == Barrier:
 		buildBarrier(&s)
+	case p.Algorithm == HostStaged && p.Coll == AllReduce && p.GPUShare > 0 && p.World > 1:
+		buildSplitAllReduce(&s)
 	case p.Algorithm == HostStaged && p.Coll == AllReduce:
 		buildStagedAllReduce(&s)
 	case p.Algorithm == HostStaged && p.Coll == ReduceScatter:
