@@ -40,6 +40,7 @@ const (
 	EnvErrorFile      = "TORCHELASTIC_ERROR_FILE"
 	EnvVisibleDevices = "CUDA_VISIBLE_DEVICES"
 	EnvPreload        = "LD_PRELOAD"
+	EnvOMPThreads     = "OMP_NUM_THREADS"
 )
 
 // workerEnv is what one worker's environment adds to the launcher's.
@@ -93,6 +94,13 @@ func (e workerEnv) list() []string {
 		if s.Socket != "" {
 			out = append(out, kv(EnvSwapSocket, s.Socket))
 		}
+	}
+	// Several workers on one host each start a full set of OpenMP threads
+	// (PyTorch's CPU ops): 7 workers on 16 cores make 112 spinning threads
+	// that starve each other and the collectives' reduce threads. Like
+	// torchrun, one thread each unless the user chose (environment or --env).
+	if c.NProc > 1 && os.Getenv(EnvOMPThreads) == "" {
+		out = append(out, kv(EnvOMPThreads, "1"))
 	}
 	return append(out, c.Env...)
 }

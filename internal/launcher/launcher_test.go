@@ -111,6 +111,7 @@ func TestEnvironment(t *testing.T) {
 		Env: []string{"EXTRA=1"},
 	}
 	t.Setenv(EnvJobToken, "inherited-must-be-overridden")
+	t.Setenv(EnvOMPThreads, "") // unset: one OpenMP thread per worker, as torchrun does
 	res, err := Run(context.Background(), cfg)
 	require.NoError(t, err)
 	require.Equal(t, 3, res.World)
@@ -127,7 +128,7 @@ func TestEnvironment(t *testing.T) {
 			"TORCHELASTIC_RUN_ID": "train1", "CUDA_VISIBLE_DEVICES": fmt.Sprintf("MIG-fake-%d", r),
 			"MIGCTL_RDZV_ADDR": res.Rendezvous, "MIGCTL_JOB": "train1", "MIGCTL_GENERATION": "0",
 			"MIGCTL_BACKEND": "host", "MIGCTL_DEVICE": "0", "MIGCTL_TIMEOUT": "42s",
-			"MIGCTL_SOCKET": "/run/x/control.sock", "EXTRA": "1",
+			"MIGCTL_SOCKET": "/run/x/control.sock", "EXTRA": "1", "OMP_NUM_THREADS": "1",
 		}
 		for k, v := range want {
 			require.Equal(t, v, env[k], "rank %d: %s", r, k)
@@ -153,6 +154,7 @@ func TestSwapAndNodes(t *testing.T) {
 	lib := filepath.Join(dir, "libmigswap.so")
 	require.NoError(t, os.WriteFile(lib, nil, 0o644))
 	t.Setenv("LD_PRELOAD", "/other.so")
+	t.Setenv(EnvOMPThreads, "4") // the user's choice stays
 	// Node 1 of 2: joins node 0's endpoint, hosts nothing.
 	cfg := Config{
 		Command: envWorker(dir), NProc: 2, NNodes: 2, NodeRank: 1, RdzvEndpoint: "10.0.0.5:29400",
@@ -171,6 +173,7 @@ func TestSwapAndNodes(t *testing.T) {
 			"MIGCTL_RDZV_ADDR": "10.0.0.5:29400", "MIGCTL_JOB_TOKEN": "tok", "CUDA_VISIBLE_DEVICES": "3",
 			"MIGCTL_DEVICE": "0", "MIGCTL_BACKEND": "gpu",
 			"LD_PRELOAD": lib + ":/other.so", "MIGSWAP_JOB": "j", "MIGSWAP_PRIORITY": "7", "MIGSWAP_SOCKET": "/run/s.sock",
+			"OMP_NUM_THREADS": "4",
 		}
 		for k, v := range want {
 			require.Equal(t, v, env[k], "rank %d: %s", 2+r, k)
