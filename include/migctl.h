@@ -48,7 +48,8 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 2 /* 2: migctl_issue; errors of a running collective come from migctl_wait */
+#define MIGCTL_ABI_VERSION 3 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+                              3: migctl_serve, migctl_init_group (a group per node of a multi-node job) */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -99,6 +100,27 @@ int migctl_init_from_env(void);
 /* As migctl_init_from_env, with rank and size given (-1: from the
  * environment). */
 int migctl_init(int rank, int size);
+
+/* Several nodes (`migctl run --nnodes N`): a group spans one node (its ranks
+ * share memory), so a program across nodes forms one group per node and runs
+ * the inter-node stage itself (migctl_torch does, over gloo). One rank of the
+ * node hosts the group's rendezvous with migctl_serve and hands the address to
+ * the others (PyTorch: through its store); every rank of the node then calls
+ * migctl_init_group with its rank among them (LOCAL_RANK), their number
+ * (LOCAL_WORLD_SIZE), that address and a job name unique to the node (the
+ * shared-memory segment's name). Both read the job token from
+ * MIGCTL_JOB_TOKEN. */
+
+/* Hosts, in this process until migctl_finalize, the rendezvous of a group of
+ * size ranks on a new abstract Unix socket (nothing to clean up); writes its
+ * address ("unix://@...", NUL-terminated) to addr (addr_len bytes; 64 are
+ * enough). At most once per process. */
+int migctl_serve(int size, char *addr, size_t addr_len);
+
+/* As migctl_init with 0 <= rank < size, joining the group whose rendezvous
+ * is at rdzv (NULL: MIGCTL_RDZV_ADDR) under the job name job (NULL:
+ * MIGCTL_JOB). */
+int migctl_init_group(int rank, int size, const char *rdzv, const char *job);
 
 /* This process's rank and the group's size, local rank and local size (-1
  * before init). */

@@ -304,8 +304,8 @@ static int result(migctl_slot_t *s, migctl_work_t h, int free_it) {
 int migctl_abi_version(void) { return MIGCTL_ABI_VERSION; }
 const char *migctl_last_error(void) { return last_error; }
 
-static int init(int rank, int size) {
-	int rc = migctlGoInit(rank, size);
+static int init(int rank, int size, const char *rdzv, const char *job) {
+	int rc = migctlGoInit(rank, size, (char *)rdzv, (char *)job);
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
 		group_size = migctlGoInfo(1);
 		choose_spin(migctlGoInfo(3));
@@ -314,8 +314,21 @@ static int init(int rank, int size) {
 	return rc;
 }
 
-int migctl_init_from_env(void) { GUARD(MIGCTL_ERR_FORKED); return init(-1, -1); }
-int migctl_init(int rank, int size) { GUARD(MIGCTL_ERR_FORKED); return init(rank, size); }
+int migctl_init_from_env(void) { GUARD(MIGCTL_ERR_FORKED); return init(-1, -1, NULL, NULL); }
+int migctl_init(int rank, int size) { GUARD(MIGCTL_ERR_FORKED); return init(rank, size, NULL, NULL); }
+
+int migctl_init_group(int rank, int size, const char *rdzv, const char *job) {
+	GUARD(MIGCTL_ERR_FORKED);
+	if (rank < 0 || size < 1 || rank >= size)
+		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_init_group: want 0 <= rank < size");
+	return init(rank, size, rdzv, job);
+}
+
+int migctl_serve(int size, char *addr, size_t addr_len) {
+	GUARD(MIGCTL_ERR_FORKED);
+	if (size < 1) return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_serve: want size >= 1");
+	return migctlGoServe(size, addr, addr_len);
+}
 int migctl_rank(void) { GUARD(-1); return migctlGoInfo(0); }
 int migctl_size(void) { GUARD(-1); return migctlGoInfo(1); }
 int migctl_local_rank(void) { GUARD(-1); return migctlGoInfo(2); }

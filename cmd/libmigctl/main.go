@@ -12,12 +12,17 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"unsafe"
 
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/trainer"
 )
 
@@ -31,7 +36,15 @@ var (
 	closed     bool
 	dispatched chan struct{} // closed when the dispatcher has returned
 	initCtx    = context.Background
+	served     *hosted // the rendezvous migctl_serve hosts, if any
 )
+
+// hosted is a rendezvous server this process hosts for its node's group.
+type hosted struct {
+	srv  *rendezvous.Server
+	lis  net.Listener
+	done chan struct{}
+}
 
 // Collective kinds, as cabi.c passes them.
 const (
@@ -103,8 +116,11 @@ func current() (*trainer.Group, error) {
 	return group, nil
 }
 
+// migctlGoInit joins the group: rank and size (-1: from the environment),
+// the rendezvous address and the job name (NULL: from the environment).
+//
 //export migctlGoInit
-func migctlGoInit(rank, size C.int) C.int {
+func migctlGoInit(rank, size C.int, rdzv, job *C.char) C.int {
 	mu.Lock()
 	defer mu.Unlock()
 	if group != nil || closed {
@@ -116,6 +132,16 @@ func migctlGoInit(rank, size C.int) C.int {
 			return fail(fmt.Errorf("libmigctl: migctl_init(%d, %d): give both rank and size, or -1 for both: %w", rank, size, comm.ErrInvalid))
 		}
 		opts = append(opts, trainer.WithRank(int(rank), int(size)))
+	}
+	if rdzv != nil {
+		token := os.Getenv(trainer.EnvToken)
+		if token == "" {
+			return fail(fmt.Errorf("libmigctl: migctl_init_group: %s is not set (migctl run sets it): %w", trainer.EnvToken, comm.ErrInvalid))
+		}
+		opts = append(opts, trainer.WithRendezvous(C.GoString(rdzv), token))
+	}
+	if job != nil {
+		opts = append(opts, trainer.WithJob(C.GoString(job)))
 	}
 	g, err := trainer.Init(initCtx(), opts...)
 	if err != nil {
@@ -244,19 +270,68 @@ func migctlGoAbort(reason *C.char) C.int {
 	return C.MIGCTL_OK
 }
 
+// migctlGoServe hosts the rendezvous of a group of size ranks on a new
+// abstract Unix socket (no file to remove), guarded by the job token, and
+// writes its address (with a NUL) to out.
+//
+//export migctlGoServe
+func migctlGoServe(size C.int, out *C.char, outLen C.size_t) C.int {
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case served != nil:
+		return fail(fmt.Errorf("libmigctl: migctl_serve: this process hosts a rendezvous already: %w", comm.ErrInvalid))
+	case closed:
+		return fail(fmt.Errorf("libmigctl: migctl_finalize was called: %w", trainer.ErrClosed))
+	case out == nil:
+		return fail(fmt.Errorf("libmigctl: migctl_serve: NULL address buffer: %w", comm.ErrInvalid))
+	}
+	token := os.Getenv(trainer.EnvToken)
+	if token == "" {
+		return fail(fmt.Errorf("libmigctl: migctl_serve: %s is not set (migctl run sets it): %w", trainer.EnvToken, comm.ErrInvalid))
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails on Linux
+	name := "@migctl-node-" + hex.EncodeToString(b)
+	addr := "unix://" + name
+	if len(addr)+1 > int(outLen) {
+		return fail(fmt.Errorf("libmigctl: migctl_serve: the address needs %d bytes, the buffer has %d: %w", len(addr)+1, outLen, comm.ErrInvalid))
+	}
+	srv, err := rendezvous.NewServer(token, int(size))
+	if err != nil {
+		return fail(fmt.Errorf("libmigctl: migctl_serve: %w", err))
+	}
+	lis, err := net.Listen("unix", name)
+	if err != nil {
+		return fail(fmt.Errorf("libmigctl: migctl_serve: listening at %s: %w", addr, err))
+	}
+	h := &hosted{srv: srv, lis: lis, done: make(chan struct{})}
+	go func() { _ = srv.Serve(lis); close(h.done) }()
+	served = h
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(out)), int(outLen))
+	dst[copy(dst, addr)] = 0
+	return C.MIGCTL_OK
+}
+
 //export migctlGoFinalize
 func migctlGoFinalize() C.int {
 	mu.Lock()
-	g, done := group, dispatched
-	group, closed = nil, true
+	g, done, h := group, dispatched, served
+	group, closed, served = nil, true, nil
 	mu.Unlock()
-	if g == nil {
-		return C.MIGCTL_OK
+	var err error
+	if g != nil {
+		// cabi.c refuses new collectives now; the dispatcher runs the issued ones.
+		C.migctl_stop_dispatcher()
+		<-done
+		err = g.Close()
 	}
-	// cabi.c refuses new collectives now; the dispatcher runs the issued ones.
-	C.migctl_stop_dispatcher()
-	<-done
-	if err := g.Close(); err != nil {
+	if h != nil {
+		h.srv.Stop()
+		h.lis.Close()
+		<-h.done
+	}
+	if err != nil {
 		return fail(err)
 	}
 	return C.MIGCTL_OK

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 OK = 0
 PENDING = 1
@@ -75,6 +75,8 @@ class Library:
             "migctl_abi_version": ([], c_int),
             "migctl_init_from_env": ([], c_int),
             "migctl_init": ([c_int, c_int], c_int),
+            "migctl_init_group": ([c_int, c_int, ctypes.c_char_p, ctypes.c_char_p], c_int),
+            "migctl_serve": ([c_int, ctypes.c_char_p, c_size], c_int),
             "migctl_rank": ([], c_int),
             "migctl_size": ([], c_int),
             "migctl_local_rank": ([], c_int),
@@ -112,6 +114,12 @@ class Library:
     def check(self, code, what):
         if code != OK:
             raise self.error(code, what)
+
+    def serve(self, size):
+        """Hosts the rendezvous of a node's group of size ranks; returns its address."""
+        buf = ctypes.create_string_buffer(128)
+        self.check(self.lib.migctl_serve(size, buf, len(buf)), "serve")
+        return buf.value.decode()
 
     def issue(self, fn, what, *args):
         """Calls a collective entry point and returns its handle."""

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _lib, multinode
 
 import collections
 
@@ -273,10 +273,31 @@ class _Comm:
                     "is not supported)")
             return c
 
-    def __init__(self, rank, size):
+    @classmethod
+    def get_node(cls, rank, size, rdzv, job):
+        """The group of this node's ranks of a multi-node job (rank and size
+        among them), whose rendezvous is at rdzv (see multinode.py)."""
+        with cls._imu:
+            c = cls._instance
+            if c is not None and c.pid == os.getpid():
+                if (c.rank, c.size) != (rank, size):
+                    raise RuntimeError(f"migctl backend: this process is rank {c.rank} of {c.size} of its node's "
+                                       f"group already, not {rank} of {size}")
+                return c
+            if c is not None:
+                raise _lib.MigctlError(_lib.ERR_FORKED, "migctl: this process was forked from the training "
+                                                        "process; only the training process may run collectives")
+            c = cls._instance = _Comm(rank, size, rdzv, job)
+            return c
+
+    def __init__(self, rank, size, rdzv=None, job=None):
         self.lib = _lib.load()
         self.pid = os.getpid()
-        self.lib.check(self.lib.lib.migctl_init(rank, size), "init")
+        if rdzv is None:
+            self.lib.check(self.lib.lib.migctl_init(rank, size), "init")
+        else:
+            self.lib.check(self.lib.lib.migctl_init_group(rank, size, rdzv.encode(), job.encode()),
+                           "init (this node's group)")
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
@@ -536,7 +557,10 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout=None):
         super().__init__(rank, size)
-        self._comm = _Comm.get(rank, size)
+        if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
+            self._comm = multinode.Hier.get(store, rank, size, timeout)
+        else:
+            self._comm = _Comm.get(rank, size)
         if self._comm.rank != rank or self._comm.size != size:
             raise RuntimeError(
                 f"migctl backend: torch says rank {rank} of {size}, the migctl group rank {self._comm.rank} of "
@@ -651,6 +675,9 @@ def allreduce_hook(state, bucket):
     from the launcher's environment on first use."""
     if isinstance(state, ProcessGroupMigctl):
         comm = state._comm
+    elif multinode.spans_nodes():
+        comm = multinode.Hier.get(dist.PrefixStore("migctl_hook/", dist.distributed_c10d._get_default_store()),
+                                  dist.get_rank(), dist.get_world_size(), timedelta(minutes=30))
     else:
         comm = _Comm.get(int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1)))
     t = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()

@@ -19,6 +19,7 @@ import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import migctl_torch  # noqa: E402
+import migctl_torch.multinode  # noqa: E402
 from migctl_torch import _lib  # noqa: E402
 
 
@@ -124,7 +125,9 @@ def main():
     dist.all_gather(allp, p_m)
     if any(not torch.equal(allp[0], q) for q in allp[1:]):
         failures.append("ranks hold different parameters after DDP over migctl")
-    print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "max_diff_migctl_gloo": d_mg,
+    h = migctl_torch.multinode.Hier._instance  # set when the job spans nodes
+    print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "nodes": h.nodes if h else 1,
+                      "max_diff_migctl_gloo": d_mg,
                       "max_diff_hook_gloo": d_hg, "loss_migctl": l_migctl[-1], "loss_gloo": l_gloo[-1],
                       "losses_equal": l_migctl == l_gloo, "seconds": round(time.time() - t0, 2),
                       "failures": failures}), flush=True)

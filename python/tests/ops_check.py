@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import migctl_torch  # noqa: E402,F401
+import migctl_torch  # noqa: E402
+import migctl_torch.multinode  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8]
 OPS = [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("min", dist.ReduceOp.MIN),
@@ -228,7 +229,9 @@ def main():
         t = values(a.large, dist.get_rank(), torch.float32, a.device)
         dist.all_reduce(t)
         expect(f"all_reduce sum float32 n={a.large}", t, reduced(a.large, dist.get_world_size(), torch.float32, "sum"))
+    h = migctl_torch.multinode.Hier._instance  # set when the job spans nodes
     print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(),
+                      "nodes": h.nodes if h else 1, "local_size": h.lsize if h else dist.get_world_size(),
                       "torch": torch.__version__, "checks": checks, "failures": failures[:20],
                       "failed": len(failures)}), flush=True)
     sys.exit(1 if failures else 0)

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Two "nodes" on one machine: `migctl run --nnodes 2 --node-rank i
+// --rdzv-endpoint 127.0.0.1:PORT --np 2` twice in parallel, host backend.
+// migctl_torch forms one migctl group per node (separate shared-memory
+// segments: the job name plus the node) and joins the nodes over gloo on
+// loopback (python/migctl_torch/multinode.py).
+
+// freePortPair returns a port p with p and p+1 free (the rendezvous and
+// MASTER_PORT, which `migctl run` puts after it).
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		p := freePort(t)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		if err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no two consecutive free ports on 127.0.0.1")
+	return 0
+}
+
+// runNodes runs script under `migctl run` on nodes simulated nodes of np
+// ranks each and returns every rank's JSON line (none with failures).
+func runNodes(t *testing.T, nodes, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
+	t.Helper()
+	lib, bin := artifacts(t)
+	needTorch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	b := make([]byte, 16)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	endpoint := fmt.Sprintf("127.0.0.1:%d", freePortPair(t))
+	shm := t.TempDir()
+	outs := make([]bytes.Buffer, nodes)
+	errs := make([]error, nodes)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		argv := append([]string{"run", "--backend", "host", "--nnodes", fmt.Sprint(nodes), "--node-rank", fmt.Sprint(i),
+			"--rdzv-endpoint", endpoint, "--np", fmt.Sprint(np), "--shm-dir", shm, "-q", "--timeout", "60s", "--",
+			python, filepath.Join(repoRoot(t), "python", "tests", script)}, args...)
+		cmd := exec.CommandContext(ctx, bin, argv...)
+		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1", "MIGCTL_JOB_TOKEN="+hex.EncodeToString(b))
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		cmd.WaitDelay = 5 * time.Second
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = cmd.Run()
+		}()
+	}
+	wg.Wait()
+	lines := map[int]map[string]any{}
+	for i := range nodes {
+		require.NoError(t, errs[i], "node %d of %s:\n%s", i, script, outs[i].String())
+		for r, m := range rankLines(t, outs[i].String()) {
+			require.Equal(t, i, r/np, "rank %d printed on node %d", r, i)
+			lines[r] = m
+		}
+	}
+	require.Len(t, lines, nodes*np, "one JSON line per rank")
+	for r, m := range lines {
+		f, _ := m["failures"].([]any)
+		require.Empty(t, f, "rank %d of %s:\n%v", r, script, m)
+		require.Equal(t, float64(nodes), m["nodes"], "rank %d: the hierarchical (multi-node) path", r)
+	}
+	entries, err := os.ReadDir(shm)
+	require.NoError(t, err)
+	require.Empty(t, entries, "shared-memory segments left behind")
+	return lines
+}
+
+// TestTorchTwoNodesOps: every op, dtype and odd size across 2 nodes x 2
+// ranks, each node's migctl group of 2 ranks.
+func TestTorchTwoNodesOps(t *testing.T) {
+	for r, m := range runNodes(t, 2, 2, 3*time.Minute, "ops_check.py", "--sizes", "0,1,7,1001", "--large", "0") {
+		require.Greater(t, m["checks"].(float64), 700.0, "rank %d", r)
+		require.Equal(t, 2.0, m["local_size"], "rank %d", r)
+		require.Equal(t, 4.0, m["world"], "rank %d", r)
+	}
+}
+
+// TestTorchTwoNodesDDPMatchesGloo: DDP over the hierarchical backend (and
+// the comm hook) ends with gloo's parameters to fp32 round-off.
+func TestTorchTwoNodesDDPMatchesGloo(t *testing.T) {
+	for r, m := range runNodes(t, 2, 2, 3*time.Minute, "ddp_check.py") {
+		require.LessOrEqual(t, m["max_diff_migctl_gloo"].(float64), 1e-5, "rank %d", r)
+		require.LessOrEqual(t, m["max_diff_hook_gloo"].(float64), 1e-5, "rank %d", r)
+	}
+}
