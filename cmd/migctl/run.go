@@ -82,8 +82,8 @@ environment), MIGCTL_JOB, MIGCTL_GENERATION, MIGCTL_BACKEND, MIGCTL_DEVICE, MIGC
 MIGCTL_SOCKET; with --swap also LD_PRELOAD=libmigswap.so, MIGSWAP_JOB (the job: the daemon
 swaps it as a gang), MIGSWAP_PRIORITY and MIGSWAP_SOCKET. With several workers and no
 OMP_NUM_THREADS in migctl's environment, OMP_NUM_THREADS=1 (as torchrun does: 7 workers each
-starting one OpenMP thread per core starve each other and the collectives); set it yourself, or
-with --env, to choose another value.
+starting one OpenMP thread per core starve each other and the collectives); set it yourself
+(OMP_NUM_THREADS=4 migctl run ...) to choose another value.
 
 Workers run in their own process groups and never outlive migctl. When one fails, the others
 get SIGTERM, then SIGKILL after --grace, and all are restarted, up to --max-restarts times.
