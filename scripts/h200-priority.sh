@@ -10,7 +10,7 @@
 #   e2 the same with policy "budget=N" (N in-flight launches)      (issue 10 D2)
 #   f  e1 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS (issue 10 D3)
 # A case whose feature is not in bin/ prints SKIP with the reason; so does one that would not fit
-# in the budget (default 285 s; cases run a, b, c, e1, e2, e0, d, f). Each case prints a ROW line;
+# in the budget (default 285 s; cases run a, b, c, e1, e2, f, e0, d). Each case prints a ROW line;
 # the end prints the markdown table (also $OUT/priority/table.md, results.json, per-case logs).
 # Never changes GPU settings (only read-only nvidia-smi queries); every process has a timeout and
 # the ones this script started are killed at the end.
@@ -46,8 +46,15 @@ echo "h200-priority: out=$R bin=$BIN python=$PY $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=index,name,driver_version,mig.mode.current,memory.used,memory.total,utilization.gpu,compute_mode \
   --format=csv 2>&1 | tee "$R/gpu.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>&1 | tee -a "$R/gpu.txt"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tee "$R/versions.txt"
-"$PY" -c 'import torchvision; print("torchvision", torchvision.__version__)' 2>&1 | tee -a "$R/versions.txt"
+"$PY" - <<'PYV' 2>&1 | tee "$R/versions.txt"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+try:
+    import torchvision
+    print("torchvision", torchvision.__version__)
+except ImportError as e:
+    print("torchvision missing:", e)
+PYV
 for f in migctl libmigswap.so; do
   [[ -e "$BIN/$f" ]] || echo "note: no $BIN/$f (make build shim): the shim cases will SKIP"
 done
