@@ -27,6 +27,9 @@ def parser(description):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--losses", type=int, default=50, help="losses of the first N steps in the report")
     ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic cuDNN/cuBLAS kernels, so that two backends' losses can be compared to "
+                         "round-off (ResNet's convolutions otherwise pick non-deterministic algorithms)")
     return ap
 
 
@@ -36,6 +39,11 @@ def setup(args):
     for the report only: training itself never communicates."""
     if args.backend == "migctl":
         import migctl_torch  # noqa: F401  (registers the backend)
+    if getattr(args, "deterministic", False):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True)
     if args.device.startswith("cuda"):
         # Under `migctl run` every worker sees its device (MIG instance or GPU) as cuda:0.
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
