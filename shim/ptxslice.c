@@ -944,7 +944,7 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 		/* the parameter */
 		int ok = 0;
 		if (f->lparen == (size_t)-1)
-			ok = add_edit(&E, R.t[f->name_tok].e, 0, "(\n\t.param .align 4 .b8 " MS_SLICE_PARAM "[24]\n)");
+			ok = add_edit(&E, R.t[f->name_tok].e, 0, "(.param .align 4 .b8 " MS_SLICE_PARAM "[24])");
 		else if (np == 0)
 			ok = add_edit(&E, R.t[f->rparen].s, 0, "\n\t.param .align 4 .b8 " MS_SLICE_PARAM "[24]\n");
 		else
@@ -1142,7 +1142,7 @@ int ms_fatbin_ptx(const void *image, int cc, const char **ptx, size_t *len, char
 		return -1;
 	}
 	const unsigned char *p = b + hsize, *end = b + hsize + fsize;
-	int best_arch = -1, compressed = 0, ptx_entries = 0;
+	int best_arch = -1, compressed = 0, ptx_entries = 0, too_new = 0;
 	const char *best = NULL;
 	size_t best_len = 0;
 	while (p + 64 <= end) {
@@ -1165,7 +1165,9 @@ int ms_fatbin_ptx(const void *image, int cc, const char **ptx, size_t *len, char
 			/* compression flags (0x1000/0x2000 LZ4, 0x8000 ZSTD) or a payload that is not text */
 			if ((flags & 0xB000) || !looks_like_ptx(d, dl)) {
 				compressed++;
-			} else if ((cc == 0 || (int)arch <= cc) && (int)arch > best_arch) {
+			} else if (cc != 0 && (int)arch > cc) {
+				too_new++;
+			} else if ((int)arch > best_arch) {
 				best_arch = (int)arch;
 				best = d;
 				best_len = strnlen(d, dl);
@@ -1180,11 +1182,12 @@ int ms_fatbin_ptx(const void *image, int cc, const char **ptx, size_t *len, char
 	}
 	if (!ptx_entries)
 		snprintf(reason, rlen, "the fatbin carries no PTX");
-	else if (compressed)
+	else if (too_new)
+		snprintf(reason, rlen, "the fatbin's plain PTX is for a newer architecture than %d%s", cc,
+			 compressed ? " (and some is compressed)" : "");
+	else
 		snprintf(reason, rlen, "the fatbin's PTX is compressed (%d entr%s); not decompressed", compressed,
 			 compressed == 1 ? "y" : "ies");
-	else
-		snprintf(reason, rlen, "the fatbin's PTX is for a newer architecture than %d", cc);
 	return -1;
 }
 
