@@ -40,7 +40,8 @@ _OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("
 _SUM = dist.ReduceOp.SUM
 
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
-             "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier")
+             "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier", "allreduce_coalesced",
+             "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
 
 def _unsupported(call):
@@ -551,6 +552,48 @@ class _Comm:
         return Work(self, name, (h,), [])
 
 
+class _Several(dist._Work):
+    """Several Works as one (the coalesced calls): wait() waits for each;
+    get_future() completes with result once all have."""
+
+    _recent = collections.deque(maxlen=1024)  # alive while C++ may hold them (see Work)
+
+    def __init__(self, works, result):
+        super().__init__()
+        self._works, self._result = works, result
+        _Several._recent.append(self)
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def get_future(self):
+        result = self._result
+
+        def done(f):
+            for x in f.value():
+                x.value()  # raises the first error
+            return result
+        return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        for w in self._works:
+            e = w.exception()
+            if e is not None:
+                return e
+        return None
+
+    def result(self):
+        return self._result
+
+
 class ProcessGroupMigctl(dist.ProcessGroup):
     """torch.distributed ProcessGroup over libmigctl.so. Created by
     dist.init_process_group("migctl") in a process started by `migctl run`."""
@@ -611,19 +654,45 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._comm.barrier()
 
+    # The coalesced variants (torch.distributed's *_coalesced calls, the
+    # functional collectives of torch 2.x): one collective per tensor, in order.
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._comm.allreduce(list(tensors), _op(opts, "allreduce_coalesced"), name="allreduce_coalesced")
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # torch's layout: output_lists[rank][i] receives input i of that rank
+        if len(output_lists) != self._size or any(len(o) != len(input_list) for o in output_lists):
+            raise ValueError(f"migctl allgather_coalesced: want {self._size} output lists of {len(input_list)} tensors")
+        per_input = [[output_lists[r][i] for r in range(self._size)] for i in range(len(input_list))]
+        return self._comm.allgather(per_input, list(input_list), name="allgather_coalesced")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"migctl allgather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        works = [self._comm.allgather_base(o, i, name="allgather_into_tensor_coalesced") for o, i in zip(outputs, inputs)]
+        return _Several(works, list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError(f"migctl reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        op = _op(opts, "reduce_scatter_tensor_coalesced")
+        works = [self._comm.reduce_scatter_base(o, i, op, name="reduce_scatter_tensor_coalesced")
+                 for o, i in zip(outputs, inputs)]
+        return _Several(works, list(outputs))
+
+    # Asked of a group by parts of torch 2.x (flight recorder, debug info).
+
+    def _get_backend_name(self):
+        return "migctl"
+
+    def _set_sequence_number_for_group(self):
+        self._seq = 0
+
+    def _get_sequence_number_for_group(self):
+        return getattr(self, "_seq", 0)
+
     # What the backend does not do: a clear error naming the call.
-
-    def allreduce_coalesced(self, *a, **k):
-        raise _unsupported("allreduce_coalesced")
-
-    def allgather_coalesced(self, *a, **k):
-        raise _unsupported("allgather_coalesced")
-
-    def allgather_into_tensor_coalesced(self, *a, **k):
-        raise _unsupported("allgather_into_tensor_coalesced")
-
-    def reduce_scatter_tensor_coalesced(self, *a, **k):
-        raise _unsupported("reduce_scatter_tensor_coalesced")
 
     def all_gather_single_coalesced(self, *a, **k):
         raise _unsupported("all_gather_single_coalesced")

@@ -165,6 +165,27 @@ def run(device, sizes):
     out = torch.empty(5, device=dev)
     pg.reduce_scatter_single(out, values(5 * world, rank, torch.float32, dev)).wait()
     expect("pg.reduce_scatter_single", out, reduced(5 * world, world, torch.float32, "sum")[rank * 5:(rank + 1) * 5])
+    # the coalesced variants: one collective per tensor
+    ts = [values(n, rank, dt, dev) for n, dt in ((3, torch.float64), (0, torch.float64), (9, torch.float64))]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.SUM)
+    for t, (n, dt) in zip(ts, ((3, torch.float64), (0, torch.float64), (9, torch.float64))):
+        expect(f"all_reduce_coalesced {dt} n={n}", t, reduced(n, world, dt, "sum"))
+    ins = [values(4, rank, torch.int32, dev), values(7, rank, torch.int32, dev)]
+    outs = [[torch.empty_like(i) for i in ins] for _ in range(world)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(world):
+        expect(f"all_gather_coalesced block {r} #0", outs[r][0], values(4, r, torch.int32, "cpu"))
+        expect(f"all_gather_coalesced block {r} #1", outs[r][1], values(7, r, torch.int32, "cpu"))
+    flats = [torch.empty(world * 4, device=dev), torch.empty(world * 6, dtype=torch.int64, device=dev)]
+    pg.allgather_into_tensor_coalesced(flats, [values(4, rank, torch.float32, dev),
+                                               values(6, rank, torch.int64, dev)]).get_future().wait()
+    expect("allgather_into_tensor_coalesced #0", flats[0], torch.cat([values(4, r, torch.float32, "cpu") for r in range(world)]))
+    expect("allgather_into_tensor_coalesced #1", flats[1], torch.cat([values(6, r, torch.int64, "cpu") for r in range(world)]))
+    outs = [torch.empty(3, device=dev), torch.empty(5, dtype=torch.int32, device=dev)]
+    pg.reduce_scatter_tensor_coalesced(outs, [values(3 * world, rank, torch.float32, dev),
+                                              values(5 * world, rank, torch.int32, dev)]).wait()
+    expect("reduce_scatter_tensor_coalesced #0", outs[0], reduced(3 * world, world, torch.float32, "sum")[rank * 3:(rank + 1) * 3])
+    expect("reduce_scatter_tensor_coalesced #1", outs[1], reduced(5 * world, world, torch.int32, "sum")[rank * 5:(rank + 1) * 5])
     b = torch.tensor([rank == 0, False, True], device=dev)
     dist.all_reduce(b, op=dist.ReduceOp.MAX)
     expect("all_reduce max bool", b, torch.tensor([True, False, True]))
