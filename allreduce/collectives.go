@@ -17,13 +17,30 @@ type Communicator struct {
 	small int // small-message all-reduces so far: their parity
 	// groups is the rank → GPU grouping of a Hierarchical all-reduce.
 	groups Grouping
+	// gpuShare is Params.GPUShare of host-staged all-reduces (split.go).
+	gpuShare int
 }
 
 // NewCommunicator runs all-reduce with alg (the other collectives use the
 // host-staged schedules, which is all the shm transport offers for them).
 func NewCommunicator(exec *Executor, alg Algorithm) *Communicator {
-	return &Communicator{exec: exec, alg: alg, cache: map[Params]Schedule{}}
+	return &Communicator{exec: exec, alg: alg, cache: map[Params]Schedule{}, gpuShare: exec.opts.GPUShare}
 }
+
+// SetGPUShare sets the thousandths of every chunk of a host-staged
+// all-reduce that the devices reduce (Params.GPUShare; the executor's
+// Options.GPUShare until set). Every rank must set the same.
+func (c *Communicator) SetGPUShare(share int) error {
+	if share < 0 || share > GPUShareOne {
+		return fmt.Errorf("GPU share %d: want 0..%d thousandths: %w", share, GPUShareOne, comm.ErrInvalid)
+	}
+	c.gpuShare = share
+	return nil
+}
+
+// GPUShare is the thousandths of a host-staged all-reduce's chunks that
+// the devices reduce.
+func (c *Communicator) GPUShare() int { return c.gpuShare }
 
 // SetGroups sets the grouping a Hierarchical all-reduce uses: the ranks
 // that share one GPU's host link (every rank must set the same). Without
@@ -100,7 +117,7 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 		c.small++
 	}
 	if p.Algorithm == HostStaged {
-		p.GPUShare = c.exec.opts.GPUShare // reduced on the devices, in part or all (split.go)
+		p.GPUShare = c.gpuShare // reduced on the devices, in part or all (split.go)
 	}
 	s, err := c.schedule(p)
 	if err != nil {

@@ -70,7 +70,10 @@ const (
 	// SettingReduceWorkers is the reduce threads per rank the choice
 	// assumes (Options.ReduceWorkers; not part of Machine).
 	SettingReduceWorkers = "allreduce.reduce_workers"
-	settingsFloatFormat  = 'g'
+	// SettingReduceOn is where host-staged all-reduces reduce (ReduceOn,
+	// ParseReduceOn: auto, cpu, gpu, split, split:F).
+	SettingReduceOn     = "allreduce.reduce_on"
+	settingsFloatFormat = 'g'
 )
 
 // Settings encodes m for rendezvous settings.

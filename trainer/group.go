@@ -375,6 +375,9 @@ func (g *Group) connect(ctx context.Context) error {
 	if g.stream, err = g.dev.NewStream(); err != nil {
 		return err
 	}
+	if err := g.setReduceOn(g.cm); err != nil { // where host-staged all-reduces reduce (reduce_on.go)
+		return err
+	}
 	return nil
 }
 

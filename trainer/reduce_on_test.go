@@ -1,0 +1,107 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// Ranks on one (fake) GPU take the host-staged all-reduce; WithReduceOn
+// moves its reduction to the devices, splits it or leaves it on the CPU,
+// auto takes the cost model's share (2 ranks: the devices; 3: the CPU), and
+// sums and averages are exact on host slices and device buffers, at an odd
+// size (65539 elements) and a small one.
+func TestReduceOnFakeGPU(t *testing.T) {
+	tests := []struct {
+		mode  string
+		n     int
+		share int
+	}{
+		{"cpu", 3, 0},
+		{"gpu", 3, allreduce.GPUShareOne},
+		{"split:0.25", 3, 250},
+		{"auto", 2, allreduce.GPUShareOne},
+		{"auto", 3, 0},
+		{"", 2, allreduce.GPUShareOne},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/n%d", tc.mode, tc.n), func(t *testing.T) {
+			errs := world(t, tc.n, func(int) []Option {
+				f := cuda.NewFake()
+				comm.InstallFakeCUDAKernels(f)
+				o := []Option{withCUDA(f), WithBackend(BackendGPU), WithTuning(Tuning{Chunk: 64 << 10, Slots: 3})}
+				if tc.mode != "" {
+					o = append(o, WithReduceOn(tc.mode))
+				}
+				return o
+			}, func(g *Group) error {
+				ctx := context.Background()
+				if g.Algorithm() != allreduce.HostStaged.String() || g.GPUShare() != tc.share {
+					return fmt.Errorf("%s with GPU share %d, want hoststaged with %d", g.Algorithm(), g.GPUShare(), tc.share)
+				}
+				r := g.Rank()
+				for _, count := range []int{65539, 1000} {
+					send := make([]float32, count)
+					for i := range send {
+						send[i] = input(r, i)
+					}
+					recv := make([]float32, count)
+					if err := g.AllReduce(ctx, HostSlice(send), HostSlice(recv), Sum); err != nil {
+						return err
+					}
+					dev, err := g.Alloc(count, Float32)
+					if err != nil {
+						return err
+					}
+					if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
+						return err
+					}
+					if err := g.AllReduce(ctx, dev, dev, Avg); err != nil {
+						return err
+					}
+					avg := make([]float32, count)
+					if err := g.Read(ctx, HostSlice(avg).Host(), dev); err != nil {
+						return err
+					}
+					if err := g.Free(dev); err != nil {
+						return err
+					}
+					for i := range recv {
+						var want float32
+						for q := range g.Size() {
+							want += input(q, i)
+						}
+						if recv[i] != want || avg[i] != want/float32(g.Size()) {
+							return fmt.Errorf("rank %d element %d: sum %v avg %v, want %v and %v", r, i, recv[i], avg[i], want, want/float32(g.Size()))
+						}
+					}
+				}
+				return nil
+			})
+			requireAll(t, errs)
+		})
+	}
+}
+
+func TestReduceOnSettings(t *testing.T) {
+	// The host backend reduces on the CPU whatever the setting.
+	errs := world(t, 2, func(int) []Option { return []Option{WithReduceOn("gpu")} }, func(g *Group) error {
+		if g.Backend() != BackendHost || g.GPUShare() != 0 {
+			return fmt.Errorf("backend %s with GPU share %d, want host with 0", g.Backend(), g.GPUShare())
+		}
+		return nil
+	})
+	requireAll(t, errs)
+	// Ranks that disagree fail at the rendezvous.
+	errs = world(t, 2, func(r int) []Option { return []Option{WithReduceOn([]string{"gpu", "cpu"}[r])} },
+		func(*Group) error { return nil })
+	require.ErrorContains(t, errs, allreduce.SettingReduceOn)
+	_, err := Init(context.Background(), WithReduceOn("everywhere"))
+	require.ErrorIs(t, err, allreduce.ErrUnsupported)
+}
