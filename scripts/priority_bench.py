@@ -864,8 +864,12 @@ def run_selftest(a):
                     ok = (st.get("prio_holds") or 0) > 0 and (si.get("prio_signal") == 1)
                     why = f"train prio_holds {st.get('prio_holds')}, infer prio_signal {si.get('prio_signal')}"
                 if ok and CASES[cid][2] == "slice":
-                    ok = ((st.get("slice") or {}).get("sliced_launches") or 0) > 0
-                    why = f"train slice stats {st.get('slice')}"
+                    # the fake's kernels are not PTX, so nothing is sliced here: check that slicing
+                    # was on in the trainer only (it looked at the modules loaded) and it was held
+                    tsl, isl = st.get("slice") or {}, si.get("slice") or {}
+                    looked = lambda d: (d.get("modules_rewritten") or 0) + (d.get("modules_skipped") or 0)  # noqa: E731
+                    ok = looked(tsl) > 0 and looked(isl) == 0 and (st.get("prio_holds") or 0) > 0
+                    why = f"train slice stats {tsl}, infer {isl}, train prio_holds {st.get('prio_holds')}"
             print(f"  [{'ok' if ok else 'FAIL'}] {name} {cid}: {CASES[cid][0]}" + ("" if ok else f": {why[:300]}"))
             if not ok:
                 fails.append(f"{name} {cid}")
