@@ -1385,7 +1385,7 @@ CUresult ms_slice_launch(ms_launch_fn launch, CUfunction twin, const struct ms_p
 #ifndef MS_SLICE_PURE
 
 int ms_slice_on;
-static unsigned slice_blocks, slice_inflight = 2;
+static unsigned slice_blocks, slice_inflight = 2, slice_whole_waves = 1;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static struct migswap_slice_stats stats;
 #define SSTAT(f, n) __atomic_add_fetch(&stats.f, (n), __ATOMIC_RELAXED)
@@ -1486,6 +1486,9 @@ static void config(void)
 	e = getenv("MIGSWAP_SLICE_INFLIGHT");
 	if (e && *e)
 		slice_inflight = (unsigned)strtoul(e, NULL, 0);
+	e = getenv("MIGSWAP_SLICE_WHOLE_WAVES"); /* 0: slices below a wave (tests) */
+	if (e && *e)
+		slice_whole_waves = (unsigned)strtoul(e, NULL, 0);
 	if (!slice_blocks || !ms_ensure_drv())
 		return;
 	sd.EventCreate = gpa("cuEventCreate", 2000);
@@ -1499,7 +1502,8 @@ static void config(void)
 	sd.ModuleLoadData = gpa("cuModuleLoadData", 2000);
 	sd.ModuleUnload = gpa("cuModuleUnload", 2000);
 	ms_slice_on = 1;
-	ms_log("slicing on: at most %u blocks per slice, %u slices in flight", slice_blocks, slice_inflight);
+	ms_log("slicing on: at most %u blocks per slice%s, %u slices in flight", slice_blocks,
+	       slice_whole_waves ? " (rounded to whole waves)" : "", slice_inflight);
 }
 
 void ms_slice_config(void)
@@ -1694,15 +1698,15 @@ int ms_slice_try_launch(ms_launch_fn real, CUfunction f, unsigned gx, unsigned g
 	/* Slices are whole waves, and a grid that fits in one wave is never
 	 * sliced: a kernel that (against CUDA's promise) relies on all its
 	 * blocks being resident keeps running as it did. */
-	if (m->wave_block != block || m->wave_smem != smem) {
+	if (slice_whole_waves && (m->wave_block != block || m->wave_smem != smem)) {
 		m->wave_orig = wave_of(f, block, smem);
 		m->wave_twin = wave_of(twin, block, smem);
 		m->wave_block = block;
 		m->wave_smem = smem;
 	}
-	if (m->wave_orig && blocks <= (unsigned long long)m->wave_orig)
+	if (slice_whole_waves && m->wave_orig && blocks <= (unsigned long long)m->wave_orig)
 		return 0;
-	if (m->wave_twin > 0) {
+	if (slice_whole_waves && m->wave_twin > 0) {
 		unsigned w = (unsigned)m->wave_twin;
 		b = b < w ? w : b / w * w;
 		if (blocks <= b)

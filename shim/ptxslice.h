@@ -30,6 +30,13 @@
  *   MIGSWAP_SLICE_INFLIGHT=D  slices queued on the stream before the launching
  *                             thread waits for the oldest (default 2; 0 = no
  *                             limit: every slice is queued at once)
+ *   MIGSWAP_SLICE_WHOLE_WAVES=0  do not round slices to whole waves (blocks
+ *                             resident at once, from the occupancy API), and
+ *                             slice grids that fit in one wave (for tests)
+ * By default a slice is a whole number of waves (at least one), and a grid
+ * that fits in one wave is never sliced: a kernel that relies on all its
+ * blocks being resident at once (which CUDA does not promise outside
+ * cooperative launches) keeps working.
  * Not a stable ABI: only the shim and its tests include this header; the
  * exported migswap_slice_* functions are for tests and tools.
  */

@@ -15,7 +15,8 @@
  *   ptxslicetest gpu-delay KERN.ptx MODE SECONDS SPIN_US BLOCKS
  *                                       (GPU) preemption delay: a best-effort thread launches
  *                                       long spin kernels, a high-priority one tiny kernels;
- *                                       DELAY line with percentiles (see delay())
+ *                                       DELAY line with percentiles (see do_gpu_delay);
+ *                                       MODE alone | be | be-prio | beonly
  */
 #define _GNU_SOURCE
 #include "cudadrv.h"
@@ -678,6 +679,7 @@ static int do_gpu_delay(const char *kpath, const char *mode, double seconds, uns
 		cu.CtxGetStreamPriorityRange(&lo, &hi);
 	int prio = strstr(mode, "-prio") != NULL;
 	int with_be = strncmp(mode, "alone", 5) != 0;
+	int with_hp = strcmp(mode, "beonly") != 0; /* beonly: the best-effort side alone (another process measures) */
 	CUstream sbe, shp;
 	CHECK(cu.StreamCreateWithPriority(&sbe, CU_STREAM_NON_BLOCKING, lo));
 	CHECK(cu.StreamCreateWithPriority(&shp, CU_STREAM_NON_BLOCKING, prio ? hi : lo));
@@ -698,7 +700,9 @@ static int do_gpu_delay(const char *kpath, const char *mode, double seconds, uns
 	size_t cap = (size_t)(seconds * 2000) + 16, n = 0;
 	double *lat = malloc(cap * sizeof *lat);
 	double end = now_s() + seconds;
-	while (now_s() < end && n < cap) {
+	while (!with_hp && now_s() < end)
+		usleep(10000);
+	while (with_hp && now_s() < end && n < cap) {
 		double t0 = now_s();
 		CHECK(cu.LaunchKernel(tiny, 1, 1, 1, 32, 1, 1, 0, shp, tp, NULL));
 		CHECK(cu.StreamSynchronize(shp));
@@ -711,6 +715,8 @@ static int do_gpu_delay(const char *kpath, const char *mode, double seconds, uns
 		a.stop = 1;
 		pthread_join(th, NULL);
 	}
+	if (n == 0)
+		lat[n++] = 0;
 	qsort(lat, n, sizeof *lat, cmp_d);
 #define PCT(p) lat[(size_t)((double)(n - 1) * (p))]
 	printf("DELAY mode=%s samples=%zu p50_us=%.1f p99_us=%.1f p999_us=%.1f max_us=%.1f be_kernels=%llu "
