@@ -331,13 +331,24 @@ func (c *Client) Status(ctx context.Context) ([]Process, map[string]int64, error
 		procs = append(procs, Process{PID: int(p.GetPid()), PeerPID: int(p.GetPeerPid()), Job: p.GetJob(),
 			Priority: int(p.GetPriority()), Device: p.GetDevice(), Bytes: p.GetBytes(), State: State(p.GetState()),
 			Hold: p.GetHold(), Started: unixTime(p.GetStartedUnixNano()), LastProgress: unixTime(p.GetLastProgressUnixNano()),
-			Done: p.GetDone(), Total: p.GetTotal(), Waiting: p.GetWaiting()})
+			Done: p.GetDone(), Total: p.GetTotal(), Waiting: p.GetWaiting(), Gate: gateStatusOf(p)})
 	}
 	free := map[string]int64{}
 	for _, d := range st.GetDevices() {
 		free[d.GetDevice()] = d.GetFree()
 	}
 	return procs, free, nil
+}
+
+// gateStatusOf reads a process's gating fields (slot -1 when it has none).
+func gateStatusOf(p *ctlpb.Process) GateStatus {
+	g := GateStatus{Class: p.GetGateClass(), Policy: p.GetGatePolicy(), Slot: int(p.GetGateSlot()),
+		Holds: p.GetGateHolds(), HeldSeconds: p.GetGateHeldSeconds(), BusyPeriods: p.GetGateBusyPeriods(),
+		BusySeconds: p.GetGateBusySeconds()}
+	if g.Class == "" {
+		g.Slot = -1
+	}
+	return g
 }
 
 func unixTime(n int64) time.Time {

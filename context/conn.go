@@ -23,6 +23,7 @@ const writeTimeout = 5 * time.Second
 type shimConn struct {
 	c    net.Conn
 	w    *swapproto.Writer
+	wmu  sync.Mutex // orders send and sendGate's descriptor-passing write
 	once sync.Once
 }
 
@@ -30,8 +31,13 @@ func newShimConn(c net.Conn) *shimConn {
 	return &shimConn{c: c, w: swapproto.NewWriter(deadlineWriter{c})}
 }
 
-func (s *shimConn) send(m swapproto.Message) error { return s.w.Write(m) }
-func (s *shimConn) close()                         { s.once.Do(func() { s.c.Close() }) }
+func (s *shimConn) send(m swapproto.Message) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.w.Write(m)
+}
+
+func (s *shimConn) close() { s.once.Do(func() { s.c.Close() }) }
 
 type deadlineWriter struct{ c net.Conn }
 
@@ -80,6 +86,7 @@ func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 	if err := sc.send(swapproto.Message{Type: swapproto.TypeWelcome, Version: swapproto.Version}); err != nil {
 		return
 	}
+	m.gateSync(p.Device) // after welcome: the shim reads its gate settings on its control thread
 	m.log.Info("shim connected", "pid", pid, "peer_pid", p.PeerPID, "job", p.Job, "priority", p.Priority, "device", p.Device, "bytes", p.Bytes)
 
 	var needs sync.WaitGroup
@@ -117,6 +124,8 @@ func (m *Manager) serveConn(ctx context.Context, c net.Conn) {
 		switch msg.Type {
 		case swapproto.TypeUsage:
 			m.onUsage(pid, msg.Bytes)
+		case swapproto.TypeGateStats:
+			m.onGateStats(pid, msg)
 		case swapproto.TypeProgress:
 			m.onProgress(pid, msg)
 		case swapproto.TypeResult:
@@ -173,9 +182,9 @@ func (m *Manager) admit(ctx context.Context, peer peerProc, peerErr error, hello
 	if hello.Bytes > limit {
 		return nil, 0, fmt.Sprintf("hello: bytes %d exceed device %q's %s of memory", hello.Bytes, device, FormatBytes(limit))
 	}
-	p := &proc{ops: map[swapproto.ID]*op{}}
+	p := &proc{ops: map[swapproto.ID]*op{}, slot: -1}
 	p.Process = Process{PID: pid, PeerPID: peerPID, Job: hello.Job, Priority: hello.Priority, Device: device,
-		Bytes: hello.Bytes, State: Running, Started: m.opts.Now()}
+		Bytes: hello.Bytes, State: Running, Started: m.opts.Now(), Gate: GateStatus{Slot: -1}}
 	if p.Job == "" {
 		p.Job = fmt.Sprintf("pid-%d", pid)
 	}
@@ -271,6 +280,7 @@ func (m *Manager) forget(p *proc) {
 	}
 	m.epoch++
 	m.mu.Unlock()
+	m.gateLeave(p)
 	m.log.Info("shim disconnected", "pid", p.PID, "job", p.Job)
 	m.Kick()
 }
@@ -415,7 +425,7 @@ func (m *Manager) makeRoom(ctx context.Context, req Request, hold time.Duration)
 	}
 	want := req
 	want.Bytes += m.opts.Headroom
-	d := PlanNeed(s, want)
+	d := m.planNeed(s, want)
 	if !d.Granted {
 		if m.opts.Headroom > 0 {
 			d.Reason += fmt.Sprintf(" (the need includes %s of headroom)", FormatBytes(m.opts.Headroom))

@@ -118,7 +118,9 @@ func (c *ControlServer) Status(ctx context.Context, _ *ctlpb.StatusRequest) (*ct
 	for _, p := range procs {
 		q := &ctlpb.Process{Pid: int32(p.PID), PeerPid: int32(p.PeerPID), Job: p.Job, Priority: int32(p.Priority),
 			Device: p.Device, Bytes: p.Bytes, GpuBytes: p.GPUBytes(), State: string(p.State), Hold: p.Hold,
-			StartedUnixNano: p.Started.UnixNano(), Done: p.Done, Total: p.Total, Waiting: p.Waiting}
+			StartedUnixNano: p.Started.UnixNano(), Done: p.Done, Total: p.Total, Waiting: p.Waiting,
+			GateClass: p.Gate.Class, GatePolicy: p.Gate.Policy, GateSlot: int32(p.Gate.Slot), GateHolds: p.Gate.Holds,
+			GateHeldSeconds: p.Gate.HeldSeconds, GateBusyPeriods: p.Gate.BusyPeriods, GateBusySeconds: p.Gate.BusySeconds}
 		if !p.LastProgress.IsZero() {
 			q.LastProgressUnixNano = p.LastProgress.UnixNano()
 		}

@@ -42,6 +42,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
+	// Sched, when set, replaces the priority policy (PlanNeed, PlanSwapIn)
+	// with a job-switching policy (fair, srf: sched_wire.go).
+	Sched *Scheduler
+	// Gate is the priority launch gating of every shimmed process
+	// (SetGatePolicy overrides it per process); the zero value is off: the
+	// shims are told nothing and behave as before.
+	Gate GatePolicy
 	// OnSwapStart, when set, is called as a swap of one process starts
 	// (Result carries pid, job and direction); OnSwapDone with its result.
 	// Both run on the swapping goroutine and must not block.
@@ -68,6 +75,11 @@ type Manager struct {
 	// epoch counts events that freed memory (a usage that went down, an exit,
 	// a finished swap-out, a released or expired reservation, a periodic tick).
 	epoch uint64
+
+	// gateMu orders priority-gating decisions and their messages (gate.go);
+	// taken before mu. gates: each device's shared page.
+	gateMu sync.Mutex
+	gates  map[string]*gatePage
 }
 
 type proc struct {
@@ -77,6 +89,15 @@ type proc struct {
 	ops    map[swapproto.ID]*op
 	// waitingN counts the needs in flight.
 	waitingN int
+
+	// priority gating (gate.go): the slot on the device's page (-1 none), a
+	// per-process policy (nil: the daemon's), what the shim was last told.
+	slot       int
+	gatePolicy *GatePolicy
+	gateSent   gateMsg
+	gateSentOK bool
+	pageSent   bool
+	gone       bool
 }
 
 // reservation keeps granted memory from the policy until the grantee reports
@@ -155,6 +176,7 @@ func NewManager(opts Options) *Manager {
 		kick:     make(chan struct{}, 1),
 		procs:    map[int]*proc{},
 		reserved: map[uint64]*reservation{},
+		gates:    map[string]*gatePage{},
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -180,6 +202,7 @@ func (m *Manager) Serve(ctx context.Context, ln net.Listener) error {
 	defer func() {
 		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
 		wg.Wait()
+		m.closeGates()
 	}()
 	for {
 		c, err := ln.Accept()
@@ -322,6 +345,9 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 	s, err := m.snapshot(ctx, "")
 	if err != nil {
 		return err
+	}
+	if m.opts.Sched != nil {
+		return m.reconcile(ctx, s)
 	}
 	pids := PlanSwapIn(s)
 	if len(pids) == 0 {

@@ -81,6 +81,8 @@ type Process struct {
 	BlockedEpoch uint64 `json:"-" yaml:"-"`
 	// Waiting: the process has a need outstanding (blocked in an allocation).
 	Waiting bool `json:"waiting,omitempty" yaml:"waiting,omitempty"`
+	// Gate is its part in priority launch gating (class, how long it was held).
+	Gate GateStatus `json:"gate" yaml:"gate"`
 }
 
 // GPUBytes is what the process holds on the GPU now.

@@ -41,8 +41,10 @@ type daemonOptions struct {
 	metricsAddr        string
 	metricsAllowRemote bool
 	enableMIG          bool
+	gate               string
 
 	capacity    int64
+	gatePolicy  ctxmgr.GatePolicy
 	headroomSet bool
 	headroomB   int64
 	level       slog.Level
@@ -93,6 +95,9 @@ Run a job under the shim (build it with 'make shim'; it lands in bin/):
                     (lowest first, then most recently started) when a higher one needs memory
   MIGSWAP_SOCKET    the daemon's --swap-socket, if not the default
   MIGSWAP_CHECKSUM=1 checksum every allocation on swap-out, verify on swap-in
+With --gate gate (or budget=N), MIGSWAP_PRIORITY also orders compute: while a process has
+launches in flight on a device, the launches of lower-priority processes there wait (or at
+most N of theirs stay in flight); 'migctl swap status' shows each one's class and held time.
   MIGSWAP_LOG=1     log the shim's decisions to stderr
 
 Free memory comes from NVML (the GPU driver). On a machine without a GPU, or to declare a
@@ -149,6 +154,7 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 		defaultLeaseState+" for root, $XDG_STATE_HOME/migctl/leases.json for others)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
+	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile)")
 	f.BoolVar(&o.enableMIG, "enable-mig", false, "let leasing turn MIG on for an idle GPU whose MIG is off, after the GPUs already in MIG mode (default: on with --sim, off on real GPUs)")
 	return cmd
 }
@@ -184,6 +190,11 @@ func (o *daemonOptions) Complete() error {
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	gp, err := ctxmgr.ParseGatePolicy(o.gate)
+	if err != nil {
+		return fmt.Errorf("--gate: %w", err)
+	}
+	o.gatePolicy = gp
 	if o.stateFile == "" {
 		switch {
 		case o.node.sim != "":
@@ -238,7 +249,7 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 		SwapSocket:    o.swapSocket,
 		Leases:        ctxmgr.LeaseOptions{StatePath: o.stateFile, EnableMIG: o.enableMIG},
 		Swap: ctxmgr.Options{GPUMemory: o.capacity, Headroom: o.headroomB, SwapTimeout: o.swapTimeout,
-			RebalanceEvery: o.rebalanceEvery},
+			RebalanceEvery: o.rebalanceEvery, Gate: o.gatePolicy},
 		MetricsAddr:        o.metricsAddr,
 		MetricsAllowRemote: o.metricsAllowRemote,
 		Logger:             log,

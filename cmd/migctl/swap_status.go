@@ -31,7 +31,13 @@ of their devices (JSON/YAML). STATE is one of:
   out           in host memory; the process waits at its next GPU call
   swapping-in   being copied back
   blocked       a swap-in found no memory; the process waits until one succeeds
-HOLD marks a manual 'swap out' that the daemon will not undo on its own.`,
+HOLD marks a manual 'swap out' that the daemon will not undo on its own.
+
+With priority launch gating on ('migctl daemon --gate gate|budget=N'), CLASS is the
+process's place among the processes of its device by priority: high (its work in flight
+holds lower ones), low (held while a higher one is busy), mid (both), alone; HELD is how
+long its launches waited in total and how many waited (e.g. 1.2s/340); BUSY is how long a
+high or mid process had work in flight. JSON/YAML carry the same under "gate".`,
 		Example: `  migctl swap status
   migctl swap status -o json | jq '.processes[] | select(.state=="out")'`,
 		Args: cobra.NoArgs,
@@ -72,6 +78,8 @@ type processView struct {
 	Done         int64     `json:"done,omitempty" yaml:"done,omitempty"`
 	Total        int64     `json:"total,omitempty" yaml:"total,omitempty"`
 	Waiting      bool      `json:"waiting,omitempty" yaml:"waiting,omitempty"`
+	// Gate: priority launch gating (class, policy, how long it was held).
+	Gate ctxmgr.GateStatus `json:"gate" yaml:"gate"`
 }
 
 type deviceView struct {
@@ -80,7 +88,8 @@ type deviceView struct {
 }
 
 func (v statusView) Header() []string {
-	return []string{"pid", "job", "priority", "device", "state", "hold", "bytes", "on-gpu", "progress", "started", "last-progress"}
+	return []string{"pid", "job", "priority", "class", "device", "state", "hold", "bytes", "on-gpu", "progress", "held", "busy",
+		"started", "last-progress"}
 }
 
 func (v statusView) Rows() [][]string {
@@ -98,11 +107,24 @@ func (v statusView) Rows() [][]string {
 		if p.Hold {
 			hold = "hold"
 		}
-		rows = append(rows, []string{strconv.Itoa(p.PID), p.Job, strconv.Itoa(p.Priority), p.Device, p.State, hold,
-			ctxmgr.FormatBytes(p.Bytes), ctxmgr.FormatBytes(p.GPUBytes), prog,
+		class, held, busy := "-", "-", "-"
+		if p.Gate.Class != "" {
+			class = p.Gate.Class
+			held = formatSeconds(p.Gate.HeldSeconds) + "/" + strconv.FormatInt(p.Gate.Holds, 10)
+			if p.Gate.BusyPeriods > 0 {
+				busy = formatSeconds(p.Gate.BusySeconds)
+			}
+		}
+		rows = append(rows, []string{strconv.Itoa(p.PID), p.Job, strconv.Itoa(p.Priority), class, p.Device, p.State, hold,
+			ctxmgr.FormatBytes(p.Bytes), ctxmgr.FormatBytes(p.GPUBytes), prog, held, busy,
 			p.Started.Local().Format(time.DateTime), last})
 	}
 	return rows
+}
+
+// formatSeconds prints a duration in seconds with two significant decimals.
+func formatSeconds(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 }
 
 func (o *swapStatusOptions) Run(ctx context.Context) error {
@@ -120,7 +142,7 @@ func (o *swapStatusOptions) Run(ctx context.Context) error {
 		v.Processes = append(v.Processes, processView{PID: p.PID, PeerPID: p.PeerPID, Job: p.Job,
 			Priority: p.Priority, Device: p.Device, State: string(p.State), Hold: p.Hold,
 			Bytes: p.Bytes, GPUBytes: p.GPUBytes(), Started: p.Started,
-			LastProgress: p.LastProgress, Done: p.Done, Total: p.Total, Waiting: p.Waiting})
+			LastProgress: p.LastProgress, Done: p.Done, Total: p.Total, Waiting: p.Waiting, Gate: p.Gate})
 	}
 	for _, d := range slices.Sorted(maps.Keys(free)) {
 		v.Devices = append(v.Devices, deviceView{Device: d, Free: free[d]})

@@ -421,8 +421,18 @@ type Process struct {
 	Done                 int64                  `protobuf:"varint,12,opt,name=done,proto3" json:"done,omitempty"`
 	Total                int64                  `protobuf:"varint,13,opt,name=total,proto3" json:"total,omitempty"`
 	Waiting              bool                   `protobuf:"varint,14,opt,name=waiting,proto3" json:"waiting,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Priority launch gating (shim/PROTOCOL.md): the process's class on its
+	// device (high, mid, low, alone; empty when gating is off), its policy when
+	// held, its slot, and the counters its shim reports.
+	GateClass       string  `protobuf:"bytes,15,opt,name=gate_class,json=gateClass,proto3" json:"gate_class,omitempty"`
+	GatePolicy      string  `protobuf:"bytes,16,opt,name=gate_policy,json=gatePolicy,proto3" json:"gate_policy,omitempty"`
+	GateSlot        int32   `protobuf:"varint,17,opt,name=gate_slot,json=gateSlot,proto3" json:"gate_slot,omitempty"`
+	GateHolds       int64   `protobuf:"varint,18,opt,name=gate_holds,json=gateHolds,proto3" json:"gate_holds,omitempty"`
+	GateHeldSeconds float64 `protobuf:"fixed64,19,opt,name=gate_held_seconds,json=gateHeldSeconds,proto3" json:"gate_held_seconds,omitempty"`
+	GateBusyPeriods int64   `protobuf:"varint,20,opt,name=gate_busy_periods,json=gateBusyPeriods,proto3" json:"gate_busy_periods,omitempty"`
+	GateBusySeconds float64 `protobuf:"fixed64,21,opt,name=gate_busy_seconds,json=gateBusySeconds,proto3" json:"gate_busy_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Process) Reset() {
@@ -551,6 +561,55 @@ func (x *Process) GetWaiting() bool {
 		return x.Waiting
 	}
 	return false
+}
+
+func (x *Process) GetGateClass() string {
+	if x != nil {
+		return x.GateClass
+	}
+	return ""
+}
+
+func (x *Process) GetGatePolicy() string {
+	if x != nil {
+		return x.GatePolicy
+	}
+	return ""
+}
+
+func (x *Process) GetGateSlot() int32 {
+	if x != nil {
+		return x.GateSlot
+	}
+	return 0
+}
+
+func (x *Process) GetGateHolds() int64 {
+	if x != nil {
+		return x.GateHolds
+	}
+	return 0
+}
+
+func (x *Process) GetGateHeldSeconds() float64 {
+	if x != nil {
+		return x.GateHeldSeconds
+	}
+	return 0
+}
+
+func (x *Process) GetGateBusyPeriods() int64 {
+	if x != nil {
+		return x.GateBusyPeriods
+	}
+	return 0
+}
+
+func (x *Process) GetGateBusySeconds() float64 {
+	if x != nil {
+		return x.GateBusySeconds
+	}
+	return 0
 }
 
 type DeviceMemory struct {
@@ -1509,7 +1568,7 @@ const file_control_proto_rawDesc = "" +
 	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x18\n" +
 	"\aseconds\x18\x06 \x01(\x01R\aseconds\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\"\x0f\n" +
-	"\rStatusRequest\"\x80\x03\n" +
+	"\rStatusRequest\"\x80\x05\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x19\n" +
 	"\bpeer_pid\x18\x02 \x01(\x05R\apeerPid\x12\x10\n" +
@@ -1525,7 +1584,17 @@ const file_control_proto_rawDesc = "" +
 	"\x17last_progress_unix_nano\x18\v \x01(\x03R\x14lastProgressUnixNano\x12\x12\n" +
 	"\x04done\x18\f \x01(\x03R\x04done\x12\x14\n" +
 	"\x05total\x18\r \x01(\x03R\x05total\x12\x18\n" +
-	"\awaiting\x18\x0e \x01(\bR\awaiting\":\n" +
+	"\awaiting\x18\x0e \x01(\bR\awaiting\x12\x1d\n" +
+	"\n" +
+	"gate_class\x18\x0f \x01(\tR\tgateClass\x12\x1f\n" +
+	"\vgate_policy\x18\x10 \x01(\tR\n" +
+	"gatePolicy\x12\x1b\n" +
+	"\tgate_slot\x18\x11 \x01(\x05R\bgateSlot\x12\x1d\n" +
+	"\n" +
+	"gate_holds\x18\x12 \x01(\x03R\tgateHolds\x12*\n" +
+	"\x11gate_held_seconds\x18\x13 \x01(\x01R\x0fgateHeldSeconds\x12*\n" +
+	"\x11gate_busy_periods\x18\x14 \x01(\x03R\x0fgateBusyPeriods\x12*\n" +
+	"\x11gate_busy_seconds\x18\x15 \x01(\x01R\x0fgateBusySeconds\":\n" +
 	"\fDeviceMemory\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x12\n" +
 	"\x04free\x18\x02 \x01(\x03R\x04free\"z\n" +

@@ -21,6 +21,9 @@ const (
 	TypeNeed     = "need"
 	TypeProgress = "progress"
 	TypeResult   = "result"
+	// TypeGateStats reports the shim's priority-gating counters (holds,
+	// held_seconds, busy_periods, busy_seconds), at most every 100 ms after a change.
+	TypeGateStats = "gate_stats"
 )
 
 // Message types, daemon → shim.
@@ -31,6 +34,10 @@ const (
 	TypeGranted = "granted"
 	TypeDenied  = "denied"
 	TypeError   = "error"
+	// TypeGate sets the shim's priority gating (policy, budget, slot, mask,
+	// signal, stale_ms, class); with page true the device's shared page
+	// comes with the line as an SCM_RIGHTS descriptor.
+	TypeGate = "gate"
 )
 
 // Sentinel errors returned by Reader.Read and Encode.
@@ -58,13 +65,29 @@ type Message struct {
 	Seconds  float64 `json:"seconds,omitempty"`
 	Error    string  `json:"error,omitempty"`
 	Reason   string  `json:"reason,omitempty"`
+
+	// gate (daemon → shim); see PROTOCOL.md "Priority launch gating".
+	Policy  string `json:"policy,omitempty"`
+	Budget  int    `json:"budget,omitempty"`
+	Slot    *int   `json:"slot,omitempty"`
+	Mask    uint64 `json:"mask,omitempty"`
+	Signal  bool   `json:"signal,omitempty"`
+	StaleMS int    `json:"stale_ms,omitempty"`
+	Page    bool   `json:"page,omitempty"`
+	Class   string `json:"class,omitempty"`
+
+	// gate_stats (shim → daemon): cumulative counters.
+	Holds       int64   `json:"holds,omitempty"`
+	HeldSeconds float64 `json:"held_seconds,omitempty"`
+	BusyPeriods int64   `json:"busy_periods,omitempty"`
+	BusySeconds float64 `json:"busy_seconds,omitempty"`
 }
 
 // Known reports whether m.Type is a type of protocol version 1.
 func (m Message) Known() bool {
 	switch m.Type {
-	case TypeHello, TypeUsage, TypeNeed, TypeProgress, TypeResult,
-		TypeWelcome, TypeSwapOut, TypeSwapIn, TypeGranted, TypeDenied, TypeError:
+	case TypeHello, TypeUsage, TypeNeed, TypeProgress, TypeResult, TypeGateStats,
+		TypeWelcome, TypeSwapOut, TypeSwapIn, TypeGranted, TypeDenied, TypeError, TypeGate:
 		return true
 	}
 	return false

@@ -29,6 +29,8 @@ const (
 	MaxText = 1024
 	// MaxSeconds bounds a result's seconds (one day).
 	MaxSeconds = 86400
+	// MaxGateSeconds bounds gate_stats' cumulative seconds (ten years).
+	MaxGateSeconds = 10 * 365 * 86400
 )
 
 // ErrInvalid: a message decoded but a field is out of its limits. The daemon
@@ -106,6 +108,18 @@ func (m Message) Validate() error {
 		}
 		if err := checkText("error", m.Error, MaxText); err != nil {
 			bad("%v", err)
+		}
+	case TypeGateStats:
+		if m.Holds < 0 || m.BusyPeriods < 0 {
+			bad("holds %d and busy_periods %d must not be negative", m.Holds, m.BusyPeriods)
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"held_seconds", m.HeldSeconds}, {"busy_seconds", m.BusySeconds}} {
+			if f.v < 0 || f.v > MaxGateSeconds || math.IsNaN(f.v) {
+				bad("%s %g is out of range [0, %d]", f.name, f.v, MaxGateSeconds)
+			}
 		}
 	}
 	return first
