@@ -4,28 +4,31 @@ training on one GPU, with and without compute-priority control. Run by scripts/h
 
 Roles:
   infer   the high-priority job: torchvision ResNet-50 (random init, eval, batch 1, 224x224, fp32
-          weights and activations by default: --dtype bf16 for bf16; cuDNN's default TF32 for
-          convolutions stays on), one request every --interval-ms (10 ms) open loop: request k is
-          due at T + k*interval whatever happened to request k-1. A request copies a pinned host
-          image to the device, runs the model and copies the 1000 logits back; its latency is the
-          wall time from issue to the logits being on the host (the copy back synchronises). It
-          reports p50/p90/p99/p99.9/max of that latency, the same measured from the due time
-          (what a caller sees: latency plus queueing behind a late request), and the slip of each
-          issue behind its due time.
+          weights and activations by default, --dtype bf16 for bf16; cuDNN's default TF32
+          convolutions stay on; cudnn.benchmark off unless --cudnn-benchmark), one request every
+          --interval-ms (10 ms) open loop: request k is due at T + k*interval whatever happened to
+          request k-1. A request copies a pinned host image to the device, runs the model and
+          copies the 1000 logits back; its latency is the wall time from issue to the logits being
+          on the host (the copy back synchronises). It reports p50/p90/p99/p99.9/max of that
+          latency, the same measured from the due time (what a caller sees: latency plus queueing
+          behind a late request), and the slip of each issue behind its due time.
   train   the best-effort job: torchvision ResNet-18 (random init), batch 32, 224x224, synthetic
           data (one fixed batch on the device), SGD momentum 0.9, fp32, one loss.item() per step
           (a sync, as a training loop that logs its loss). Reports steps/s over the window.
   drive   runs the cases (each in fresh processes; see CASES below), writes every role's JSON and
-          stderr under --out, prints one row per case and a markdown table (table.md, results.json).
+          stderr under --out, prints one row per case, a markdown table (table.md), PASS/FAIL/SKIP
+          and TARGET lines (summary.txt) and everything (results.json).
+  selftest  the drive without a GPU: a two-layer torch model on the CPU, then timed kernels on the
+          fake libcuda.so under the real shim and daemon; PASS/FAIL per case.
 
-Both roles: warm up (--warmup requests/steps, cudnn.benchmark on), write --ready FILE, keep working
-at their normal pace, and wait for --go FILE, which holds the window's start T (Unix time, written
-by the driver once every role of the case is ready, T = now + 0.5 s). Both measure exactly
-[T, T + --duration]; training keeps going --tail seconds past the window so that the last
-requests still have company. A role that never sees the go file exits with an error after
---go-timeout seconds. Under libmigswap.so each role adds the shim's migswap_get_stats to its JSON.
-
-The plumbing runs on a CPU with no torchvision: drive --device cpu --model tiny --duration 2.
+Both roles: warm up (--warmup requests/steps), write --ready FILE, keep working at their normal
+pace, and wait for --go FILE, which holds the window's start T (Unix time, written by the driver
+once every role of the case is ready, T = now + 0.5 s). Both measure exactly [T, T + --duration];
+training keeps going --tail seconds past the window so that the last requests still have company.
+A role that never sees the go file exits with an error after --go-timeout seconds. Under
+libmigswap.so each role adds the shim's migswap_get_stats (and slicing stats) to its JSON.
+--model tiny (a two-layer net, no torchvision) and --model fake (the fake libcuda.so, no torch)
+are for the plumbing tests only.
 """
 import argparse
 import contextlib
@@ -156,7 +159,9 @@ def setup_torch(a):
     dev = torch.device(a.device)
     if dev.type == "cuda":
         torch.cuda.set_device(0)
-        torch.backends.cudnn.benchmark = True
+        # off by default: with it, the two jobs of a case would time cuDNN's algorithms against each
+        # other during warm-up and could pick other kernels than when alone
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark
     torch.manual_seed(a.seed)
     if a.device == "cpu":
         torch.set_num_threads(max(1, a.cpu_threads))
@@ -558,6 +563,8 @@ class Driver:
                 me += ["--stream-priority", "low"]
         if a.device == "cpu":
             me += ["--cpu-threads", str(a.cpu_threads)]
+        if a.cudnn_benchmark:
+            me += ["--cudnn-benchmark"]
         return me
 
     def start_daemon(self, mode, cdir):
@@ -894,6 +901,7 @@ def build_parser():
         p.add_argument("--duration", type=float, default=20, help="seconds of the measured window")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--cpu-threads", type=int, default=2)
+        p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark (default off)")
 
     for role in ("infer", "train"):
         p = sub.add_parser(role)
