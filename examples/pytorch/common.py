@@ -30,7 +30,18 @@ def parser(description):
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic cuDNN/cuBLAS kernels, so that two backends' losses can be compared to "
                          "round-off (ResNet's convolutions otherwise pick non-deterministic algorithms)")
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep after every step")
+    ap.add_argument("--mark-at", type=int, default=-1, help="rank 0 creates --mark-file after this step")
+    ap.add_argument("--mark-file", default="", help="see --mark-at (a driver waits for it)")
     return ap
+
+
+class MeanPool(nn.Module):
+    """Global average pooling as a mean (--deterministic): AdaptiveAvgPool2d's
+    CUDA backward has no deterministic implementation."""
+
+    def forward(self, x):
+        return x.mean(dim=(2, 3), keepdim=True)
 
 
 def setup(args):
@@ -43,7 +54,7 @@ def setup(args):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without one warns, not fails
     if args.device.startswith("cuda"):
         # Under `migctl run` every worker sees its device (MIG instance or GPU) as cuda:0.
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
@@ -87,6 +98,10 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             times.append(time.perf_counter() - t0)
         if len(losses) < args.losses:
             losses.append(loss.item())
+        if args.step_delay > 0:
+            time.sleep(args.step_delay)
+        if step == args.mark_at and rank == 0 and args.mark_file:
+            open(args.mark_file, "w").close()
     med = sorted(times)[len(times) // 2] if times else 0.0
     mine = torch.tensor([sum(times) / max(len(times), 1), med], dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])

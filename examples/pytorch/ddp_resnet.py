@@ -50,11 +50,12 @@ class _ResNet18(nn.Module):
             layers += [_Block(cin, cout, stride), _Block(cout, cout, 1)]
             cin = cout
         self.layers = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512, num_classes)
 
     def forward(self, x):
         x = self.layers(self.stem(x))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 def main():
@@ -65,7 +66,10 @@ def main():
     args = ap.parse_args()
     rank, world, device = common.setup(args)
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
-    model = resnet18(args.classes).to(device)
+    model = resnet18(args.classes)
+    if args.deterministic:
+        model.avgpool = common.MeanPool()
+    model = model.to(device)
     g = torch.Generator().manual_seed(args.seed + 1000 * rank + 1)
     batches = [(torch.randn(args.batch, 3, args.image_size, args.image_size, generator=g).to(device),
                 torch.randint(0, args.classes, (args.batch,), generator=g).to(device)) for _ in range(args.pool)]
