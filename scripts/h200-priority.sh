@@ -10,7 +10,7 @@
 #   e2 the same with policy "budget=N" (N in-flight launches)      (issue 10 D2)
 #   f  e1 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS (issue 10 D3)
 # A case whose feature is not in bin/ prints SKIP with the reason; so does one that would not fit
-# in the budget (default 285 s; cases run a, b, c, e1, e2, f, e0, d). Each case prints a ROW line;
+# in the budget (default 265 s; cases run a, b, c, e1, e2, f, e0, d). Each case prints a ROW line;
 # the end prints the markdown table (also $OUT/priority/table.md, results.json, per-case logs).
 # Never changes GPU settings (only read-only nvidia-smi queries); every process has a timeout and
 # the ones this script started are killed at the end.
@@ -22,8 +22,8 @@
 # Plumbing test without a GPU (torch on the CPU, no torchvision needed; the shim cases on the fake
 # libcuda.so): scripts/h200-priority.sh --selftest [--no-torch]
 # Environment: OUT (default ./h200-priority-out), BIN (default bin), PYTHON (default python3),
-# DURATION (window per case, default 15 s: 1500 requests), BUDGET (default 285 s), TOTAL_TIMEOUT (hard limit of
-# the whole run, default 330 s).
+# DURATION (window per case, default 15 s: 1500 requests), BUDGET (default 265 s), TOTAL_TIMEOUT (hard limit of
+# the driver, default 290 s: with the version checks the call stays under 5 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -61,8 +61,8 @@ done
 [[ -x "$BIN/migctl" ]] && "$BIN/migctl" daemon --help > "$R/daemon-help.txt" 2>&1
 
 : > "$R/pids"
-timeout -k 10 "${TOTAL_TIMEOUT:-330}" "$PY" scripts/priority_bench.py drive --out "$R" --bin "$BIN" \
-  --duration "${DURATION:-15}" --budget "${BUDGET:-285}" "$@"
+timeout -k 5 "${TOTAL_TIMEOUT:-290}" "$PY" scripts/priority_bench.py drive --out "$R" --bin "$BIN" \
+  --duration "${DURATION:-15}" --budget "${BUDGET:-265}" "$@"
 rc=$?
 
 # Leftovers: only the pids the driver recorded (its roles and daemons, each in its own session),
@@ -81,7 +81,7 @@ while read -r pid name; do
 done < "$R/pids"
 
 if [[ $rc == 124 || $rc == 137 ]]; then
-  echo "h200-priority: TIMEOUT after ${TOTAL_TIMEOUT:-330} s (partial results in $R)"
+  echo "h200-priority: TIMEOUT after ${TOTAL_TIMEOUT:-290} s (partial results in $R)"
 fi
 [[ -f "$R/table.md" ]] || echo "h200-priority: no table written (rc $rc)"
 echo "h200-priority: rc=$rc, logs in $R"
