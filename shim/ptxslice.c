@@ -834,7 +834,7 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 			/* performance directives between the parameters and the body */
 			for (size_t d = (rp != (size_t)-1 ? rp : name) + 1; d < j; d++) {
 				if (tis(&R, d, ".explicitcluster") || tis(&R, d, ".reqnctapercluster") ||
-				    tis(&R, d, ".maxclusterrank"))
+				    tis(&R, d, ".maxclusterrank") || tis(&R, d, ".blocksareclusters"))
 					snprintf(f->bad, sizeof f->bad, "declared for thread block clusters (%.*s)",
 						 (int)(R.t[d].e - R.t[d].s), ptx + R.t[d].s);
 			}
@@ -1259,6 +1259,7 @@ static struct {
 	CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
 	CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, CUfunction, int, size_t);
 	CUresult (*ModuleLoadData)(CUmodule *, const void *);
+	CUresult (*ModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *, void **);
 	CUresult (*ModuleUnload)(CUmodule);
 } sd;
 
@@ -1500,6 +1501,7 @@ static void config(void)
 	sd.DeviceGetAttribute = gpa("cuDeviceGetAttribute", 2000);
 	sd.OccupancyMaxActiveBlocksPerMultiprocessor = gpa("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050);
 	sd.ModuleLoadData = gpa("cuModuleLoadData", 2000);
+	sd.ModuleLoadDataEx = gpa("cuModuleLoadDataEx", 2010);
 	sd.ModuleUnload = gpa("cuModuleUnload", 2000);
 	ms_slice_on = 1;
 	ms_log("slicing on: at most %u blocks per slice%s, %u slices in flight", slice_blocks,
@@ -1522,8 +1524,30 @@ static int device_cc(void)
 	return maj * 10 + min;
 }
 
+/* load_twin_image loads the rewritten PTX with the program's JIT options
+ * (those that shape the code: registers, optimization level, target, ...),
+ * without the ones that report back (logs, wall time), which stay the
+ * program's. */
+static CUresult load_twin_image(CUmodule *m, const char *ptx, unsigned n, const int *opts, void *const *vals)
+{
+	if (n == 0 || !opts || !vals || !sd.ModuleLoadDataEx)
+		return sd.ModuleLoadData(m, ptx);
+	int o[64];
+	void *v[64];
+	unsigned k = 0;
+	for (unsigned i = 0; i < n && k < 64; i++) {
+		/* 2 wall time, 3-6 info/error log buffers and sizes, 12 verbose log */
+		if (opts[i] == 2 || (opts[i] >= 3 && opts[i] <= 6) || opts[i] == 12)
+			continue;
+		o[k] = opts[i];
+		v[k] = vals[i];
+		k++;
+	}
+	return sd.ModuleLoadDataEx(m, ptx, k, o, v);
+}
+
 /* load_twin rewrites the image's PTX and loads it as a second module. */
-static void load_twin(CUmodule app, const void *image)
+static void load_twin(CUmodule app, const void *image, unsigned nopts, const int *opts, void *const *vals)
 {
 	struct twin *t = calloc(1, sizeof *t);
 	if (!t)
@@ -1549,7 +1573,7 @@ static void load_twin(CUmodule app, const void *image)
 		} else if (!sd.ModuleLoadData) {
 			snprintf(t->reason, sizeof t->reason, "cuModuleLoadData not found");
 		} else {
-			CUresult r = sd.ModuleLoadData(&t->ours, t->info.ptx);
+			CUresult r = load_twin_image(&t->ours, t->info.ptx, nopts, opts, vals);
 			if (r != CUDA_SUCCESS) {
 				t->ours = NULL;
 				snprintf(t->reason, sizeof t->reason, "loading the rewritten PTX failed: %s (%d)",
@@ -1586,7 +1610,7 @@ CUresult ms_slice_module_load(ms_modload_fn real, CUmodule *m, const void *image
 	CUresult r = real(m, image);
 	ms_slice_config();
 	if (r == CUDA_SUCCESS && ms_slice_on && m && *m)
-		load_twin(*m, image);
+		load_twin(*m, image, 0, NULL, NULL);
 	return r;
 }
 
@@ -1598,7 +1622,7 @@ CUresult ms_slice_module_loadex(ms_modloadex_fn real, CUmodule *m, const void *i
 	CUresult r = real(m, image, n, opts, vals);
 	ms_slice_config();
 	if (r == CUDA_SUCCESS && ms_slice_on && m && *m)
-		load_twin(*m, image);
+		load_twin(*m, image, n, opts, vals);
 	return r;
 }
 

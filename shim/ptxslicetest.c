@@ -6,6 +6,8 @@
  *
  *   ptxslicetest rewrite IN [OUT]       rewrite IN; print MODULE and ENTRY lines; write OUT
  *   ptxslicetest plan GX GY GZ B        the slices of a grid; PLAN line (coverage checked)
+ *   ptxslicetest launch GX GY GZ B params|extra
+ *                                       ms_slice_launch against a recording driver; LAUNCH line
  *   ptxslicetest fatbin PTX             PTX found in synthetic fatbins around PTX; FATBIN lines
  *   ptxslicetest fake GX GY GZ [SEED]   (fake driver) launch grid_probe over the grid; FAKE line
  *   ptxslicetest gpu-run KERN.ptx REPO.ptx SAMPLE.ptx...
@@ -120,6 +122,95 @@ static int do_plan(unsigned gx, unsigned gy, unsigned gz, unsigned b)
 	printf("PLAN count=%llu planned=%llu blocks=%llu covered_once=%llu max_slice=%llu bad=%llu\n", n, p.count, total,
 	       once, biggest, bad);
 	free(seen);
+	return 0;
+}
+
+/* --------------------------------------------------------------- launch */
+
+/* ms_slice_launch with a recording "driver": every slice's grid, parameters
+ * and parameter buffer are checked against the original launch. */
+static struct {
+	unsigned grid[3], max;
+	int extra;
+	unsigned char *seen;
+	void *user[3];
+	unsigned char ubuf[20];
+	unsigned long long launches, bad;
+	CUfunction twin;
+} rec;
+
+static CUresult rec_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			   unsigned sm, CUstream s, void **params, void **extra)
+{
+	const struct ms_slice_args *a;
+	rec.launches++;
+	if (f != rec.twin || bx != 32 || by != 2 || bz != 1 || sm != 100 || s != (CUstream)0x5)
+		rec.bad++;
+	if (rec.extra) {
+		if (params || !extra || extra[0] != (void *)1 || extra[2] != (void *)2 || extra[4] != NULL ||
+		    *(size_t *)extra[3] != 20 + sizeof(struct ms_slice_args) || memcmp(extra[1], rec.ubuf, 20) != 0)
+			rec.bad++;
+		a = (const struct ms_slice_args *)((unsigned char *)extra[1] + 20);
+	} else {
+		if (extra || !params || params[0] != rec.user[0] || params[1] != rec.user[1] || params[2] != rec.user[2])
+			rec.bad++;
+		a = params[3];
+	}
+	for (int i = 0; i < 3; i++)
+		if (a->grid[i] != rec.grid[i])
+			rec.bad++;
+	if ((unsigned long long)gx * gy * gz > rec.max)
+		rec.bad++;
+	for (unsigned z = 0; z < gz; z++)
+		for (unsigned y = 0; y < gy; y++)
+			for (unsigned x = 0; x < gx; x++) {
+				unsigned X = x + a->off[0], Y = y + a->off[1], Z = z + a->off[2];
+				if (X >= rec.grid[0] || Y >= rec.grid[1] || Z >= rec.grid[2]) {
+					rec.bad++;
+					continue;
+				}
+				rec.seen[X + (unsigned long long)rec.grid[0] * (Y + (unsigned long long)rec.grid[1] * Z)]++;
+			}
+	return CUDA_SUCCESS;
+}
+
+static unsigned long long betweens;
+static void rec_between(void *arg, unsigned long long done, unsigned long long total)
+{
+	(void)arg;
+	if (done != betweens + 1 || done >= total)
+		rec.bad++;
+	betweens++;
+}
+
+static int do_launch(unsigned gx, unsigned gy, unsigned gz, unsigned b, int extra)
+{
+	/* a kernel (u64, u64, u32): 20 bytes of parameters, the slice parameter at 20 */
+	struct ms_ptx_entry e = { .name = "k", .sliceable = 1, .nparams = 3, .param_bytes = 20, .slice_offset = 20 };
+	unsigned long long total = (unsigned long long)gx * gy * gz;
+	memset(&rec, 0, sizeof rec);
+	rec.grid[0] = gx, rec.grid[1] = gy, rec.grid[2] = gz;
+	rec.max = b;
+	rec.extra = extra;
+	rec.seen = calloc(total, 1);
+	rec.twin = (CUfunction)0x77;
+	unsigned long long p0 = 1, p1 = 2;
+	unsigned p2 = 3;
+	rec.user[0] = &p0, rec.user[1] = &p1, rec.user[2] = &p2;
+	for (int i = 0; i < 20; i++)
+		rec.ubuf[i] = (unsigned char)(i * 7 + 1);
+	size_t usize = 20;
+	void *ex[] = { (void *)1, rec.ubuf, (void *)2, &usize, NULL };
+	struct ms_slice_policy pol = { b, 0, rec_between, NULL };
+	unsigned long long n = 0;
+	CUresult r = ms_slice_launch(rec_launch, rec.twin, &e, gx, gy, gz, 32, 2, 1, 100, (CUstream)0x5,
+				     extra ? NULL : rec.user, extra ? ex : NULL, &pol, &n);
+	unsigned long long once = 0;
+	for (unsigned long long i = 0; i < total; i++)
+		once += rec.seen[i] == 1;
+	printf("LAUNCH result=%d slices=%llu launches=%llu betweens=%llu blocks=%llu covered_once=%llu bad=%llu\n", r, n,
+	       rec.launches, betweens, total, once, rec.bad);
+	free(rec.seen);
 	return 0;
 }
 
@@ -735,6 +826,9 @@ int main(int argc, char **argv)
 	if (argc == 6 && strcmp(argv[1], "plan") == 0)
 		return do_plan((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]),
 			       (unsigned)atoi(argv[5]));
+	if (argc == 7 && strcmp(argv[1], "launch") == 0)
+		return do_launch((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]),
+				 (unsigned)atoi(argv[5]), strcmp(argv[6], "extra") == 0);
 	if (argc == 3 && strcmp(argv[1], "fatbin") == 0)
 		return do_fatbin(argv[2]);
 	if (argc >= 5 && strcmp(argv[1], "fake") == 0)

@@ -427,3 +427,29 @@ func TestPTXSliceOnLeavesOtherModulesAlone(t *testing.T) {
 	require.Equal(t, "1", line(t, lines, "RESULT")["ok"], "%v", lines)
 	require.Equal(t, uint64(9), num(t, line(t, lines, "STATS"), "launches"))
 }
+
+// ms_slice_launch against a recording driver: each slice gets the program's
+// parameters unchanged plus struct ms_slice_args (appended to kernelParams, or
+// after the program's bytes in a CU_LAUNCH_PARAM_BUFFER_POINTER buffer), the
+// original grid, at most B blocks, and the between-slices hook runs before
+// every slice but the first.
+func TestPTXSliceLaunchParameters(t *testing.T) {
+	prog := sliceProg(t)
+	for _, mode := range []string{"params", "extra"} {
+		for _, tc := range []struct {
+			g      [3]int
+			b      int
+			slices int
+		}{{[3]int{37, 5, 3}, 16, 45}, {[3]int{100, 1, 1}, 1000, 1}, {[3]int{5, 7, 9}, 70, 5}} {
+			l := parseKV(runLines(t, nil, prog, "launch", strconv.Itoa(tc.g[0]), strconv.Itoa(tc.g[1]),
+				strconv.Itoa(tc.g[2]), strconv.Itoa(tc.b), mode)[0])
+			blocks := strconv.Itoa(tc.g[0] * tc.g[1] * tc.g[2])
+			require.Equal(t, "0", l["result"], "%s %v", mode, tc)
+			require.Equal(t, strconv.Itoa(tc.slices), l["slices"], "%s %v", mode, tc)
+			require.Equal(t, l["slices"], l["launches"])
+			require.Equal(t, strconv.Itoa(tc.slices-1), l["betweens"])
+			require.Equal(t, blocks, l["covered_once"])
+			require.Equal(t, "0", l["bad"], "%s %v: a slice saw wrong parameters or grid", mode, tc)
+		}
+	}
+}
