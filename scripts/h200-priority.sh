@@ -7,11 +7,13 @@
 #   c  infer + train, no control            d  infer on a high-priority CUDA stream (MPS: not run)
 #   e0 both under libmigswap.so + `migctl daemon`, no priority policy (the shim's own cost)
 #   e1 the same with the daemon's launch-gating policy "gate"      (issue 10 D2)
-#   e2 the same with policy "budget=N" (N in-flight launches)      (issue 10 D2)
+#   e2 the same with policy "budget=2" (--budget-n: launches in flight) (issue 10 D2)
 #   f  e1 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS (issue 10 D3)
 # A case whose feature is not in bin/ prints SKIP with the reason; so does one that would not fit
 # in the budget (default 265 s; cases run a, b, c, e1, e2, f, e0, d). Each case prints a ROW line;
-# the end prints the markdown table (also $OUT/priority/table.md, results.json, per-case logs).
+# the end prints the markdown table, then PASS/FAIL/SKIP per case and TARGET lines (issue 10's
+# p99 and throughput targets) — also $OUT/priority/table.md, summary.txt, results.json, per-case
+# logs (role JSON and stderr, infer.samples, daemon log, `migctl swap status` snapshots).
 # Never changes GPU settings (only read-only nvidia-smi queries); every process has a timeout and
 # the ones this script started are killed at the end.
 #
