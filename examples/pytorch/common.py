@@ -27,6 +27,9 @@ def parser(description):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--losses", type=int, default=50, help="losses of the first N steps in the report")
     ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
+    ap.add_argument("--probe-hook", choices=["", "noop", "sync"], default="",
+                    help="diagnosis: DDP without reducing gradients (noop: no communication; sync: a 1-element "
+                         "all-reduce per bucket) — the parameters diverge, the step time is what matters")
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic cuDNN/cuBLAS kernels, so that two backends' losses can be compared to "
                          "round-off (ResNet's convolutions otherwise pick non-deterministic algorithms)")
@@ -70,7 +73,29 @@ def wrap(model, args, device):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+    if getattr(args, "probe_hook", ""):
+        ddp.register_comm_hook(None, _PROBE_HOOKS[args.probe_hook])
+    return ddp
+
+
+# Diagnosis only (--probe-hook): DDP with its gradients left unreduced, to
+# split a step's exposed time into synchronisation and data movement.
+def _noop_hook(state, bucket):
+    """No communication at all (DDP's own overhead)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _sync_hook(state, bucket):
+    """A one-element all-reduce per bucket: the ranks synchronise as they
+    would, but move no data."""
+    t = torch.zeros(1, device=bucket.buffer().device)
+    return dist.all_reduce(t, async_op=True).get_future().then(lambda f: bucket.buffer())
+
+
+_PROBE_HOOKS = {"noop": _noop_hook, "sync": _sync_hook}
 
 
 def sync(device):
