@@ -1261,6 +1261,7 @@ static struct {
 	CUresult (*ModuleLoadData)(CUmodule *, const void *);
 	CUresult (*ModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *, void **);
 	CUresult (*ModuleUnload)(CUmodule);
+	CUresult (*StreamIsCapturing)(CUstream, int *);
 } sd;
 
 /* per-thread ring of events for the in-flight limit */
@@ -1503,6 +1504,7 @@ static void config(void)
 	sd.ModuleLoadData = gpa("cuModuleLoadData", 2000);
 	sd.ModuleLoadDataEx = gpa("cuModuleLoadDataEx", 2010);
 	sd.ModuleUnload = gpa("cuModuleUnload", 2000);
+	sd.StreamIsCapturing = gpa("cuStreamIsCapturing", 10000);
 	ms_slice_on = 1;
 	ms_log("slicing on: at most %u blocks per slice%s, %u slices in flight", slice_blocks,
 	       slice_whole_waves ? " (rounded to whole waves)" : "", slice_inflight);
@@ -1719,6 +1721,22 @@ int ms_slice_try_launch(ms_launch_fn real, CUfunction f, unsigned gx, unsigned g
 	unsigned block = bx * by * bz;
 	if (blocks <= b)
 		return 0;
+	/* Never during a stream capture: the slices' event waits are not allowed
+	 * then (and would invalidate a global-mode capture on another thread). */
+	if (atomic_load_explicit(&ms_captures, memory_order_relaxed) > 0)
+		return 0;
+	int capturing = 0;
+	if (sd.StreamIsCapturing && (sd.StreamIsCapturing(s, &capturing) != CUDA_SUCCESS || capturing != 0))
+		return 0;
+	/* more than 48 KiB of dynamic shared memory needs the attribute the
+	 * program set on its function: set it on the twin too (before the
+	 * occupancy query below, which depends on it) */
+	if (smem > 48 * 1024 && (int)smem > m->smem_mirrored && sd.FuncGetAttribute && sd.FuncSetAttribute) {
+		int v = 0;
+		if (sd.FuncGetAttribute(&v, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, f) == CUDA_SUCCESS &&
+		    sd.FuncSetAttribute(twin, 8, v) == CUDA_SUCCESS)
+			m->smem_mirrored = v;
+	}
 	/* Slices are whole waves, and a grid that fits in one wave is never
 	 * sliced: a kernel that (against CUDA's promise) relies on all its
 	 * blocks being resident keeps running as it did. */
@@ -1735,14 +1753,6 @@ int ms_slice_try_launch(ms_launch_fn real, CUfunction f, unsigned gx, unsigned g
 		b = b < w ? w : b / w * w;
 		if (blocks <= b)
 			return 0;
-	}
-	/* more than 48 KiB of dynamic shared memory needs the attribute the
-	 * program set on its function: set it on the twin too */
-	if (smem > 48 * 1024 && (int)smem > m->smem_mirrored && sd.FuncGetAttribute && sd.FuncSetAttribute) {
-		int v = 0;
-		if (sd.FuncGetAttribute(&v, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, f) == CUDA_SUCCESS &&
-		    sd.FuncSetAttribute(twin, 8, v) == CUDA_SUCCESS)
-			m->smem_mirrored = v;
 	}
 	struct ms_slice_policy pol = { b, slice_inflight, between, arg };
 	unsigned long long n = 0;
