@@ -53,6 +53,8 @@ type benchSpec struct {
 	Quiet   bool   `json:"quiet"`
 	// Limits: measure (once, cached) and print each row's floor.
 	Limits bool `json:"limits"`
+	// ReduceOn is where host-staged all-reduces reduce (trainer.WithReduceOn).
+	ReduceOn string `json:"reduceOn,omitempty"`
 }
 
 type benchOptions struct {
@@ -163,6 +165,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.spec.Backend, "backend", "host", "where buffers live: host (CPU only) or gpu (CUDA)")
 	f.StringVar(&o.spec.Transport, "transport", "auto", "auto, shm (shared host memory, the MIG path) or ipc (CUDA IPC between non-MIG GPUs)")
 	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (the cost model's pick from the ranks' GPUs and the machine), hoststaged, ring or hierarchical")
+	f.StringVar(&o.spec.ReduceOn, "reduce-on", "auto", "where host-staged all-reduces reduce: cpu (every rank's CPU threads), gpu (every rank's device, reading the peers' staged inputs from mapped host memory), split:F (the fraction F of every chunk on the devices, the rest on the CPU), split (the cost model's split) or auto (the cost model's pick)")
 	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
 	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
 	f.StringVarP(&o.sizeMin, "minbytes", "b", "", "smallest message size, a multiple of the element size (default 8, for reduce-scatter and all-gather at least one element per rank; "+bytesize.Units+")")
@@ -287,6 +290,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
 	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
 		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
+	case reduceOnInvalid(s.ReduceOn) != nil:
+		return fmt.Errorf("--reduce-on: %w", reduceOnInvalid(s.ReduceOn))
 	case s.MinBytes < 0 || s.MaxBytes < s.MinBytes:
 		return fmt.Errorf("sizes -b %d -e %d: want 0 <= b <= e", s.MinBytes, s.MaxBytes)
 	case s.MaxBytes > 64<<30:

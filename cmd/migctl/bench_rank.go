@@ -74,6 +74,9 @@ func benchGroupOptions(spec benchSpec, rank int) []trainer.Option {
 	if spec.Backend == "gpu" && len(spec.GPUs) > 0 {
 		opts = append(opts, trainer.WithDevice(spec.GPUs[max(rank, 0)%len(spec.GPUs)]))
 	}
+	if spec.ReduceOn != "" {
+		opts = append(opts, trainer.WithReduceOn(spec.ReduceOn))
+	}
 	if spec.Trace != "" && spec.Trace != "0" {
 		opts = append(opts, trainer.WithTrace(os.Stderr, spec.Trace == "all"))
 	}
@@ -165,7 +168,7 @@ func mergeResults(ctx context.Context, g *trainer.Group, spec benchSpec, coll al
 	}
 	n := g.Size()
 	rep := &benchReport{Coll: spec.Coll, NP: n, Backend: string(g.Backend()), Transport: string(g.Transport()),
-		Algorithm: g.Algorithm(), InPlace: spec.InPlace, Iters: spec.Iters}
+		Algorithm: g.Algorithm(), GPUShare: g.GPUShare(), InPlace: spec.InPlace, Iters: spec.Iters}
 	for _, size := range sizes {
 		_, total := geometry(coll, size, dt.Size(), n)
 		row := benchRow{Bytes: total * int64(dt.Size()), Count: total, Type: spec.DType, Op: spec.Op, Root: spec.Root, Wrong: -1}

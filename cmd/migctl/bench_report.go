@@ -58,6 +58,9 @@ type benchReport struct {
 	Results   []benchRow `json:"rows" yaml:"rows"`
 	// Limits is what the LIMIT(US) column assumes (nil: not computed).
 	Limits *benchLimits `json:"limits,omitempty" yaml:"limits,omitempty"`
+	// GPUShare is the thousandths of every chunk of a host-staged
+	// all-reduce that the devices reduced (--reduce-on; 0: the CPU).
+	GPUShare int `json:"gpuShare" yaml:"gpuShare"`
 }
 
 // Header implements printer.Tabler.
@@ -150,8 +153,12 @@ func (r *benchReport) setLimits(spec benchSpec, m allreduce.Machine, source stri
 		if coll == allreduce.ReduceScatter || coll == allreduce.AllGather {
 			bytes /= r.NP
 		}
-		e, err := m.Estimate(allreduce.Workload{Coll: coll, Algorithm: alg, Groups: g, Bytes: bytes,
-			ReduceThreads: r.NP * workers, HostBackend: r.Backend == "host"})
+		w := allreduce.Workload{Coll: coll, Algorithm: alg, Groups: g, Bytes: bytes,
+			ReduceThreads: r.NP * workers, HostBackend: r.Backend == "host"}
+		if coll == allreduce.AllReduce && alg == allreduce.HostStaged {
+			w.GPUShare = r.GPUShare
+		}
+		e, err := m.Estimate(w)
 		if err != nil {
 			return err
 		}
@@ -164,6 +171,12 @@ func (r *benchReport) setLimits(spec benchSpec, m allreduce.Machine, source stri
 		}
 	}
 	return nil
+}
+
+// reduceOnInvalid checks a --reduce-on value.
+func reduceOnInvalid(s string) error {
+	_, _, err := allreduce.ParseReduceOn(s)
+	return err
 }
 
 // rowAlgorithm is the schedule a row of coll took under the group's
