@@ -322,10 +322,12 @@ const shareStep = GPUShareOne / 32
 // thousandths, within [lo, hi]) that the cost model predicts fastest for
 // w (w.Algorithm and w.GPUShare are ignored): the devices' part adds
 // (n−2)/n of it to every rank's link traffic in, the CPU's reads shrink
-// with it. Shares are compared from the largest down, and a smaller one
-// must be predicted faster (by 0.1%) to win: where the link binds either
-// way (2 ranks: the devices' reads cost it nothing), the CPU and host
-// memory are left alone. On the host backend, or for one rank, 0.
+// with it, so where the CPU binds the best share balances the two. Shares
+// are compared from the smallest up, and a larger one must be predicted
+// faster (by 0.1%) to win: where the link binds either way (2 ranks on the
+// H200 figures: the devices' reads cost it nothing, and the CPU's 10 ms
+// stay under the link's 11), the schedule that was measured stays. On the
+// host backend, or for one rank, lo.
 func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 	lo, hi = max(lo, 0), min(hi, GPUShareOne)
 	if lo > hi {
@@ -336,7 +338,7 @@ func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 	}
 	w.Algorithm = HostStaged
 	best, at := time.Duration(0), -1
-	for f := hi; ; f = max(f-shareStep, lo) {
+	for f := lo; ; f = min(f+shareStep, hi) {
 		w.GPUShare = f
 		e, err := m.Estimate(w)
 		if err != nil {
@@ -345,7 +347,7 @@ func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 		if at < 0 || float64(e.Limit) < 0.999*float64(best) {
 			best, at = e.Limit, f
 		}
-		if f == lo {
+		if f == hi {
 			break
 		}
 	}

@@ -19,8 +19,8 @@ type ReduceOn string
 // The modes. A split may carry the devices' fraction: "split:0.25".
 const (
 	// ReduceOnAuto: the cost model's share (Machine.GPUShare): 0 where
-	// the link binds already, the whole chunk where the devices' reads
-	// cost the link nothing (2 ranks), a split where the CPU binds.
+	// the link binds already (on the H200 figures, 2 and 7 ranks on one
+	// GPU), a split or all where the CPU binds.
 	ReduceOnAuto ReduceOn = "auto"
 	// ReduceOnCPU: every rank's CPU threads reduce one part of each chunk
 	// (share 0).

@@ -459,8 +459,13 @@ func TestGPUShareOnH200(t *testing.T) {
 		want      int
 		wantAbove int // want is ignored when wantAbove > 0: share must lie in (wantAbove, hi)
 	}{
-		// 2 ranks: the devices' reads cost the link nothing; all on the devices.
-		{"2 on 1 GPU", m, w(2, 2*6), 0, GPUShareOne, GPUShareOne, 0},
+		// 2 ranks: the devices' reads cost the link nothing, but the
+		// CPU does not bind either: the measured schedule stays.
+		{"2 on 1 GPU", m, w(2, 2*6), 0, GPUShareOne, 0, 0},
+		// A host that reduces 39 GiB/s in all: the CPU binds 2 ranks, and
+		// the devices take the smallest share that leaves the link binding.
+		{"2 on 1 GPU, slow host", Machine{LinkGiBs: m.LinkGiBs, DuplexGiBs: m.DuplexGiBs, ReduceThreadGiBs: 4.1,
+			ReduceHostGiBs: 39, RoundTrip: m.RoundTrip}, w(2, 2*6), 0, GPUShareOne, 0, 1},
 		// 7 ranks on the H200 figures: both ways of the link bind already.
 		{"7 on 1 GPU", m, w(7, 7*2), 0, GPUShareOne, 0, 0},
 		// "split" on 7 ranks: the smallest share that splits.
@@ -490,7 +495,8 @@ func TestGPUShareOnH200(t *testing.T) {
 				return e.Limit
 			}
 			require.Less(t, at(got), at(0))
-			require.Less(t, at(got), at(GPUShareOne))
+			require.LessOrEqual(t, at(got), at(GPUShareOne))
+			require.Greater(t, at(got-shareStep), at(got))
 		})
 	}
 	_, err := m.GPUShare(w(2, 2), 600, 500)
@@ -500,7 +506,7 @@ func TestGPUShareOnH200(t *testing.T) {
 func TestResolveGPUShare(t *testing.T) {
 	m := H200()
 	w := func(n int) Workload {
-		return Workload{Coll: AllReduce, Groups: ContiguousGroups(n, n), Bytes: 256 << 20, ReduceThreads: n * 2}
+		return Workload{Coll: AllReduce, Groups: ContiguousGroups(n, n), Bytes: 256 << 20, ReduceThreads: n * workers(n)}
 	}
 	for _, tc := range []struct {
 		s     string
@@ -509,8 +515,8 @@ func TestResolveGPUShare(t *testing.T) {
 		fails bool
 	}{
 		{"cpu", 2, 0, false}, {"gpu", 7, GPUShareOne, false}, {"split:0.3", 7, 300, false},
-		{"auto", 2, GPUShareOne, false}, {"", 7, 0, false}, {"split", 7, shareStep, false},
-		{"split", 2, GPUShareOne - shareStep, false}, {"nope", 2, 0, true},
+		{"auto", 2, 0, false}, {"", 7, 0, false}, {"split", 7, shareStep, false},
+		{"split", 2, shareStep, false}, {"nope", 2, 0, true},
 	} {
 		got, err := m.ResolveGPUShare(tc.s, w(tc.n))
 		if tc.fails {

@@ -14,7 +14,8 @@ import (
 
 // Ranks on one (fake) GPU take the host-staged all-reduce; WithReduceOn
 // moves its reduction to the devices, splits it or leaves it on the CPU,
-// auto takes the cost model's share (2 ranks: the devices; 3: the CPU), and
+// auto takes the cost model's share (the CPU on the H200 figures, the
+// devices on a host that reduces slowly), and
 // sums and averages are exact on host slices and device buffers, at an odd
 // size (65539 elements) and a small one.
 func TestReduceOnFakeGPU(t *testing.T) {
@@ -26,9 +27,9 @@ func TestReduceOnFakeGPU(t *testing.T) {
 		{"cpu", 3, 0},
 		{"gpu", 3, allreduce.GPUShareOne},
 		{"split:0.25", 3, 250},
-		{"auto", 2, allreduce.GPUShareOne},
+		{"auto", 2, 0},
 		{"auto", 3, 0},
-		{"", 2, allreduce.GPUShareOne},
+		{"", 2, 0},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s/n%d", tc.mode, tc.n), func(t *testing.T) {
