@@ -721,6 +721,17 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 	return CUDA_ERROR_NOT_FOUND;
 }
 
+/* CUDA 12 libraries: a library is a module, a kernel its function. */
+EXPORT CUresult cuLibraryLoadData(CUmodule *l, const void *code, void *jo, void **jv, unsigned nj, void *lo, void **lv,
+				  unsigned nl)
+{
+	(void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+	return cuModuleLoadData(l, code);
+}
+EXPORT CUresult cuLibraryGetKernel(CUfunction *k, CUmodule l, const char *name) { return cuModuleGetFunction(k, l, name); }
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUfunction k) { *f = k; return CUDA_SUCCESS; }
+EXPORT CUresult cuLibraryUnload(CUmodule l) { return cuModuleUnload(l); }
+
 static CUresult run_kernel_on(CUfunction f, void **params, CUstream s)
 {
 	struct kernel *k = (struct kernel *)f;

@@ -606,7 +606,14 @@ struct hook {
 	  (CUmodule * m, const void *img, unsigned n, int *o, void **v), (m, img, n, o, v))                        \
 	X(modgetfn, cuModuleGetFunction, "cuModuleGetFunction", 0, (CUfunction * f, CUmodule m, const char *nm),   \
 	  (f, m, nm))                                                                                              \
-	X(modunload, cuModuleUnload, "cuModuleUnload", 0, (CUmodule m), (m))
+	X(modunload, cuModuleUnload, "cuModuleUnload", 0, (CUmodule m), (m))                                       \
+	X(libload, cuLibraryLoadData, "cuLibraryLoadData", 12000,                                                 \
+	  (CUlibrary * l, const void *c, int *jo, void **jv, unsigned nj, int *lo, void **lv, unsigned nl),        \
+	  (l, c, jo, jv, nj, lo, lv, nl))                                                                          \
+	X(libgetkernel, cuLibraryGetKernel, "cuLibraryGetKernel", 12000, (CUkernel * k, CUlibrary l, const char *nm), \
+	  (k, l, nm))                                                                                              \
+	X(kernelgetfn, cuKernelGetFunction, "cuKernelGetFunction", 12000, (CUfunction * f, CUkernel k), (f, k))    \
+	X(libunload, cuLibraryUnload, "cuLibraryUnload", 12000, (CUlibrary l), (l))
 
 #define ALL_HOOKS(X) GATED_HOOKS(X) CUSTOM_HOOKS(X)
 
@@ -1134,8 +1141,8 @@ static CUresult endcap_common(CUresult (*real)(CUstream, CUgraph *), CUstream s,
 static CUresult endcap_body(endcap_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 static CUresult endcap_ptsz_body(endcap_ptsz_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }
 
-/* Module loads and lookups: ptxslice.c loads a rewritten twin and maps the
- * functions when slicing is on; otherwise straight to the driver. */
+/* Module and library loads and lookups: ptxslice.c loads a rewritten twin and
+ * maps the functions when slicing is on; otherwise straight to the driver. */
 static CUresult modload_body(modload_t real, CUmodule *m, const void *img) { return ms_slice_module_load(real, m, img); }
 static CUresult modloadex_body(modloadex_t real, CUmodule *m, const void *img, unsigned n, int *o, void **v)
 {
@@ -1146,6 +1153,17 @@ static CUresult modgetfn_body(modgetfn_t real, CUfunction *f, CUmodule m, const 
 	return ms_slice_module_getfn(real, f, m, nm);
 }
 static CUresult modunload_body(modunload_t real, CUmodule m) { return ms_slice_module_unload(real, m); }
+static CUresult libload_body(libload_t real, CUlibrary *l, const void *c, int *jo, void **jv, unsigned nj, int *lo,
+			    void **lv, unsigned nl)
+{
+	return ms_slice_library_load(real, l, c, jo, jv, nj, lo, lv, nl);
+}
+static CUresult libgetkernel_body(libgetkernel_t real, CUkernel *k, CUlibrary l, const char *nm)
+{
+	return ms_slice_library_getkernel(real, k, l, nm);
+}
+static CUresult kernelgetfn_body(kernelgetfn_t real, CUfunction *f, CUkernel k) { return ms_slice_kernel_getfn(real, f, k); }
+static CUresult libunload_body(libunload_t real, CUlibrary l) { return ms_slice_library_unload(real, l); }
 
 /* A destroyed stream can no longer be recorded on by the gate's watcher. */
 static CUresult streamdestroy_body(streamdestroy_t real, CUstream s)

@@ -1394,7 +1394,8 @@ static struct migswap_slice_stats stats;
 
 /* A twin: the program's module and our rewritten copy of it. */
 struct twin {
-	CUmodule app, ours; /* ours NULL: not rewritten */
+	void *app, *ours; /* CUmodule or CUlibrary; ours NULL: not rewritten */
+	int lib;          /* a library (cuLibraryLoadData) */
 	struct ms_ptx_module info;
 	char reason[256];
 	struct twin *next;
@@ -1407,7 +1408,7 @@ struct fmap {
 	_Atomic(CUfunction) key;
 	CUfunction twin;                 /* NULL: not sliceable */
 	const struct ms_ptx_entry *e;    /* in the twin's info */
-	CUmodule app;
+	void *app; /* its CUmodule or CUlibrary */
 	int wave_orig, wave_twin;        /* blocks per wave (0 unknown) */
 	unsigned wave_block, wave_smem;  /* launch shape they were computed for */
 	int smem_mirrored;               /* max dynamic shared memory set on the twin */
@@ -1437,7 +1438,7 @@ static struct fmap *fmap_find(CUfunction f)
 }
 
 /* fmap_put inserts or updates (under fmap_mu); the entry is published last. */
-static void fmap_put(CUfunction f, CUfunction twin, const struct ms_ptx_entry *e, CUmodule app, const char *reason)
+static void fmap_put(CUfunction f, CUfunction twin, const struct ms_ptx_entry *e, void *app, const char *reason)
 {
 	pthread_mutex_lock(&fmap_mu);
 	size_t i = fslot(f);
@@ -1548,13 +1549,16 @@ static CUresult load_twin_image(CUmodule *m, const char *ptx, unsigned n, const 
 	return sd.ModuleLoadDataEx(m, ptx, k, o, v);
 }
 
-/* load_twin rewrites the image's PTX and loads it as a second module. */
-static void load_twin(CUmodule app, const void *image, unsigned nopts, const int *opts, void *const *vals)
+/* load_twin rewrites the image's PTX and loads it as a second module (or
+ * library: lib_load set). */
+static void load_twin(void *app, const void *image, unsigned nopts, const int *opts, void *const *vals,
+		      ms_libload_fn lib_load)
 {
 	struct twin *t = calloc(1, sizeof *t);
 	if (!t)
 		return;
 	t->app = app;
+	t->lib = lib_load != NULL;
 	const char *ptx = NULL;
 	size_t len = 0;
 	int kind = ms_image_kind(image);
@@ -1575,7 +1579,11 @@ static void load_twin(CUmodule app, const void *image, unsigned nopts, const int
 		} else if (!sd.ModuleLoadData) {
 			snprintf(t->reason, sizeof t->reason, "cuModuleLoadData not found");
 		} else {
-			CUresult r = load_twin_image(&t->ours, t->info.ptx, nopts, opts, vals);
+			CUresult r;
+			if (lib_load)
+				r = lib_load((CUlibrary *)&t->ours, t->info.ptx, NULL, NULL, 0, NULL, NULL, 0);
+			else
+				r = load_twin_image((CUmodule *)&t->ours, t->info.ptx, nopts, opts, vals);
 			if (r != CUDA_SUCCESS) {
 				t->ours = NULL;
 				snprintf(t->reason, sizeof t->reason, "loading the rewritten PTX failed: %s (%d)",
@@ -1612,7 +1620,7 @@ CUresult ms_slice_module_load(ms_modload_fn real, CUmodule *m, const void *image
 	CUresult r = real(m, image);
 	ms_slice_config();
 	if (r == CUDA_SUCCESS && ms_slice_on && m && *m)
-		load_twin(*m, image, 0, NULL, NULL);
+		load_twin(*m, image, 0, NULL, NULL, NULL);
 	return r;
 }
 
@@ -1624,8 +1632,32 @@ CUresult ms_slice_module_loadex(ms_modloadex_fn real, CUmodule *m, const void *i
 	CUresult r = real(m, image, n, opts, vals);
 	ms_slice_config();
 	if (r == CUDA_SUCCESS && ms_slice_on && m && *m)
-		load_twin(*m, image, n, opts, vals);
+		load_twin(*m, image, n, opts, vals, NULL);
 	return r;
+}
+
+static struct twin *find_twin(void *app)
+{
+	pthread_mutex_lock(&twin_mu);
+	struct twin *t = twins;
+	while (t && t->app != app)
+		t = t->next;
+	pthread_mutex_unlock(&twin_mu);
+	return t;
+}
+
+/* twin_entry returns name's rewritten entry in t, or NULL with the reason. */
+static const struct ms_ptx_entry *twin_entry(struct twin *t, const char *name, char *why, size_t wl)
+{
+	const struct ms_ptx_entry *e = t->ours ? ms_ptx_find(&t->info, name) : NULL;
+	why[0] = 0;
+	if (!t->ours)
+		snprintf(why, wl, "%s not rewritten: %.130s", t->lib ? "library" : "module", t->reason);
+	else if (!e)
+		snprintf(why, wl, "no such entry in the PTX");
+	else if (!e->sliceable)
+		snprintf(why, wl, "not rewritten: %.140s", e->reason);
+	return why[0] ? NULL : e;
 }
 
 CUresult ms_slice_module_getfn(ms_modgetfn_fn real, CUfunction *f, CUmodule m, const char *name)
@@ -1635,28 +1667,46 @@ CUresult ms_slice_module_getfn(ms_modgetfn_fn real, CUfunction *f, CUmodule m, c
 	CUresult r = real(f, m, name);
 	if (r != CUDA_SUCCESS || !ms_slice_on || !f || !*f || !name)
 		return r;
-	pthread_mutex_lock(&twin_mu);
-	struct twin *t = twins;
-	while (t && t->app != m)
-		t = t->next;
-	pthread_mutex_unlock(&twin_mu);
+	struct twin *t = find_twin(m);
 	if (!t)
 		return r;
 	char why[160];
+	const struct ms_ptx_entry *e = twin_entry(t, name, why, sizeof why);
 	CUfunction tf = NULL;
-	const struct ms_ptx_entry *e = t->ours ? ms_ptx_find(&t->info, name) : NULL;
-	if (!t->ours)
-		snprintf(why, sizeof why, "module not rewritten: %.130s", t->reason);
-	else if (!e)
-		snprintf(why, sizeof why, "no such entry in the PTX");
-	else if (!e->sliceable)
-		snprintf(why, sizeof why, "not rewritten: %.140s", e->reason);
-	else if (real(&tf, t->ours, name) != CUDA_SUCCESS)
-		snprintf(why, sizeof why, "not found in the rewritten module"), tf = NULL;
-	else
-		why[0] = 0;
+	if (e && real(&tf, t->ours, name) != CUDA_SUCCESS) {
+		snprintf(why, sizeof why, "not found in the rewritten module");
+		tf = NULL;
+	}
 	fmap_put(*f, tf, tf ? e : NULL, m, why);
 	return r;
+}
+
+/* forget_twin drops app's twin and the functions that use it; returns the
+ * twin's handle (to unload) or NULL. */
+static void *forget_twin(void *m)
+{
+	pthread_mutex_lock(&twin_mu);
+	struct twin **pp = &twins, *t = NULL;
+	for (; *pp; pp = &(*pp)->next)
+		if ((*pp)->app == m) {
+			t = *pp;
+			*pp = t->next;
+			break;
+		}
+	pthread_mutex_unlock(&twin_mu);
+	if (!t)
+		return NULL;
+	/* forget its functions first: no launch may pick the twin up */
+	pthread_mutex_lock(&fmap_mu);
+	for (size_t i = 0; i < FMAP_SIZE; i++)
+		if (atomic_load(&fmap[i].key) && fmap[i].app == m) {
+			fmap[i].twin = NULL;
+			snprintf(fmap[i].reason, sizeof fmap[i].reason, "module unloaded");
+		}
+	pthread_mutex_unlock(&fmap_mu);
+	/* t->info stays: fmap entries' e point into it (now unused); it is small */
+	t->next = NULL;
+	return t->ours;
 }
 
 CUresult ms_slice_module_unload(ms_modunload_fn real, CUmodule m)
@@ -1664,31 +1714,78 @@ CUresult ms_slice_module_unload(ms_modunload_fn real, CUmodule m)
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	if (ms_slice_on) {
-		pthread_mutex_lock(&twin_mu);
-		struct twin **pp = &twins, *t = NULL;
-		for (; *pp; pp = &(*pp)->next)
-			if ((*pp)->app == m) {
-				t = *pp;
-				*pp = t->next;
-				break;
-			}
-		pthread_mutex_unlock(&twin_mu);
-		if (t) {
-			/* forget its functions first: no launch may pick the twin up */
-			pthread_mutex_lock(&fmap_mu);
-			for (size_t i = 0; i < FMAP_SIZE; i++)
-				if (atomic_load(&fmap[i].key) && fmap[i].app == m) {
-					fmap[i].twin = NULL;
-					snprintf(fmap[i].reason, sizeof fmap[i].reason, "module unloaded");
-				}
-			pthread_mutex_unlock(&fmap_mu);
-			if (t->ours && sd.ModuleUnload)
-				sd.ModuleUnload(t->ours);
-			/* t->info is referenced by fmap entries' e (now unused); keep it, it is small */
-			t->next = NULL;
-		}
+		void *ours = forget_twin(m);
+		if (ours)
+			real((CUmodule)ours);
 	}
 	return real(m);
+}
+
+CUresult ms_slice_library_load(ms_libload_fn real, CUlibrary *l, const void *code, int *jo, void **jv, unsigned nj,
+			       int *lo, void **lv, unsigned nl)
+{
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult r = real(l, code, jo, jv, nj, lo, lv, nl);
+	ms_slice_config();
+	if (r == CUDA_SUCCESS && ms_slice_on && l && *l)
+		load_twin(*l, code, 0, NULL, NULL, real);
+	return r;
+}
+
+CUresult ms_slice_library_getkernel(ms_libgetkernel_fn real, CUkernel *k, CUlibrary l, const char *name)
+{
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult r = real(k, l, name);
+	if (r != CUDA_SUCCESS || !ms_slice_on || !k || !*k || !name)
+		return r;
+	struct twin *t = find_twin(l);
+	if (!t)
+		return r;
+	char why[160];
+	const struct ms_ptx_entry *e = twin_entry(t, name, why, sizeof why);
+	CUkernel tk = NULL;
+	if (e && real(&tk, (CUlibrary)t->ours, name) != CUDA_SUCCESS) {
+		snprintf(why, sizeof why, "not found in the rewritten library");
+		tk = NULL;
+	}
+	/* a CUkernel may be launched as a CUfunction */
+	fmap_put((CUfunction)*k, (CUfunction)tk, tk ? e : NULL, l, why);
+	return r;
+}
+
+CUresult ms_slice_kernel_getfn(ms_kernelgetfn_fn real, CUfunction *f, CUkernel k)
+{
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult r = real(f, k);
+	if (r != CUDA_SUCCESS || !ms_slice_on || !f || !*f)
+		return r;
+	struct fmap *m = fmap_find((CUfunction)k);
+	if (!m)
+		return r;
+	CUfunction tf = NULL;
+	char why[160];
+	snprintf(why, sizeof why, "%s", m->reason);
+	if (m->twin && real(&tf, (CUkernel)m->twin) != CUDA_SUCCESS) {
+		snprintf(why, sizeof why, "no function of the rewritten kernel in this context");
+		tf = NULL;
+	}
+	fmap_put(*f, tf, tf ? m->e : NULL, m->app, why);
+	return r;
+}
+
+CUresult ms_slice_library_unload(ms_libunload_fn real, CUlibrary l)
+{
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	if (ms_slice_on) {
+		void *ours = forget_twin(l);
+		if (ours)
+			real((CUlibrary)ours);
+	}
+	return real(l);
 }
 
 /* blocks of f that fit on the device at once for this launch shape */

@@ -156,6 +156,12 @@ typedef CUresult (*ms_modload_fn)(CUmodule *, const void *);
 typedef CUresult (*ms_modloadex_fn)(CUmodule *, const void *, unsigned, int *, void **);
 typedef CUresult (*ms_modgetfn_fn)(CUfunction *, CUmodule, const char *);
 typedef CUresult (*ms_modunload_fn)(CUmodule);
+typedef struct CUlib_st *CUlibrary;  /* CUDA 12 libraries (context-independent modules) */
+typedef struct CUkern_st *CUkernel;
+typedef CUresult (*ms_libload_fn)(CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned);
+typedef CUresult (*ms_libgetkernel_fn)(CUkernel *, CUlibrary, const char *);
+typedef CUresult (*ms_kernelgetfn_fn)(CUfunction *, CUkernel);
+typedef CUresult (*ms_libunload_fn)(CUlibrary);
 
 /* ms_slice_on is nonzero when MIGSWAP_SLICE_BLOCKS > 0 (after ms_slice_config). */
 extern int ms_slice_on __attribute__((visibility("hidden")));
@@ -169,6 +175,15 @@ CUresult ms_slice_module_loadex(ms_modloadex_fn real, CUmodule *m, const void *i
 CUresult ms_slice_module_getfn(ms_modgetfn_fn real, CUfunction *f, CUmodule m, const char *name)
 	__attribute__((visibility("hidden")));
 CUresult ms_slice_module_unload(ms_modunload_fn real, CUmodule m) __attribute__((visibility("hidden")));
+/* The same for libraries: cuLibraryLoadData (the twin is a library), a
+ * CUkernel from cuLibraryGetKernel (launchable as a CUfunction) and the
+ * CUfunction cuKernelGetFunction gives for it. */
+CUresult ms_slice_library_load(ms_libload_fn real, CUlibrary *l, const void *code, int *jo, void **jv, unsigned nj,
+			       int *lo, void **lv, unsigned nl) __attribute__((visibility("hidden")));
+CUresult ms_slice_library_getkernel(ms_libgetkernel_fn real, CUkernel *k, CUlibrary l, const char *name)
+	__attribute__((visibility("hidden")));
+CUresult ms_slice_kernel_getfn(ms_kernelgetfn_fn real, CUfunction *f, CUkernel k) __attribute__((visibility("hidden")));
+CUresult ms_slice_library_unload(ms_libunload_fn real, CUlibrary l) __attribute__((visibility("hidden")));
 
 /* ms_slice_try_launch launches f in slices when it has a twin and its grid is
  * larger than MIGSWAP_SLICE_BLOCKS: returns 1 with *res set. Returns 0 (and

@@ -9,7 +9,8 @@
  *   ptxslicetest launch GX GY GZ B params|extra
  *                                       ms_slice_launch against a recording driver; LAUNCH line
  *   ptxslicetest fatbin PTX             PTX found in synthetic fatbins around PTX; FATBIN lines
- *   ptxslicetest fake GX GY GZ [SEED]   (fake driver) launch grid_probe over the grid; FAKE line
+ *   ptxslicetest fake GX GY GZ [SEED [module|lib|kernelfn]]
+ *                                       (fake driver) launch grid_probe over the grid; FAKE line
  *   ptxslicetest gpu-run KERN.ptx REPO.ptx SAMPLE.ptx...
  *                                       (GPU) run test kernels, print CASE lines with a hash
  *                                       of each output, to compare a run with slicing on
@@ -436,16 +437,36 @@ static const char probe_ptx[] = "//\n"
 				"\tret;\n"
 				"}\n";
 
-/* fake: grid_probe over the grid through whatever is preloaded */
-static int do_fake(unsigned gx, unsigned gy, unsigned gz, uint32_t seed)
+/* fake: grid_probe over the grid through whatever is preloaded; how: module
+ * (cuModuleLoadData), lib (cuLibraryLoadData, launch the CUkernel) or
+ * kernelfn (launch cuKernelGetFunction's function) */
+static int do_fake(unsigned gx, unsigned gy, unsigned gz, uint32_t seed, const char *how)
 {
 	open_driver();
 	slice_syms();
 	int (*fake_stats)(struct fakecuda_stats *) = (int (*)(struct fakecuda_stats *))dlsym(lib, "fakecuda_get_stats");
-	CUmodule mod;
+	CUresult (*lib_load)(CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned) =
+		(CUresult(*)(CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned))dlsym(lib, "cuLibraryLoadData");
+	CUresult (*lib_kernel)(CUkernel *, CUlibrary, const char *) =
+		(CUresult(*)(CUkernel *, CUlibrary, const char *))dlsym(lib, "cuLibraryGetKernel");
+	CUresult (*kernel_fn)(CUfunction *, CUkernel) = (CUresult(*)(CUfunction *, CUkernel))dlsym(lib, "cuKernelGetFunction");
+	CUresult (*lib_unload)(CUlibrary) = (CUresult(*)(CUlibrary))dlsym(lib, "cuLibraryUnload");
+	CUmodule mod = NULL;
+	CUlibrary l = NULL;
 	CUfunction f;
-	CHECK(cu.ModuleLoadData(&mod, probe_ptx));
-	CHECK(cu.ModuleGetFunction(&f, mod, "grid_probe"));
+	if (strcmp(how, "module") == 0) {
+		CHECK(cu.ModuleLoadData(&mod, probe_ptx));
+		CHECK(cu.ModuleGetFunction(&f, mod, "grid_probe"));
+	} else {
+		if (!lib_load || !lib_kernel || !kernel_fn || !lib_unload)
+			die("no cuLibrary* in this driver", 0);
+		CUkernel k;
+		CHECK(lib_load(&l, probe_ptx, NULL, NULL, 0, NULL, NULL, 0));
+		CHECK(lib_kernel(&k, l, "grid_probe"));
+		f = (CUfunction)k;
+		if (strcmp(how, "kernelfn") == 0)
+			CHECK(kernel_fn(&f, k));
+	}
 	unsigned long long total = (unsigned long long)gx * gy * gz;
 	CUdeviceptr count, val;
 	CHECK(cu.MemAlloc(&count, total * 4));
@@ -478,7 +499,10 @@ static int do_fake(unsigned gx, unsigned gy, unsigned gz, uint32_t seed)
 	printf("FAKE blocks=%llu miscount=%llu wrong=%llu hash=%016llx driver_launches=%llu info=%d why=\"%s\"\n", total,
 	       miscount, wrong, (unsigned long long)fnv(v, total * 4), (unsigned long long)(st1.launches - st0.launches), info, why);
 	print_slice_stats();
-	CHECK(cu.ModuleUnload(mod));
+	if (mod)
+		CHECK(cu.ModuleUnload(mod));
+	else
+		CHECK(lib_unload(l));
 	return 0;
 }
 
@@ -833,7 +857,7 @@ int main(int argc, char **argv)
 		return do_fatbin(argv[2]);
 	if (argc >= 5 && strcmp(argv[1], "fake") == 0)
 		return do_fake((unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]),
-			       argc >= 6 ? (uint32_t)strtoul(argv[5], NULL, 0) : 7u);
+			       argc >= 6 ? (uint32_t)strtoul(argv[5], NULL, 0) : 7u, argc >= 7 ? argv[6] : "module");
 	if (argc >= 4 && strcmp(argv[1], "gpu-run") == 0)
 		return do_gpu_run(argc - 2, argv + 2);
 	if (argc == 7 && strcmp(argv[1], "gpu-delay") == 0)

@@ -453,3 +453,27 @@ func TestPTXSliceLaunchParameters(t *testing.T) {
 		}
 	}
 }
+
+// CUDA 12 libraries: cuLibraryLoadData gets a rewritten twin library; the
+// CUkernel (launched as a CUfunction) and cuKernelGetFunction's function are
+// sliced like a module's function.
+func TestPTXSliceLaunchThroughLibraries(t *testing.T) {
+	prog := sliceProg(t)
+	for _, how := range []string{"lib", "kernelfn"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t)
+			e.extra = []string{"MIGSWAP_SLICE_BLOCKS=16"}
+			on := runLines(t, e.environ(), prog, "fake", "37", "5", "3", "9", how)
+			e.extra = []string{"MIGSWAP_SLICE_BLOCKS=0"}
+			off := runLines(t, e.environ(), prog, "fake", "37", "5", "3", "9", how)
+			f, g := line(t, on, "FAKE"), line(t, off, "FAKE")
+			require.Equal(t, "0", f["miscount"])
+			require.Equal(t, "0", f["wrong"])
+			require.Equal(t, "45", f["driver_launches"])
+			require.Equal(t, "1", f["info"], "%v", f)
+			require.Equal(t, "1", g["driver_launches"])
+			require.Equal(t, g["hash"], f["hash"])
+			require.Equal(t, "1", line(t, on, "SLICESTATS")["sliced_launches"])
+		})
+	}
+}
