@@ -50,7 +50,13 @@
 //     seconds), collective calls reported by the SDK.
 //   - policy.go: PlanNeed and PlanSwapIn, pure functions over a Snapshot (no
 //     I/O, no clock): who is swapped out so a higher-priority process fits, and
-//     who comes back in when memory frees.
+//     who comes back in when memory frees (the priority policy, the default).
+//   - Scheduler (sched_wire.go): runs a policy of context/sched instead (fair:
+//     round robin among equal priorities with a quantum of at least 20 swap
+//     costs; srf: shortest remaining first, MIGSWAP_EXPECTED): a need pins
+//     the requester, a rebalance applies the plan's swap-outs then swap-ins,
+//     and a timer rebalances when a quantum ends (Options.Sched; `migctl
+//     daemon --policy`).
 //   - Manager: the registry (pid, job, priority, device, bytes, state, start
 //     time, last progress) fed by shim connections, and the driver of swaps. It
 //     serialises policy decisions and the swaps they start; OnSwapStart and

@@ -36,7 +36,9 @@ type Decision struct {
 	Reason string
 }
 
-// PlanNeed decides how to satisfy r. If r fits in free memory, it is granted
+// PlanNeed is the priority policy's answer to a need (the daemon's default;
+// with Options.Sched, the Scheduler's policy answers instead). It decides how
+// to satisfy r. If r fits in free memory, it is granted
 // with no victims. Otherwise candidates are the running processes on r's
 // device with a strictly lower priority than r (not r's own process, not one
 // that is itself waiting on a need), taken lowest priority first, then most
