@@ -896,6 +896,16 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
 	return CUDA_ERROR_NOT_FOUND;
 }
 
+/* fakecuda_direct returns the fake's own function for a driver name, past
+ * any interposer (for benchmarks that compare a call with and without it). */
+EXPORT void *fakecuda_direct(const char *symbol)
+{
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
+		if (procs[i].fn && strcmp(procs[i].name, symbol) == 0)
+			return procs[i].fn;
+	return NULL;
+}
+
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
 {
 	return cuGetProcAddress_v2(symbol, pfn, ver, flags, NULL);

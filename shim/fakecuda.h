@@ -39,5 +39,8 @@ int fakecuda_get_stats(struct fakecuda_stats *out);
 /* This process's timed kernels (sleep_us) in flight now, and the most in
  * flight at any launch since the last reset; reset != 0 starts a new maximum. */
 void fakecuda_inflight(uint64_t *now_n, uint64_t *max_n, int reset);
+/* The fake's own function for a driver name (e.g. "cuLaunchKernel"), past any
+ * LD_PRELOADed interposer; NULL if unknown. */
+void *fakecuda_direct(const char *symbol);
 
 #endif

@@ -14,7 +14,16 @@
  *   testprog RESOLVE refuse ipc|async|managed   hold memory the shim cannot move
  *   testprog RESOLVE oom BYTES        one allocation; report its result code
  *   testprog RESOLVE hold BYTES       hold one allocation until stdin says "stop"
- *   testprog RESOLVE bench N          time N launches of a no-op kernel
+ *   testprog RESOLVE bench N [low|high]
+ *                                     time N launches of a no-op kernel ("low"/"high":
+ *                                     first wait until the daemon's gate settings make
+ *                                     this process held / signalling)
+ *   testprog RESOLVE prio             priority gating: commands on stdin, one at a time:
+ *                                     "launch USEC N" queues N timed kernels (sleep_us)
+ *                                     on its stream and prints LAUNCHED (how long the
+ *                                     calls took, the most kernels in flight meanwhile);
+ *                                     "sync" waits for them; "stats" (answered at once,
+ *                                     even while a launch is held); "stop"
  * RESOLVE: direct | dlsym | gpa | gpa1 | ptsz
  */
 #define _GNU_SOURCE
@@ -56,7 +65,9 @@
 	FN(IpcGetMemHandle, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010)                        \
 	FN(MemAllocAsync, cuMemAllocAsync, "cuMemAllocAsync", 11020)                             \
 	FN(MemFreeAsync, cuMemFreeAsync, "cuMemFreeAsync", 11020)                                \
-	FN(MemAllocManaged, cuMemAllocManaged, "cuMemAllocManaged", 6000)
+	FN(MemAllocManaged, cuMemAllocManaged, "cuMemAllocManaged", 6000)                         \
+	FN(StreamCreate, cuStreamCreate, "cuStreamCreate", 2000)                                 \
+	FN(StreamSynchronize, cuStreamSynchronize, "cuStreamSynchronize", 2000)
 
 static struct {
 	CUresult (*Init)(unsigned);
@@ -83,6 +94,8 @@ static struct {
 	CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 	CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
 	CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+	CUresult (*StreamCreate)(CUstream *, unsigned);
+	CUresult (*StreamSynchronize)(CUstream);
 } cu;
 
 #ifdef LINKED
@@ -160,7 +173,7 @@ static void resolve(const char *how)
 }
 
 static CUcontext ctx;
-static CUfunction k_add_one, k_fill, k_noop;
+static CUfunction k_add_one, k_fill, k_noop, k_sleep_us;
 
 static void open_ctx(void)
 {
@@ -195,6 +208,7 @@ static void setup(void)
 	CHECK(cu.ModuleGetFunction(&k_add_one, mod, "add_one"));
 	CHECK(cu.ModuleGetFunction(&k_fill, mod, "fill"));
 	CHECK(cu.ModuleGetFunction(&k_noop, mod, "noop"));
+	CHECK(cu.ModuleGetFunction(&k_sleep_us, mod, "sleep_us"));
 }
 
 static CUresult add_one(CUdeviceptr p, unsigned long long n)
@@ -230,11 +244,16 @@ static void report_stats(const char *prefix)
 	if (fs)
 		fs(&f);
 	printf("%s shim=%d mode=%u state=%u connected=%u allocations=%llu bytes=%llu gated=%llu swaps_out=%llu "
-	       "swaps_in=%llu arena=%llu in_use=%llu vmm_in_use=%llu vmm_creates=%llu plain_allocs=%llu launches=%llu\n",
+	       "swaps_in=%llu arena=%llu in_use=%llu vmm_in_use=%llu vmm_creates=%llu plain_allocs=%llu launches=%llu "
+	       "prio_holds=%llu prio_held_ns=%llu prio_busy_periods=%llu prio_busy_ns=%llu prio_mask=%llu prio_policy=%u "
+	       "prio_budget=%u prio_slot=%d prio_signal=%u\n",
 	       prefix, ms != NULL, s.mode, s.state, s.connected, (unsigned long long)s.allocations,
 	       (unsigned long long)s.bytes, (unsigned long long)s.gated_calls, (unsigned long long)s.swaps_out,
 	       (unsigned long long)s.swaps_in, (unsigned long long)s.arena_bytes, (unsigned long long)f.in_use, (unsigned long long)f.vmm_in_use,
-	       (unsigned long long)f.vmm_creates, (unsigned long long)f.plain_allocs, (unsigned long long)f.launches);
+	       (unsigned long long)f.vmm_creates, (unsigned long long)f.plain_allocs, (unsigned long long)f.launches,
+	       (unsigned long long)s.prio_holds, (unsigned long long)s.prio_held_ns, (unsigned long long)s.prio_busy_periods,
+	       (unsigned long long)s.prio_busy_ns, (unsigned long long)s.prio_mask, s.prio_policy, s.prio_budget, s.prio_slot,
+	       s.prio_signal);
 	fflush(stdout);
 }
 
@@ -528,9 +547,27 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int bench(long n)
+/* wait_gate waits (up to 10 s) until the daemon's gate settings have made
+ * this process held (low) or signalling (high). */
+static void wait_gate(const char *role)
+{
+	int (*ms)(struct migswap_stats *) = (int (*)(struct migswap_stats *))dlsym(RTLD_DEFAULT, "migswap_get_stats");
+	for (int i = 0; ms && i < 10000; i++) {
+		struct migswap_stats s;
+		memset(&s, 0, sizeof s);
+		ms(&s);
+		if ((strcmp(role, "low") == 0 && s.prio_mask) || (strcmp(role, "high") == 0 && s.prio_signal))
+			return;
+		usleep(1000);
+	}
+	die("the daemon's gate settings did not arrive", 0);
+}
+
+static int bench(long n, const char *role)
 {
 	setup();
+	if (role)
+		wait_gate(role);
 	for (long i = 0; i < 1000; i++)
 		CHECK(cu.LaunchKernel(k_noop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
 	double best = 1e9;
@@ -558,8 +595,99 @@ static int bench(long n)
 		if (ns < best_burst)
 			best_burst = ns;
 	}
+	/* the same launch through the shim and straight into the fake, in
+	 * alternating rounds of one process: the difference is the shim's cost
+	 * per launch, robust to a machine whose load changes between processes */
+	double ab_shim = 1e9, ab_direct = 1e9;
+	void *(*direct)(const char *) = (void *(*)(const char *))dlsym(lib, "fakecuda_direct");
+	CUresult (*raw)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,
+			void **) = direct ? direct("cuLaunchKernel") : NULL;
+	if (raw) {
+		long m = n / 20 > 1000 ? n / 20 : 1000;
+		for (int rep = 0; rep < 40; rep++) {
+			double t0 = now();
+			for (long i = 0; i < m; i++)
+				cu.LaunchKernel(k_noop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+			double t1 = now();
+			for (long i = 0; i < m; i++)
+				raw(k_noop, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+			double t2 = now();
+			if ((t1 - t0) * 1e9 / (double)m < ab_shim)
+				ab_shim = (t1 - t0) * 1e9 / (double)m;
+			if ((t2 - t1) * 1e9 / (double)m < ab_direct)
+				ab_direct = (t2 - t1) * 1e9 / (double)m;
+		}
+	}
 	report_stats("STATS");
-	printf("RESULT ok=1 launches=%ld ns_per_launch=%.2f ns_per_launch_burst=%.2f\n", n, best, best_burst);
+	printf("RESULT ok=1 launches=%ld ns_per_launch=%.2f ns_per_launch_burst=%.2f ns_ab_shim=%.2f ns_ab_direct=%.2f "
+	       "ns_ab_overhead=%.2f\n",
+	       n, best, best_burst, raw ? ab_shim : 0, raw ? ab_direct : 0, raw ? ab_shim - ab_direct : 0);
+	return 0;
+}
+
+/* prio: see the header. The reader thread answers "stats" itself and hands
+ * every other command to the main thread through a pipe, so a held launch
+ * never delays a stats reply. */
+static int cmd_pipe[2];
+
+static void *prio_reader(void *arg)
+{
+	(void)arg;
+	char line[128];
+	while (fgets(line, sizeof line, stdin)) {
+		if (strncmp(line, "stats", 5) == 0) {
+			report_stats("STATS_NOW");
+			continue;
+		}
+		if (write(cmd_pipe[1], line, strlen(line)) < 0)
+			break;
+		if (strncmp(line, "stop", 4) == 0)
+			break;
+	}
+	close(cmd_pipe[1]);
+	return NULL;
+}
+
+static int prio(void)
+{
+	setup();
+	CUstream st;
+	CHECK(cu.StreamCreate(&st, 0));
+	void (*inflight)(uint64_t *, uint64_t *, int) = (void (*)(uint64_t *, uint64_t *, int))dlsym(lib, "fakecuda_inflight");
+	if (pipe(cmd_pipe) != 0)
+		die("pipe", 0);
+	printf("READY pid=%d\n", (int)getpid());
+	pthread_t rd;
+	pthread_create(&rd, NULL, prio_reader, NULL);
+	FILE *in = fdopen(cmd_pipe[0], "r");
+	char line[128];
+	while (fgets(line, sizeof line, in)) {
+		unsigned long long usec = 0;
+		long n = 1;
+		if (sscanf(line, "launch %llu %ld", &usec, &n) >= 1) {
+			uint64_t now_n = 0, max_n = 0;
+			if (inflight)
+				inflight(NULL, NULL, 1);
+			double t0 = now();
+			for (long i = 0; i < n; i++) {
+				void *args[] = { &usec };
+				CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, st, args, NULL));
+			}
+			double el = now() - t0;
+			if (inflight)
+				inflight(&now_n, &max_n, 0);
+			printf("LAUNCHED n=%ld elapsed_us=%.0f maxinflight=%llu inflight=%llu\n", n, el * 1e6,
+			       (unsigned long long)max_n, (unsigned long long)now_n);
+		} else if (strncmp(line, "sync", 4) == 0) {
+			double t0 = now();
+			CHECK(cu.StreamSynchronize(st));
+			printf("SYNCED elapsed_us=%.0f\n", (now() - t0) * 1e6);
+		} else if (strncmp(line, "stop", 4) == 0) {
+			break;
+		}
+	}
+	report_stats("STATS");
+	printf("RESULT ok=1\n");
 	return 0;
 }
 
@@ -585,7 +713,9 @@ int main(int argc, char **argv)
 	if (strcmp(m, "oom") == 0 && argc >= 4)
 		return oom(strtoull(argv[3], NULL, 0));
 	if (strcmp(m, "bench") == 0 && argc >= 4)
-		return bench(atol(argv[3]));
+		return bench(atol(argv[3]), argc >= 5 ? argv[4] : NULL);
+	if (strcmp(m, "prio") == 0)
+		return prio();
 	fprintf(stderr, "bad arguments\n");
 	return 2;
 }
