@@ -1262,6 +1262,7 @@ static struct {
 	CUresult (*ModuleLoadDataEx)(CUmodule *, const void *, unsigned, int *, void **);
 	CUresult (*ModuleUnload)(CUmodule);
 	CUresult (*StreamIsCapturing)(CUstream, int *);
+	CUresult (*KernelGetFunction)(CUfunction *, CUkernel);
 } sd;
 
 /* per-thread ring of events for the in-flight limit */
@@ -1506,6 +1507,7 @@ static void config(void)
 	sd.ModuleLoadDataEx = gpa("cuModuleLoadDataEx", 2010);
 	sd.ModuleUnload = gpa("cuModuleUnload", 2000);
 	sd.StreamIsCapturing = gpa("cuStreamIsCapturing", 10000);
+	sd.KernelGetFunction = gpa("cuKernelGetFunction", 12000);
 	ms_slice_on = 1;
 	ms_log("slicing on: at most %u blocks per slice%s, %u slices in flight", slice_blocks,
 	       slice_whole_waves ? " (rounded to whole waves)" : "", slice_inflight);
@@ -1795,8 +1797,13 @@ static int wave_of(CUfunction f, unsigned block, unsigned smem)
 	CUdevice d;
 	if (!sd.OccupancyMaxActiveBlocksPerMultiprocessor || !sd.DeviceGetAttribute || !drv.cuCtxGetDevice)
 		return 0;
-	if (sd.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, (int)block, smem) != CUDA_SUCCESS)
-		return 0;
+	if (sd.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, (int)block, smem) != CUDA_SUCCESS) {
+		/* a CUkernel: ask about its function in this context */
+		CUfunction kf = NULL;
+		if (!sd.KernelGetFunction || sd.KernelGetFunction(&kf, (CUkernel)f) != CUDA_SUCCESS || !kf ||
+		    sd.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kf, (int)block, smem) != CUDA_SUCCESS)
+			return 0;
+	}
 	if (drv.cuCtxGetDevice(&d) != CUDA_SUCCESS || sd.DeviceGetAttribute(&sms, 16, d) != CUDA_SUCCESS)
 		return 0;
 	return per_sm * sms;

@@ -724,6 +724,40 @@ static int do_gpu_run(int argc, char **argv)
 		cu.MemFree(count);
 		cu.MemFree(val);
 	}
+	/* the same kernel through a CUDA 12 library, launched as its CUkernel */
+	CUresult (*lib_load)(CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned) =
+		(CUresult(*)(CUlibrary *, const void *, int *, void **, unsigned, int *, void **, unsigned))dlsym(lib, "cuLibraryLoadData");
+	CUresult (*lib_kernel)(CUkernel *, CUlibrary, const char *) =
+		(CUresult(*)(CUkernel *, CUlibrary, const char *))dlsym(lib, "cuLibraryGetKernel");
+	if (lib_load && lib_kernel) {
+		CUlibrary l;
+		CUkernel k;
+		CHECK(lib_load(&l, kp, NULL, NULL, 0, NULL, NULL, 0));
+		CHECK(lib_kernel(&k, l, "grid_probe"));
+		unsigned gx = 1000, gy = 300, gz = 1;
+		size_t total = (size_t)gx * gy * gz;
+		CUdeviceptr count = dalloc(total * 4), val = dalloc(total * 4);
+		uint32_t seed = 0x11b;
+		void *params[] = { &count, &val, &seed };
+		CHECK(cu.LaunchKernel((CUfunction)k, gx, gy, gz, 64, 1, 1, 0, NULL, params, NULL));
+		CHECK(cu.CtxSynchronize());
+		uint32_t *c = malloc(total * 4), *v = malloc(total * 4);
+		CHECK(cu.MemcpyDtoH(c, count, total * 4));
+		CHECK(cu.MemcpyDtoH(v, val, total * 4));
+		size_t miscount = 0, wrong = 0;
+		for (unsigned y = 0; y < gy; y++)
+			for (unsigned x = 0; x < gx; x++) {
+				size_t i = x + (size_t)gx * y;
+				miscount += c[i] != 1;
+				wrong += v[i] != probe_value(seed, x, y, 0, gx, gy, gz);
+			}
+		printf("CASE name=grid_probe_library/%ux%ux%u hash=%016llx miscount=%zu wrong=%zu slicing=%s\n", gx, gy, gz,
+		       (unsigned long long)fnv(v, total * 4), miscount, wrong, slice_state((CUfunction)k));
+		free(c);
+		free(v);
+		cu.MemFree(count);
+		cu.MemFree(val);
+	}
 	/* the repo's reduction kernels */
 	char *rp = read_file(argv[1], NULL);
 	CUmodule rm;
