@@ -39,9 +39,17 @@ func freePortPair(t *testing.T) int {
 	return 0
 }
 
-// runNodes runs script under `migctl run` on nodes simulated nodes of np
-// ranks each and returns every rank's JSON line (none with failures).
-func runNodes(t *testing.T, nodes, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
+// nodeRun is what one node's `migctl run` printed and how it ended.
+type nodeRun struct {
+	out  bytes.Buffer
+	err  error
+	done time.Time
+}
+
+// startNodes runs script under `migctl run` on nodes simulated nodes of np
+// ranks each (host backend, one shared-memory directory, a fresh job token)
+// and returns once every node's run has ended.
+func startNodes(t *testing.T, nodes, np int, limit time.Duration, shm, script string, args ...string) []*nodeRun {
 	t.Helper()
 	lib, bin := artifacts(t)
 	needTorch(t)
@@ -51,9 +59,7 @@ func runNodes(t *testing.T, nodes, np int, limit time.Duration, script string, a
 	_, err := rand.Read(b)
 	require.NoError(t, err)
 	endpoint := fmt.Sprintf("127.0.0.1:%d", freePortPair(t))
-	shm := t.TempDir()
-	outs := make([]bytes.Buffer, nodes)
-	errs := make([]error, nodes)
+	runs := make([]*nodeRun, nodes)
 	var wg sync.WaitGroup
 	for i := range nodes {
 		argv := append([]string{"run", "--backend", "host", "--nnodes", fmt.Sprint(nodes), "--node-rank", fmt.Sprint(i),
@@ -61,19 +67,31 @@ func runNodes(t *testing.T, nodes, np int, limit time.Duration, script string, a
 			python, filepath.Join(repoRoot(t), "python", "tests", script)}, args...)
 		cmd := exec.CommandContext(ctx, bin, argv...)
 		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1", "MIGCTL_JOB_TOKEN="+hex.EncodeToString(b))
-		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		run := &nodeRun{}
+		runs[i] = run
+		cmd.Stdout, cmd.Stderr = &run.out, &run.out
 		cmd.WaitDelay = 5 * time.Second
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = cmd.Run()
+			run.err = cmd.Run()
+			run.done = time.Now()
 		}()
 	}
 	wg.Wait()
+	return runs
+}
+
+// runNodes runs script as startNodes does and returns every rank's JSON
+// line (none with failures, each from the hierarchical path).
+func runNodes(t *testing.T, nodes, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
+	t.Helper()
+	shm := t.TempDir()
+	runs := startNodes(t, nodes, np, limit, shm, script, args...)
 	lines := map[int]map[string]any{}
-	for i := range nodes {
-		require.NoError(t, errs[i], "node %d of %s:\n%s", i, script, outs[i].String())
-		for r, m := range rankLines(t, outs[i].String()) {
+	for i, run := range runs {
+		require.NoError(t, run.err, "node %d of %s:\n%s", i, script, run.out.String())
+		for r, m := range rankLines(t, run.out.String()) {
 			require.Equal(t, i, r/np, "rank %d printed on node %d", r, i)
 			lines[r] = m
 		}
@@ -107,4 +125,22 @@ func TestTorchTwoNodesDDPMatchesGloo(t *testing.T) {
 		require.LessOrEqual(t, m["max_diff_migctl_gloo"].(float64), 1e-5, "rank %d", r)
 		require.LessOrEqual(t, m["max_diff_hook_gloo"].(float64), 1e-5, "rank %d", r)
 	}
+}
+
+// TestTorchTwoNodesKilledRank: rank 3 (node 1) SIGKILLs itself mid-loop; its
+// node's launcher stops node 1, and the ranks of node 0, which reach node 1
+// only through gloo, raise soon after (a closed connection, or their node
+// peer's exit), not at a deadline.
+func TestTorchTwoNodesKilledRank(t *testing.T) {
+	shm := t.TempDir()
+	runs := startNodes(t, 2, 2, 2*time.Minute, shm, "kill_check.py", "--kill", "3")
+	require.Error(t, runs[1].err, "node 1 lost rank 3:\n%s", runs[1].out.String())
+	require.NoError(t, runs[0].err, "node 0's ranks must raise and exit cleanly:\n%s", runs[0].out.String())
+	lines := rankLines(t, runs[0].out.String())
+	for _, r := range []int{0, 1} {
+		require.Equal(t, true, lines[r]["raised"], "rank %d:\n%s", r, runs[0].out.String())
+	}
+	after := runs[0].done.Sub(runs[1].done)
+	require.Less(t, after, 30*time.Second, "node 0 ended %v after node 1", after)
+	t.Logf("node 0 ended %v after node 1: %v", after.Round(time.Millisecond), lines[0]["error"])
 }
