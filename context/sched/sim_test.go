@@ -233,8 +233,10 @@ func TestFairEqualGPUTime(t *testing.T) {
 				return (hi - lo) / (sum / float64(len(r.Jobs))), got
 			}
 			fair, got := spread(NewFair(Config{}))
+			t.Logf("fair: GPU time per job at %v: %v (spread %.0f%% of the mean)", tc.stop, got, 100*fair)
 			require.LessOrEqual(t, fair, tc.tol, "fair: GPU time per job %v", got)
 			fifo, got := spread(Priority{})
+			t.Logf("priority: %v (spread %.0f%%)", got, 100*fifo)
 			require.GreaterOrEqual(t, fifo, tc.fifoΔ, "priority: GPU time per job %v", got)
 		})
 	}
@@ -270,8 +272,10 @@ func TestFairNoStarvation(t *testing.T) {
 				}
 				return w
 			}
-			require.LessOrEqual(t, longest(f), bound, "fair (quantum %v)", q)
-			require.Greater(t, longest(Priority{}), 2*bound, "priority")
+			lf, lp := longest(f), longest(Priority{})
+			t.Logf("longest wait: fair %v (bound %v, quantum %v), priority %v", lf.Round(time.Second), bound.Round(time.Second), q, lp.Round(time.Second))
+			require.LessOrEqual(t, lf, bound, "fair (quantum %v)", q)
+			require.Greater(t, lp, 2*bound, "priority")
 		})
 	}
 }
