@@ -41,7 +41,10 @@ type gpuSharer interface {
 // of every chunk the devices reduce, and gives it to cm. The inputs are
 // the same on every rank (the settings the rendezvous made equal, the
 // grouping of the ranks by GPU), as for the algorithm's choice. Other
-// algorithms, the host backend and one rank reduce on the CPU.
+// algorithms and one rank reduce on the CPU; on the host backend, where
+// the "device" reduction is a host stream's, auto picks the CPU threads
+// and an explicit share is honoured (the same schedule, tested without a
+// GPU).
 func (g *Group) setReduceOn(cm any) error {
 	sh, ok := cm.(gpuSharer)
 	if !ok {
@@ -57,7 +60,7 @@ func (g *Group) setReduceOn(cm any) error {
 func (g *Group) resolveGPUShare() (int, error) {
 	c := g.cfg
 	mode := c.settings[allreduce.SettingReduceOn]
-	if g.alg != allreduce.HostStaged || c.backend == BackendHost || len(g.groups) < 2 {
+	if g.alg != allreduce.HostStaged || len(g.groups) < 2 {
 		if _, _, err := allreduce.ParseReduceOn(mode); err != nil {
 			return 0, err
 		}
@@ -75,7 +78,7 @@ func (g *Group) resolveGPUShare() (int, error) {
 		}
 	}
 	share, err := m.ResolveGPUShare(mode, allreduce.Workload{Coll: allreduce.AllReduce, Groups: g.groups,
-		Bytes: 256 << 20, ReduceThreads: size * workers})
+		Bytes: 256 << 20, ReduceThreads: size * workers, HostBackend: c.backend == BackendHost})
 	if err != nil {
 		return 0, fmt.Errorf("choosing where to reduce: %w", err)
 	}

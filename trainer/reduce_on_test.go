@@ -91,16 +91,34 @@ func TestReduceOnFakeGPU(t *testing.T) {
 }
 
 func TestReduceOnSettings(t *testing.T) {
-	// The host backend reduces on the CPU whatever the setting.
-	errs := world(t, 2, func(int) []Option { return []Option{WithReduceOn("gpu")} }, func(g *Group) error {
-		if g.Backend() != BackendHost || g.GPUShare() != 0 {
-			return fmt.Errorf("backend %s with GPU share %d, want host with 0", g.Backend(), g.GPUShare())
-		}
-		return nil
-	})
-	requireAll(t, errs)
+	// The host backend: auto reduces on the CPU threads, an explicit share
+	// runs the split schedule (its "device" reduction on a host stream).
+	for _, tc := range []struct {
+		mode  string
+		share int
+	}{{"auto", 0}, {"gpu", allreduce.GPUShareOne}, {"split:0.5", 500}} {
+		errs := world(t, 3, func(int) []Option { return []Option{WithReduceOn(tc.mode)} }, func(g *Group) error {
+			if g.Backend() != BackendHost || g.GPUShare() != tc.share {
+				return fmt.Errorf("%s: backend %s with GPU share %d, want host with %d", tc.mode, g.Backend(), g.GPUShare(), tc.share)
+			}
+			send := make([]float32, 65539)
+			for i := range send {
+				send[i] = input(g.Rank(), i)
+			}
+			if err := g.AllReduce(context.Background(), HostSlice(send), HostSlice(send), Max); err != nil {
+				return err
+			}
+			for i, x := range send {
+				if x != input(2, i) {
+					return fmt.Errorf("%s: element %d = %v, want %v", tc.mode, i, x, input(2, i))
+				}
+			}
+			return nil
+		})
+		requireAll(t, errs)
+	}
 	// Ranks that disagree fail at the rendezvous.
-	errs = world(t, 2, func(r int) []Option { return []Option{WithReduceOn([]string{"gpu", "cpu"}[r])} },
+	errs := world(t, 2, func(r int) []Option { return []Option{WithReduceOn([]string{"gpu", "cpu"}[r])} },
 		func(*Group) error { return nil })
 	require.ErrorContains(t, errs, allreduce.SettingReduceOn)
 	_, err := Init(context.Background(), WithReduceOn("everywhere"))

@@ -17,23 +17,26 @@ import (
 // host-staged all-reduce with its reduction on the devices (the kernels
 // reading the shared arena through its mapped address), split, and on the
 // CPU; every element checked, the share reported, and the LIMIT column's
-// floor for that share.
+// floor for that share. The host backend runs the same schedule when asked
+// (its "device" reduction on a host stream).
 func TestBenchReduceOnFakeCUDA(t *testing.T) {
 	t.Setenv(trainer.EnvCUDAFake, "1") // inherited by the rank processes
 	tests := []struct {
 		reduceOn, dtype, op string
 		np, b, share        int
+		backend             string
 	}{
-		{"gpu", "float", "sum", 3, 262156, allreduce.GPUShareOne}, // 65539 elements
-		{"split:0.5", "bfloat16", "avg", 2, 778, 500},
-		{"split:0.25", "int32", "max", 7, 4096, 250},
-		{"cpu", "half", "min", 3, 334, 0},
+		{"gpu", "float", "sum", 3, 262156, allreduce.GPUShareOne, "gpu"}, // 65539 elements
+		{"split:0.5", "bfloat16", "avg", 2, 778, 500, "gpu"},
+		{"split:0.25", "int32", "max", 7, 4096, 250, "gpu"},
+		{"cpu", "half", "min", 3, 334, 0, "gpu"},
+		{"gpu", "double", "avg", 4, 262152, allreduce.GPUShareOne, "host"},
 	}
 	shmDir := t.TempDir()
 	for _, tc := range tests {
-		name := fmt.Sprintf("%s/%s/%s/np%d", tc.reduceOn, tc.dtype, tc.op, tc.np)
+		name := fmt.Sprintf("%s/%s/%s/%s/np%d", tc.backend, tc.reduceOn, tc.dtype, tc.op, tc.np)
 		t.Run(name, func(t *testing.T) {
-			args := []string{"allreduce", "--np", strconv.Itoa(tc.np), "--backend", "gpu", "--transport", "shm",
+			args := []string{"allreduce", "--np", strconv.Itoa(tc.np), "--backend", tc.backend, "--transport", "shm",
 				"--algo", "hoststaged", "--reduce-on", tc.reduceOn, "--dtype", tc.dtype, "--op", tc.op,
 				"-b", strconv.Itoa(tc.b), "-e", strconv.Itoa(tc.b * 8), "-f", "7", "-n", "2", "-w", "1", "-c", "1",
 				"--chunk", "64KiB", "--slots", "3", "--small-bytes", "1KiB", "--timeout", "60s", "--shm-dir", shmDir, "-q"}
