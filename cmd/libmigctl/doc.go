@@ -13,6 +13,11 @@
 // that blocked on a channel instead (the first version) cost ~40 us per
 // collective in hand-offs of the caller's locked thread.
 //
+// A group spans one node. For jobs across nodes, migctl_serve hosts a node's
+// rendezvous in the process (an abstract Unix socket) and migctl_init_group
+// joins the node's group by that address under a per-node job name; the
+// caller runs the inter-node stage (migctl_torch does, over gloo).
+//
 // The C entry points (cabi.c) refuse to run in a child forked after the
 // library was loaded, without entering the Go runtime; nothing here calls
 // signal.Notify. Besides internal/cuda this is the one cgo package.

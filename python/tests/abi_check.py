@@ -33,8 +33,18 @@ def main():
     check(c.migctl_abi_version() == L.ABI_VERSION, "abi version")
     check(c.migctl_rank() == -1 and "not initialised" in err(), f"rank before init: {err()}")
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_NOT_INITIALIZED, "barrier before init")
+    check(c.migctl_init_group(2, 2, b"unix://@x", b"x") == L.ERR_INVALID and "rank < size" in err(),
+          f"init_group with rank >= size: {err()}")
+    check(c.migctl_serve(0, ctypes.create_string_buffer(64), 64) == L.ERR_INVALID, "serve 0 ranks")
+    check(c.migctl_serve(1, ctypes.create_string_buffer(8), 8) == L.ERR_INVALID and "bytes" in err(),
+          f"serve into too small a buffer: {err()}")
+    addr = lib.serve(2)  # a node's rendezvous (multi-node jobs); this process only hosts it
+    check(addr.startswith("unix://@migctl-node-"), f"serve address {addr}")
+    check(c.migctl_serve(2, ctypes.create_string_buffer(64), 64) == L.ERR_INVALID and "already" in err(),
+          f"second serve: {err()}")
     check(c.migctl_init_from_env() == L.OK, f"init: {err()}")
     check(c.migctl_init_from_env() == L.ERR_ALREADY_INITIALIZED, "second init")
+    check(c.migctl_init_group(0, 1, addr.encode(), b"x") == L.ERR_ALREADY_INITIALIZED, "init_group after init")
     rank, size = c.migctl_rank(), c.migctl_size()
     check(rank == int(os.environ["RANK"]) and size == int(os.environ["WORLD_SIZE"]), f"rank {rank} size {size}")
     check(c.migctl_on_gpu() == 0, "host backend")
