@@ -15,6 +15,13 @@ type SimConfig struct {
 	// Stop ends the simulation at this time if not all jobs have finished
 	// (0: run until they have); unfinished jobs have no JCT.
 	Stop time.Duration
+	// PinArrivals models the daemon's need path instead of a queue: a job
+	// that arrives is pinned in the next plan (it gets its memory at once
+	// from jobs of its priority or lower, as a process whose allocation
+	// failed does under fair and srf) and takes its turn from then on. One
+	// that cannot get memory so (higher priorities hold it) waits as usual,
+	// where the daemon would fail its allocation.
+	PinArrivals bool
 	// Check, when set, is called after every event with the device's state;
 	// an error stops the simulation and is returned.
 	Check func(SimState) error
@@ -110,6 +117,7 @@ type simJob struct {
 	used     float64 // seconds resident and running
 	since    float64 // last switch (or arrival)
 	hasRun   bool
+	pin      bool
 	at, end  float64 // queued: when the switch-in starts; swapping: when it ends
 	started  bool
 	start    float64
@@ -199,7 +207,7 @@ func Simulate(mix Mix, p Policy, cfg SimConfig) (Result, error) {
 				}
 				view = append(view, Job{ID: j.spec.ID, Priority: j.spec.Priority, Bytes: j.bytes,
 					Submitted: at(j.spec.ArrivalS), Expected: expected, Used: seconds(j.used),
-					Resident: j.state == StateRunning, Since: at(j.since)})
+					Resident: j.state == StateRunning, Since: at(j.since), Pinned: j.pin && j.state == StateWaiting})
 			}
 			pl := p.Plan(at(now), capacity, view)
 			if cfg.CheckPlan != nil {
@@ -223,7 +231,16 @@ func Simulate(mix Mix, p Policy, cfg SimConfig) (Result, error) {
 				wait(j)
 			}
 			outsEnd := t
-			for _, id := range pl.Admit {
+			admit := pl.Admit
+			for _, id := range pl.Run {
+				if j := byID[id]; j.pin && j.state == StateWaiting {
+					admit = append(admit, id)
+				}
+			}
+			for _, j := range byID {
+				j.pin = false
+			}
+			for _, id := range admit {
 				j := byID[id]
 				if j == nil || j.state != StateWaiting {
 					return res, fmt.Errorf("%s admits job %d, which is not waiting", p.Name(), id)
@@ -311,6 +328,7 @@ func Simulate(mix Mix, p Policy, cfg SimConfig) (Result, error) {
 			case !j.arrived:
 				if j.spec.ArrivalS <= now+eps {
 					j.arrived, j.state, j.since = true, StateWaiting, j.spec.ArrivalS
+					j.pin = cfg.PinArrivals
 					wait(j)
 					replan = true
 				}
