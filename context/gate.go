@@ -58,29 +58,46 @@ type GatePolicy struct {
 	// Budget is the number of launches a held process may have in flight
 	// (GateBudget only), 1..MaxGateBudget.
 	Budget int `json:"budget,omitempty" yaml:"budget,omitempty"`
+	// Depth, when > 0, keeps a lower-priority process's launches in flight
+	// at most Depth while it is not held (0..MaxGateBudget; an event after
+	// each launch): the backlog a higher-priority launch finds queued ahead
+	// of it stays short. 0: no limit (an ungated launch costs nothing more).
+	Depth int `json:"depth,omitempty" yaml:"depth,omitempty"`
 	// Stale: a busy bit whose heartbeat is older is ignored (default
 	// DefaultGateStale; the shim's watcher beats at least every 200 µs while
 	// the work lasts).
 	Stale time.Duration `json:"stale,omitempty" yaml:"stale,omitempty"`
 }
 
-// ParseGatePolicy parses "off", "gate" or "budget=N" (also "budget:N").
+// ParseGatePolicy parses "off", "gate" or "budget=N" (also "budget:N"),
+// optionally followed by ",depth=M" (e.g. "gate,depth=8").
 func ParseGatePolicy(s string) (GatePolicy, error) {
-	s = strings.TrimSpace(s)
+	all := strings.TrimSpace(s)
+	mode, opt, _ := strings.Cut(all, ",")
+	var p GatePolicy
 	switch {
-	case s == "" || s == string(GateOff):
-		return GatePolicy{Mode: GateOff}, nil
-	case s == string(GateHold):
-		return GatePolicy{Mode: GateHold}, nil
-	case strings.HasPrefix(s, "budget=") || strings.HasPrefix(s, "budget:"):
-		n, err := strconv.Atoi(s[len("budget="):])
+	case mode == "" || mode == string(GateOff):
+		p = GatePolicy{Mode: GateOff}
+	case mode == string(GateHold):
+		p = GatePolicy{Mode: GateHold}
+	case strings.HasPrefix(mode, "budget=") || strings.HasPrefix(mode, "budget:"):
+		n, err := strconv.Atoi(mode[len("budget="):])
 		if err != nil {
-			return GatePolicy{}, fmt.Errorf("%w: gate policy %q: budget is not an integer", ErrBadRequest, s)
+			return GatePolicy{}, fmt.Errorf("%w: gate policy %q: budget is not an integer", ErrBadRequest, all)
 		}
-		p := GatePolicy{Mode: GateBudget, Budget: n}
-		return p, p.Validate()
+		p = GatePolicy{Mode: GateBudget, Budget: n}
+	default:
+		return GatePolicy{}, fmt.Errorf("%w: gate policy %q (want off, gate or budget=N, optionally ,depth=M)", ErrBadRequest, all)
 	}
-	return GatePolicy{}, fmt.Errorf("%w: gate policy %q (want off, gate or budget=N)", ErrBadRequest, s)
+	if opt != "" {
+		v, ok := strings.CutPrefix(opt, "depth=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil {
+			return GatePolicy{}, fmt.Errorf("%w: gate policy %q: %q is not depth=M", ErrBadRequest, all, opt)
+		}
+		p.Depth = n
+	}
+	return p, p.Validate()
 }
 
 // Validate checks the mode and the budget.
@@ -94,6 +111,9 @@ func (p GatePolicy) Validate() error {
 	default:
 		return fmt.Errorf("%w: gate mode %q (want off, gate or budget)", ErrBadRequest, p.Mode)
 	}
+	if p.Depth < 0 || p.Depth > MaxGateBudget {
+		return fmt.Errorf("%w: gate depth %d is out of range [0, %d]", ErrBadRequest, p.Depth, MaxGateBudget)
+	}
 	if p.Stale < 0 {
 		return fmt.Errorf("%w: gate stale %v is negative", ErrBadRequest, p.Stale)
 	}
@@ -102,13 +122,17 @@ func (p GatePolicy) Validate() error {
 
 // String is the form ParseGatePolicy reads.
 func (p GatePolicy) String() string {
+	s := string(GateOff)
 	switch p.Mode {
 	case GateHold:
-		return string(GateHold)
+		s = string(GateHold)
 	case GateBudget:
-		return fmt.Sprintf("budget=%d", p.Budget)
+		s = fmt.Sprintf("budget=%d", p.Budget)
 	}
-	return string(GateOff)
+	if p.Depth > 0 && p.on() {
+		s += fmt.Sprintf(",depth=%d", p.Depth)
+	}
+	return s
 }
 
 func (p GatePolicy) on() bool { return p.Mode == GateHold || p.Mode == GateBudget }
@@ -230,7 +254,7 @@ func (g gateMsg) message(page bool) swapproto.Message {
 	if mode == "" {
 		mode = GateOff
 	}
-	return swapproto.Message{Type: swapproto.TypeGate, Policy: string(mode), Budget: g.policy.Budget, Slot: &slot,
+	return swapproto.Message{Type: swapproto.TypeGate, Policy: string(mode), Budget: g.policy.Budget, Depth: g.policy.Depth, Slot: &slot,
 		Mask: g.mask, Signal: g.signal, StaleMS: int(stale / time.Millisecond), Page: page, Class: g.class}
 }
 

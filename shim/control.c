@@ -346,6 +346,7 @@ static void handle_gate(const char *line)
 	else
 		c.policy = MS_PG_OFF;
 	c.budget = (int)json_long(line, "budget", 0);
+	c.depth = (int)json_long(line, "depth", 0);
 	c.slot = (int)json_long(line, "slot", -1);
 	c.signal = json_bool(line, "signal");
 	c.stale_ms = (unsigned)json_long(line, "stale_ms", 0);

@@ -39,6 +39,7 @@ struct drv {
 	CUresult (*cuEventCreate)(CUevent *, unsigned int);
 	CUresult (*cuEventRecord)(CUevent, CUstream);
 	CUresult (*cuEventQuery)(CUevent);
+	CUresult (*cuEventSynchronize)(CUevent);
 	CUresult (*cuGetErrorString)(CUresult, const char **);
 	CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
 	CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, int *);
@@ -139,6 +140,8 @@ MS_HIDDEN extern atomic_long ms_pg_calls;   /* signalled calls inside the driver
 MS_HIDDEN extern atomic_int ms_pg_local_busy;
 
 MS_HIDDEN int ms_prio_hold(CUstream s); /* waits while a higher slot is busy; budget token or 0 */
+MS_HIDDEN int ms_prio_depth(CUstream s); /* keeps at most depth launches in flight; token */
+MS_HIDDEN extern atomic_int ms_pg_depth;
 MS_HIDDEN void ms_prio_set_busy(void);
 MS_HIDDEN void ms_prio_note(CUstream s);
 MS_HIDDEN void ms_prio_budget_record(CUstream s, int tok);
@@ -154,6 +157,8 @@ static inline int ms_prio_check(CUstream s)
 	struct ms_pg_page *pg = atomic_load_explicit(&ms_pg_page, memory_order_relaxed);
 	if (__builtin_expect(pg != NULL && (atomic_load_explicit(&pg->busy, memory_order_acquire) & m) != 0, 0))
 		return ms_prio_hold(s);
+	if (__builtin_expect(atomic_load_explicit(&ms_pg_depth, memory_order_relaxed) != 0, 0))
+		return ms_prio_depth(s);
 	return 0;
 }
 
@@ -178,7 +183,7 @@ static inline void ms_prio_sig_exit(CUstream s, int sig)
 
 /* Control thread: apply a `gate` message (page_fd >= 0 maps a new page). */
 struct ms_prio_cfg {
-	int policy, budget, slot, signal;
+	int policy, budget, depth, slot, signal;
 	unsigned stale_ms;
 	uint64_t mask;
 };

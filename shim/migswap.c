@@ -186,6 +186,7 @@ static void load_driver(void)
 	LOAD(cuEventCreate, "cuEventCreate");
 	LOAD(cuEventRecord, "cuEventRecord");
 	LOAD(cuEventQuery, "cuEventQuery");
+	LOAD(cuEventSynchronize, "cuEventSynchronize");
 	LOAD(cuGetErrorString, "cuGetErrorString");
 	LOAD(cuGetProcAddress, "cuGetProcAddress");
 	LOAD(cuGetProcAddress_v2, "cuGetProcAddress_v2");

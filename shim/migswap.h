@@ -54,6 +54,8 @@ struct migswap_stats {
 	uint32_t prio_budget;       /* launches in flight allowed while held (budget) */
 	int32_t prio_slot;          /* this process's slot on the device's page, -1 none */
 	uint32_t prio_signal;       /* 1 while it publishes its work in flight */
+	uint32_t prio_depth;        /* launches in flight allowed while not held (0: no limit) */
+	uint32_t prio_reserved;
 };
 
 /* migswap_get_stats fills *out; safe from any thread; returns 0. */

@@ -17,6 +17,9 @@
  *     through are still in flight (an event recorded after each). A busy bit
  *     whose heartbeat is older than stale_ms is ignored (a stopped or hung
  *     process); the daemon clears the bit of a process whose connection ends.
+ *     With depth M it also keeps at most M launches in flight while not held
+ *     (an event after each), so that the backlog a higher-priority launch
+ *     finds queued ahead of it on the GPU stays short.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -37,6 +40,7 @@ atomic_int ms_pg_signal;
 struct ms_pg_page *_Atomic ms_pg_page;
 atomic_long ms_pg_calls;
 atomic_int ms_pg_local_busy;
+atomic_int ms_pg_depth; /* > 0: at most this many launches in flight while a higher-priority neighbour exists */
 
 static atomic_int pg_slot = -1;
 static atomic_int pg_policy, pg_budget;
@@ -394,6 +398,33 @@ void ms_prio_budget_record(CUstream s, int tok)
 	pthread_mutex_unlock(&ring_mu);
 }
 
+/* ms_prio_depth: not held, but at most depth launches in flight: wait for
+ * the oldest while the ring is full (or until a higher slot turns busy). */
+int ms_prio_depth(CUstream s)
+{
+	for (;;) {
+		int n = atomic_load(&ms_pg_depth);
+		if (n <= 0 || !atomic_load(&ms_pg_mask))
+			return 0;
+		int tok = budget_take(n < NRING ? n : NRING);
+		if (tok)
+			return tok;
+		CUevent ev = NULL;
+		pthread_mutex_lock(&ring_mu);
+		unsigned i = ring_head % NRING;
+		if (ring_tail != ring_head && ring[i].state == 2)
+			ev = ring[i].ev;
+		pthread_mutex_unlock(&ring_mu);
+		if (ev && drv.cuEventSynchronize)
+			drv.cuEventSynchronize(ev); /* precise: short training kernels do not wait a timer tick */
+		else
+			sleep_us(20);
+		struct ms_pg_page *pg = atomic_load(&ms_pg_page);
+		if (pg && (atomic_load(&pg->busy) & atomic_load(&ms_pg_mask)))
+			return ms_prio_hold(s);
+	}
+}
+
 /* busy_bits returns the set bits of b whose heartbeat is fresh. */
 static uint64_t fresh_bits(struct ms_pg_page *pg, uint64_t b, unsigned stale_ms)
 {
@@ -500,6 +531,7 @@ int ms_prio_apply(const struct ms_prio_cfg *c, int page_fd, char *err, size_t er
 	}
 	atomic_store(&pg_policy, c->policy);
 	atomic_store(&pg_budget, c->budget < 0 ? 0 : c->budget);
+	atomic_store(&ms_pg_depth, c->policy == MS_PG_OFF || c->depth < 0 ? 0 : c->depth);
 	atomic_store(&pg_stale_ms, c->stale_ms);
 	int sig = c->signal && c->slot >= 0;
 	if (sig && start_watcher() != 0) {
@@ -510,13 +542,14 @@ int ms_prio_apply(const struct ms_prio_cfg *c, int page_fd, char *err, size_t er
 	atomic_store(&ms_pg_mask, c->policy == MS_PG_OFF ? 0 : c->mask);
 	update_on();
 	atomic_store(&stats_dirty, 1);
-	ms_log("gate: policy %d budget %d slot %d mask %#llx signal %d stale %u ms", c->policy, c->budget, c->slot,
-	       (unsigned long long)c->mask, sig, c->stale_ms);
+	ms_log("gate: policy %d budget %d depth %d slot %d mask %#llx signal %d stale %u ms", c->policy, c->budget,
+	       c->depth, c->slot, (unsigned long long)c->mask, sig, c->stale_ms);
 	return 0;
 }
 
 void ms_prio_detach(void)
 {
+	atomic_store(&ms_pg_depth, 0);
 	atomic_store(&ms_pg_mask, 0);
 	atomic_store(&ms_pg_signal, 0);
 	update_on();
@@ -538,6 +571,7 @@ void ms_prio_get_stats(struct migswap_stats *s)
 	s->prio_mask = atomic_load(&ms_pg_mask);
 	s->prio_policy = (uint32_t)atomic_load(&pg_policy);
 	s->prio_budget = (uint32_t)atomic_load(&pg_budget);
+	s->prio_depth = (uint32_t)atomic_load(&ms_pg_depth);
 	s->prio_slot = atomic_load(&pg_slot);
 	s->prio_signal = (uint32_t)atomic_load(&ms_pg_signal);
 }
@@ -554,6 +588,7 @@ void ms_prio_atfork_child(void)
 	atomic_store(&pg_slot, -1);
 	atomic_store(&pg_policy, 0);
 	atomic_store(&pg_budget, 0);
+	atomic_store(&ms_pg_depth, 0);
 	atomic_store(&ms_pg_calls, 0);
 	atomic_store(&ms_pg_local_busy, 0);
 	atomic_store(&watcher_started, 0);

@@ -246,14 +246,14 @@ static void report_stats(const char *prefix)
 	printf("%s shim=%d mode=%u state=%u connected=%u allocations=%llu bytes=%llu gated=%llu swaps_out=%llu "
 	       "swaps_in=%llu arena=%llu in_use=%llu vmm_in_use=%llu vmm_creates=%llu plain_allocs=%llu launches=%llu "
 	       "prio_holds=%llu prio_held_ns=%llu prio_busy_periods=%llu prio_busy_ns=%llu prio_mask=%llu prio_policy=%u "
-	       "prio_budget=%u prio_slot=%d prio_signal=%u\n",
+	       "prio_budget=%u prio_slot=%d prio_signal=%u prio_depth=%u\n",
 	       prefix, ms != NULL, s.mode, s.state, s.connected, (unsigned long long)s.allocations,
 	       (unsigned long long)s.bytes, (unsigned long long)s.gated_calls, (unsigned long long)s.swaps_out,
 	       (unsigned long long)s.swaps_in, (unsigned long long)s.arena_bytes, (unsigned long long)f.in_use, (unsigned long long)f.vmm_in_use,
 	       (unsigned long long)f.vmm_creates, (unsigned long long)f.plain_allocs, (unsigned long long)f.launches,
 	       (unsigned long long)s.prio_holds, (unsigned long long)s.prio_held_ns, (unsigned long long)s.prio_busy_periods,
 	       (unsigned long long)s.prio_busy_ns, (unsigned long long)s.prio_mask, s.prio_policy, s.prio_budget, s.prio_slot,
-	       s.prio_signal);
+	       s.prio_signal, s.prio_depth);
 	fflush(stdout);
 }
 

@@ -119,8 +119,8 @@ A job that does not run under the shim can still make room: 'migctl swap reserve
 --device D --bytes SIZE --priority P' swaps out lower-priority shimmed jobs until SIZE fits.
 
 Scheduling policies (--policy): who is resident when the shimmed processes of a device need
-more memory than it has. The others wait swapped out (the swap is the job switch: ~0.25 s for
-12 GiB on an H200; 50 ms + bytes at --swap-bandwidth in the policy's cost model).
+more memory than it has. The others wait swapped out (the swap is the job switch: 16 GiB moved
+in ~0.35 s each way on an H200; 10 ms + bytes at --swap-bandwidth in the policy's cost model).
   priority  (default; the behaviour before this flag) a process that needs memory takes it from
             strictly lower priorities, lowest first, then the most recently started; equal
             priorities never preempt each other, and an allocation that cannot fit fails.
@@ -192,10 +192,10 @@ the simulated job completion times of the three on a recorded 40-job mix (contex
 		defaultLeaseState+" for root, $XDG_STATE_HOME/migctl/leases.json for others)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
-	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile)")
+	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile); add ,depth=M to keep at most M of a lower-priority process's launches in flight at any time (e.g. gate,depth=8)")
 	f.StringVar(&o.policy, "policy", sched.NamePriority, "who is resident when shimmed processes do not all fit: "+strings.Join(sched.Names(), "|")+" (see above)")
 	f.DurationVar(&o.quantum, "quantum", 10*time.Second, "fair: the shortest turn a process keeps the device (a turn is also at least 20 x its priority's largest swap out and in)")
-	f.StringVar(&o.swapBandwidth, "swap-bandwidth", "50GiB", "bytes per second the fair and srf policies assume a swap moves, for a switch's cost ("+bytesize.Units+")")
+	f.StringVar(&o.swapBandwidth, "swap-bandwidth", "47GiB", "bytes per second the fair and srf policies assume a swap moves, for a switch's cost ("+bytesize.Units+")")
 	f.BoolVar(&o.enableMIG, "enable-mig", false, "let leasing turn MIG on for an idle GPU whose MIG is off, after the GPUs already in MIG mode (default: on with --sim, off on real GPUs)")
 	return cmd
 }

@@ -34,8 +34,8 @@ const (
 	TypeGranted = "granted"
 	TypeDenied  = "denied"
 	TypeError   = "error"
-	// TypeGate sets the shim's priority gating (policy, budget, slot, mask,
-	// signal, stale_ms, class); with page true the device's shared page
+	// TypeGate sets the shim's priority gating (policy, budget, depth, slot,
+	// mask, signal, stale_ms, class); with page true the device's shared page
 	// comes with the line as an SCM_RIGHTS descriptor.
 	TypeGate = "gate"
 )
@@ -69,6 +69,7 @@ type Message struct {
 	// gate (daemon → shim); see PROTOCOL.md "Priority launch gating".
 	Policy  string `json:"policy,omitempty"`
 	Budget  int    `json:"budget,omitempty"`
+	Depth   int    `json:"depth,omitempty"`
 	Slot    *int   `json:"slot,omitempty"`
 	Mask    uint64 `json:"mask,omitempty"`
 	Signal  bool   `json:"signal,omitempty"`

@@ -174,8 +174,9 @@ func TestGateHoldsLowWhileHighBusy(t *testing.T) {
 }
 
 // With budget N, a held process keeps at most N of its launches in flight
-// while the high-priority one is busy; with gate it keeps none (its burst
-// waits), and with the policy off nothing changes (all in flight at once).
+// while the high-priority one is busy; with depth M it keeps at most M in
+// flight while the high-priority one is idle; with the policy off nothing
+// changes (all in flight at once).
 func TestGateBudgetAndOff(t *testing.T) {
 	needBin(t)
 	const burst, kernel = 10, 20000 // 10 kernels of 20 ms on one stream
@@ -184,10 +185,12 @@ func TestGateBudgetAndOff(t *testing.T) {
 		pol         ctxmgr.GatePolicy
 		maxInflight uint64
 		held        bool
+		highIdle    bool
 	}{
-		{"budget 2", ctxmgr.GatePolicy{Mode: ctxmgr.GateBudget, Budget: 2}, 2, true},
-		{"budget 1", ctxmgr.GatePolicy{Mode: ctxmgr.GateBudget, Budget: 1}, 1, true},
-		{"off", ctxmgr.GatePolicy{Mode: ctxmgr.GateOff}, burst, false},
+		{"budget 2", ctxmgr.GatePolicy{Mode: ctxmgr.GateBudget, Budget: 2}, 2, true, false},
+		{"budget 1", ctxmgr.GatePolicy{Mode: ctxmgr.GateBudget, Budget: 1}, 1, true, false},
+		{"gate depth 3, high idle", ctxmgr.GatePolicy{Mode: ctxmgr.GateHold, Depth: 3}, 3, true, true},
+		{"off", ctxmgr.GatePolicy{Mode: ctxmgr.GateOff}, burst, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -204,12 +207,18 @@ func TestGateBudgetAndOff(t *testing.T) {
 				require.Equal(t, "-1", s["prio_slot"])
 				require.Equal(t, "0", high.stats(t)["prio_signal"])
 			}
-			high.launch(t, 2_000_000, 1, 5*time.Second) // busy for 2 s, well beyond the burst
+			if !tc.highIdle {
+				high.launch(t, 2_000_000, 1, 5*time.Second) // busy for 2 s, well beyond the burst
+			}
 			l := low.launch(t, kernel, burst, 10*time.Second)
 			t.Logf("%s: burst of %d took %s µs, at most %s in flight", tc.name, burst, l["elapsed_us"], l["maxinflight"])
 			require.Equal(t, tc.maxInflight, num(t, l, "maxinflight"))
 			s := low.stats(t)
-			if tc.held {
+			if tc.highIdle {
+				require.Equal(t, "0", s["prio_holds"])
+				require.Equal(t, "3", s["prio_depth"])
+				require.Greater(t, usOf(t, l, "elapsed_us"), time.Duration(burst-tc.maxInflight-1)*kernel*time.Microsecond)
+			} else if tc.held {
 				require.NotEqual(t, "0", s["prio_holds"])
 				require.Equal(t, "2", s["prio_policy"])
 			} else {
