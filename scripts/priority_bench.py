@@ -720,8 +720,8 @@ class Driver:
                     if "prio_policy" in sh:
                         b += (f" policy {sh['prio_policy']} slot {sh['prio_slot']} holds {sh['prio_holds']} "
                               f"held {sh['prio_held_ns'] / 1e9:.2f} s busy {sh['prio_busy_ns'] / 1e9:.2f} s")
-                    if sh.get("slice"):
-                        sl = sh["slice"]
+                    sl = sh.get("slice") or {}
+                    if sl.get("modules_rewritten") or sl.get("modules_skipped") or sl.get("sliced_launches"):
                         b += (f" sliced {sl['sliced_launches']} launches into {sl['slices']} slices "
                               f"({sl['functions_mapped']} functions with a twin, {sl['modules_rewritten']} modules "
                               f"rewritten, {sl['modules_skipped']} skipped)")
@@ -729,10 +729,12 @@ class Driver:
                         b += f" extra {sh['extra_u64']}"
                     bits.append(b)
             note = "; ".join(bits)
-        return {"case": cid, "what": r.get("what", CASES[cid][0]),
+        what = CASES[cid][0].replace("budget=N", f"budget={self.a.budget_n}").replace(
+            "(MIGSWAP_SLICE_BLOCKS)", f"({self.a.slice_env}={self.a.slice_blocks})")
+        return {"case": cid, "what": what,
                 "p50": lat.get("p50"), "p99": lat.get("p99"), "p999": lat.get("p99.9"), "max": lat.get("max"),
                 "ratio": ratio, "sps": sps, "share": share, "note": note,
-                "cells": [cid, r.get("what", CASES[cid][0]), f(lat.get("p50")), f(lat.get("p99")), f(lat.get("p99.9")),
+                "cells": [cid, what, f(lat.get("p50")), f(lat.get("p99")), f(lat.get("p99.9")),
                           f(lat.get("max")), f(ratio, "{:.2f}x"), f(sps, "{:.1f}"), f(share, "{:.0f}%"), note]}
 
     def table(self):
