@@ -26,7 +26,9 @@ inter-node traffic:
 
 AVG is a sum divided by the world size at the end (integers truncate, as the
 library's AVG does). gloo lacks bfloat16 on torch 1.13: such shards cross
-nodes as float32. CUDA tensors cross nodes through host memory.
+nodes as float32. CUDA tensors cross nodes through host memory over gloo, or
+with MIGCTL_INTER_NODE=nccl over NCCL in device memory (one NCCL communicator
+per local rank, of one rank per node; torch 2.x).
 
 Every collective runs, in issue order, on one thread of this module (the
 stages wait for each other); a call returns a Work at once.
@@ -147,6 +149,22 @@ def _gloo(store, rank, size, timeout):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
+def _nccl(store, rank, size, timeout):
+    """NCCL across nodes for CUDA tensors (MIGCTL_INTER_NODE=nccl; torch 2.x)."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        raise RuntimeError("migctl backend: MIGCTL_INTER_NODE=nccl, but this torch has no CUDA or no NCCL")
+    opts = dist.ProcessGroupNCCL.Options()
+    if isinstance(timeout, timedelta):
+        try:
+            opts._timeout = timeout
+        except AttributeError:
+            pass
+    return dist.ProcessGroupNCCL(store, rank, size, opts)
+
+
+INTER_NODE = "MIGCTL_INTER_NODE"  # gloo (default) or nccl: what CUDA tensors cross nodes with
+
+
 def _bytes(t):
     """A contiguous 1-D uint8 view of a contiguous tensor's bytes."""
     t = t.reshape(-1)
@@ -198,6 +216,13 @@ class Hier:
         self.local = _Comm.get_node(lr, L, addr, job)
         # local rank lr's gloo group across nodes
         self.cross = _gloo(dist.PrefixStore(f"migctl/cross{lr}/", store), n, N, timeout) if N > 1 else None
+        inter = (os.environ.get(INTER_NODE) or "gloo").lower()
+        if inter not in ("gloo", "nccl"):
+            raise RuntimeError(f"migctl backend: {INTER_NODE}={inter!r}: want gloo or nccl")
+        # NCCL for CUDA tensors (its communicator is made at the first collective)
+        self.cross_cuda = None
+        if inter == "nccl" and N > 1:
+            self.cross_cuda = _nccl(dist.PrefixStore(f"migctl/cross-nccl{lr}/", store), n, N, timeout)
         self._q = collections.deque()
         self._cv = threading.Condition()
         self._live = collections.OrderedDict()  # id -> HierWork not yet finished and consumed
@@ -269,10 +294,13 @@ class Hier:
         """All-reduce of t (contiguous) across nodes over gloo (SUM, MIN, MAX)."""
         if self.cross is None or t.numel() == 0:
             return
-        host = t if not t.is_cuda else t.cpu()
-        wire = host.float() if host.dtype == torch.bfloat16 else host
         o = dist.AllreduceOptions()
         o.reduceOp = {_lib.SUM: dist.ReduceOp.SUM, _lib.MIN: dist.ReduceOp.MIN, _lib.MAX: dist.ReduceOp.MAX}[op]
+        if t.is_cuda and self.cross_cuda is not None:  # on the current (side) stream
+            self.cross_cuda.allreduce([t], o).wait()
+            return
+        host = t if not t.is_cuda else t.cpu()
+        wire = host.float() if host.dtype == torch.bfloat16 else host
         self.cross.allreduce([wire], o).wait()
         if wire is not t:
             t.copy_(wire)
@@ -283,6 +311,9 @@ class Hier:
             out.copy_(inp)
             return
         n = inp.numel()
+        if inp.is_cuda and self.cross_cuda is not None:
+            self.cross_cuda.allgather([[out[k * n:(k + 1) * n] for k in range(self.nodes)]], [inp]).wait()
+            return
         hin = inp.cpu() if inp.is_cuda else inp
         hout = torch.empty(out.numel(), dtype=torch.uint8) if out.is_cuda else out
         self.cross.allgather([[hout[k * n:(k + 1) * n] for k in range(self.nodes)]], [hin]).wait()
@@ -292,9 +323,12 @@ class Hier:
     def _cross_broadcast(self, t, root):
         if self.cross is None or t.numel() == 0:
             return
-        host = t.cpu() if t.is_cuda else t
         o = dist.BroadcastOptions()
         o.rootRank = root
+        if t.is_cuda and self.cross_cuda is not None:
+            self.cross_cuda.broadcast([t], o).wait()
+            return
+        host = t.cpu() if t.is_cuda else t
         self.cross.broadcast([host], o).wait()
         if host is not t:
             t.copy_(host)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # FSDP over the migctl backend on the GPU (issue 11), run by scripts/h200-train.sh with
 # ONLY=pytorch-fsdp (or alone from the repository root): python/tests/fsdp_check.py under
-# `migctl run --gpus 0` at 4 and 7 ranks (the small GPT, FSDP FULL_SHARD vs DDP, 50 steps, losses
-# to fp32 round-off), then fsdp_check with the job split over two "nodes" on GPU 0 (two
-# `migctl run --nnodes 2` side by side: migctl inside each node, gloo between them, CUDA tensors).
+# `migctl run --gpus 0` at 7 ranks (the small GPT, FSDP FULL_SHARD vs DDP, 50 steps, losses to
+# fp32 round-off), then fsdp_check and ops_check with the job split over two "nodes" of 2 ranks on
+# GPU 0 (two `migctl run --nnodes 2` side by side: migctl inside each node, gloo between them, CUDA
+# tensors), and with 2 GPUs ops_check with node i on GPU i and NCCL between them.
 # Needs bin/migctl and bin/libmigctl.so (make build lib), torch 2.x with CUDA. Logs under
 # $OUT/pytorch-fsdp/; one PASS/FAIL line per check; last line "N passed, N failed". < 4 minutes.
 set -uo pipefail
@@ -21,29 +22,33 @@ result() { # result NAME RC OUTFILE...
     fail=$((fail+1)); echo "FAIL $name (rc $rc): $(cut -c 1-300 <<<"$line")"; tail -n 6 "$@" 2>/dev/null | cut -c 1-300
   fi
 }
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' | tee "$R/torch.txt"
-for np in 4 7; do
-  timeout 55 $M run --gpus 0 --np $np -q --timeout 60s -- python3 python/tests/fsdp_check.py \
-    > "$R/fsdp-$np.out" 2> "$R/fsdp-$np.err"
-  result "fsdp-vs-ddp-$np-ranks" $? "$R/fsdp-$np.out" "$R/fsdp-$np.err"
-done
-# two "nodes" of 2 ranks on GPU 0: the hierarchical path with CUDA tensors
-token() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
-export MIGCTL_JOB_TOKEN=$(token)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-for i in 0 1; do
-  timeout 60 $M run --gpus 0 --np 2 --nnodes 2 --node-rank $i --rdzv-endpoint 127.0.0.1:$port -q --timeout 60s \
-    -- python3 python/tests/fsdp_check.py > "$R/fsdp-2x2-node$i.out" 2> "$R/fsdp-2x2-node$i.err" &
-done
-rc=0; for j in $(jobs -p); do wait "$j" || rc=$?; done
-result "fsdp-vs-ddp-2-nodes-x-2" $rc "$R/fsdp-2x2-node0.out" "$R/fsdp-2x2-node0.err"
-export MIGCTL_JOB_TOKEN=$(token)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-for i in 0 1; do
-  timeout 60 $M run --gpus 0 --np 2 --nnodes 2 --node-rank $i --rdzv-endpoint 127.0.0.1:$port -q --timeout 60s \
-    -- python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0 \
-    > "$R/ops-2x2-node$i.out" 2> "$R/ops-2x2-node$i.err" &
-done
-rc=0; for j in $(jobs -p); do wait "$j" || rc=$?; done
-result "ops-cuda-2-nodes-x-2" $rc "$R/ops-2x2-node0.out" "$R/ops-2x2-node0.err"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "gpus", torch.cuda.device_count())' | tee "$R/torch.txt"
+timeout 60 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py > "$R/fsdp-7.out" 2> "$R/fsdp-7.err"
+result "fsdp-vs-ddp-7-ranks" $? "$R/fsdp-7.out" "$R/fsdp-7.err"
+
+two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 ranks side by side
+  local name=$1 g0=$2 g1=$3 i rc=0 port pids=()
+  shift 3
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  export MIGCTL_JOB_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  for i in 0 1; do
+    local g=$g0; [ $i = 1 ] && g=$g1
+    timeout 55 $M run --gpus "$g" --np 2 --nnodes 2 --node-rank $i --rdzv-endpoint 127.0.0.1:$port -q --timeout 60s \
+      -- "$@" > "$R/$name-node$i.out" 2> "$R/$name-node$i.err" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  result "$name" $rc "$R/$name-node0.out" "$R/$name-node0.err"
+}
+# the hierarchical path with CUDA tensors: migctl inside each node, gloo (host memory) between them
+two_nodes fsdp-vs-ddp-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py
+two_nodes ops-cuda-2-nodes-x-2 0 0 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
+# NCCL between the nodes (MIGCTL_INTER_NODE=nccl) needs the nodes on different GPUs
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+  export MIGCTL_INTER_NODE=nccl
+  two_nodes ops-cuda-2-nodes-x-2-nccl 0 1 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
+  unset MIGCTL_INTER_NODE
+else
+  echo "(one GPU: the NCCL-between-nodes check needs two)"
+fi
 echo "$pass passed, $fail failed"
