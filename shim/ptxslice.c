@@ -1263,6 +1263,8 @@ static struct {
 	CUresult (*ModuleUnload)(CUmodule);
 	CUresult (*StreamIsCapturing)(CUstream, int *);
 	CUresult (*KernelGetFunction)(CUfunction *, CUkernel);
+	CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*LibraryGetKernel)(CUkernel *, CUlibrary, const char *);
 } sd;
 
 /* per-thread ring of events for the in-flight limit */
@@ -1395,8 +1397,16 @@ static struct migswap_slice_stats stats;
 
 /* A twin: the program's module and our rewritten copy of it. */
 struct twin {
-	void *app, *ours; /* CUmodule or CUlibrary; ours NULL: not rewritten */
+	void *app, *ours; /* CUmodule or CUlibrary; ours: NULL until loaded */
 	int lib;          /* a library (cuLibraryLoadData) */
+	/* The rewritten PTX is JIT-compiled at the first launch that is sliced
+	 * (a module whose kernels never need slicing costs no second JIT). */
+	pthread_mutex_t mu;
+	int state; /* 0 rewritten, not loaded; 1 loaded; -1 not rewritten or the load failed */
+	int nopts;
+	int opts[64];
+	void *vals[64];
+	ms_libload_fn lib_load;
 	struct ms_ptx_module info;
 	char reason[256];
 	struct twin *next;
@@ -1407,8 +1417,10 @@ static struct twin *twins;
 /* CUfunction -> slice info: open addressing, read without a lock. */
 struct fmap {
 	_Atomic(CUfunction) key;
-	CUfunction twin;                 /* NULL: not sliceable */
-	const struct ms_ptx_entry *e;    /* in the twin's info */
+	CUfunction twin;                 /* the twin's function once looked up */
+	const struct ms_ptx_entry *e;    /* in the twin's info; NULL: not sliceable */
+	struct twin *tw;                 /* where the twin comes from */
+	int kind;                        /* 0 module function, 1 library kernel, 2 a library kernel's function */
 	void *app; /* its CUmodule or CUlibrary */
 	int wave_orig, wave_twin;        /* blocks per wave (0 unknown) */
 	unsigned wave_block, wave_smem;  /* launch shape they were computed for */
@@ -1439,7 +1451,8 @@ static struct fmap *fmap_find(CUfunction f)
 }
 
 /* fmap_put inserts or updates (under fmap_mu); the entry is published last. */
-static void fmap_put(CUfunction f, CUfunction twin, const struct ms_ptx_entry *e, void *app, const char *reason)
+static void fmap_put(CUfunction f, struct twin *tw, int kind, const struct ms_ptx_entry *e, void *app,
+		     const char *reason)
 {
 	pthread_mutex_lock(&fmap_mu);
 	size_t i = fslot(f);
@@ -1454,8 +1467,10 @@ static void fmap_put(CUfunction f, CUfunction twin, const struct ms_ptx_entry *e
 	if (slot) {
 		int fresh = atomic_load_explicit(&slot->key, memory_order_relaxed) == NULL;
 		if (!fresh) /* a reused handle: stop slicing through it while we update */
-			slot->twin = NULL;
-		slot->e = e;
+			slot->e = NULL;
+		slot->twin = NULL;
+		slot->tw = tw;
+		slot->kind = kind;
 		slot->app = app;
 		slot->wave_orig = slot->wave_twin = 0;
 		slot->wave_block = slot->wave_smem = 0;
@@ -1463,9 +1478,9 @@ static void fmap_put(CUfunction f, CUfunction twin, const struct ms_ptx_entry *e
 		slot->failed = 0;
 		snprintf(slot->reason, sizeof slot->reason, "%s", reason ? reason : "");
 		atomic_thread_fence(memory_order_release);
-		slot->twin = twin;
+		slot->e = e;
 		atomic_store_explicit(&slot->key, f, memory_order_release);
-		if (twin)
+		if (e)
 			SSTAT(functions_mapped, 1);
 	}
 	pthread_mutex_unlock(&fmap_mu);
@@ -1508,6 +1523,8 @@ static void config(void)
 	sd.ModuleUnload = gpa("cuModuleUnload", 2000);
 	sd.StreamIsCapturing = gpa("cuStreamIsCapturing", 10000);
 	sd.KernelGetFunction = gpa("cuKernelGetFunction", 12000);
+	sd.ModuleGetFunction = gpa("cuModuleGetFunction", 2000);
+	sd.LibraryGetKernel = gpa("cuLibraryGetKernel", 12000);
 	ms_slice_on = 1;
 	ms_log("slicing on: at most %u blocks per slice%s, %u slices in flight", slice_blocks,
 	       slice_whole_waves ? " (rounded to whole waves)" : "", slice_inflight);
@@ -1529,30 +1546,10 @@ static int device_cc(void)
 	return maj * 10 + min;
 }
 
-/* load_twin_image loads the rewritten PTX with the program's JIT options
- * (those that shape the code: registers, optimization level, target, ...),
- * without the ones that report back (logs, wall time), which stay the
- * program's. */
-static CUresult load_twin_image(CUmodule *m, const char *ptx, unsigned n, const int *opts, void *const *vals)
-{
-	if (n == 0 || !opts || !vals || !sd.ModuleLoadDataEx)
-		return sd.ModuleLoadData(m, ptx);
-	int o[64];
-	void *v[64];
-	unsigned k = 0;
-	for (unsigned i = 0; i < n && k < 64; i++) {
-		/* 2 wall time, 3-6 info/error log buffers and sizes, 12 verbose log */
-		if (opts[i] == 2 || (opts[i] >= 3 && opts[i] <= 6) || opts[i] == 12)
-			continue;
-		o[k] = opts[i];
-		v[k] = vals[i];
-		k++;
-	}
-	return sd.ModuleLoadDataEx(m, ptx, k, o, v);
-}
 
-/* load_twin rewrites the image's PTX and loads it as a second module (or
- * library: lib_load set). */
+/* load_twin rewrites the image's PTX and keeps it (with the program's JIT
+ * options) to be loaded as a second module (or library: lib_load set) when a
+ * launch is first sliced. */
 static void load_twin(void *app, const void *image, unsigned nopts, const int *opts, void *const *vals,
 		      ms_libload_fn lib_load)
 {
@@ -1561,6 +1558,18 @@ static void load_twin(void *app, const void *image, unsigned nopts, const int *o
 		return;
 	t->app = app;
 	t->lib = lib_load != NULL;
+	t->lib_load = lib_load;
+	t->state = -1;
+	pthread_mutex_init(&t->mu, NULL);
+	for (unsigned i = 0; opts && vals && i < nopts && t->nopts < 64; i++) {
+		/* 2 wall time, 3-6 info/error log buffers and sizes, 12 verbose log:
+		 * those report back and stay the program's */
+		if (opts[i] == 2 || (opts[i] >= 3 && opts[i] <= 6) || opts[i] == 12)
+			continue;
+		t->opts[t->nopts] = opts[i];
+		t->vals[t->nopts] = vals[i];
+		t->nopts++;
+	}
 	const char *ptx = NULL;
 	size_t len = 0;
 	int kind = ms_image_kind(image);
@@ -1576,43 +1585,64 @@ static void load_twin(void *app, const void *image, unsigned nopts, const int *o
 	}
 	if (ptx) {
 		ms_ptx_rewrite(ptx, len, &t->info);
-		if (!t->info.ptx) {
+		if (!t->info.ptx)
 			snprintf(t->reason, sizeof t->reason, "%s", t->info.reason);
-		} else if (!sd.ModuleLoadData) {
+		else if (!(lib_load || sd.ModuleLoadData))
 			snprintf(t->reason, sizeof t->reason, "cuModuleLoadData not found");
-		} else {
-			CUresult r;
-			if (lib_load)
-				r = lib_load((CUlibrary *)&t->ours, t->info.ptx, NULL, NULL, 0, NULL, NULL, 0);
-			else
-				r = load_twin_image((CUmodule *)&t->ours, t->info.ptx, nopts, opts, vals);
-			if (r != CUDA_SUCCESS) {
-				t->ours = NULL;
-				snprintf(t->reason, sizeof t->reason, "loading the rewritten PTX failed: %s (%d)",
-					 ms_errstr(r), r);
-			}
-		}
+		else
+			t->state = 0;
 	}
-	if (t->ours) {
+	if (t->state == 0) {
 		SSTAT(modules_rewritten, 1);
 		SSTAT(entries_sliceable, (uint64_t)t->info.nsliceable);
 		SSTAT(entries_refused, (uint64_t)(t->info.nentries - t->info.nsliceable));
-		ms_log("slicing: module %p: %d of %d entries rewritten", (void *)app, t->info.nsliceable,
-		       t->info.nentries);
+		ms_log("slicing: %s %p: %d of %d entries rewritten", t->lib ? "library" : "module", app,
+		       t->info.nsliceable, t->info.nentries);
 		for (int i = 0; i < t->info.nentries; i++)
 			if (!t->info.entries[i].sliceable)
 				ms_log("slicing: %s left unsliced: %s", t->info.entries[i].name, t->info.entries[i].reason);
 	} else {
 		SSTAT(modules_skipped, 1);
-		ms_log("slicing: module %p not rewritten: %s", (void *)app, t->reason);
+		ms_log("slicing: %s %p not rewritten: %s", t->lib ? "library" : "module", app, t->reason);
+		free(t->info.ptx);
+		t->info.ptx = NULL;
 	}
-	/* the twin's PTX text is not needed once loaded */
-	free(t->info.ptx);
-	t->info.ptx = NULL;
 	pthread_mutex_lock(&twin_mu);
 	t->next = twins;
 	twins = t;
 	pthread_mutex_unlock(&twin_mu);
+}
+
+/* twin_load JIT-compiles t's rewritten PTX once; returns the twin or NULL. */
+static void *twin_load(struct twin *t)
+{
+	pthread_mutex_lock(&t->mu);
+	if (t->state == 0) {
+		double t0 = ms_now();
+		CUresult r;
+		if (t->lib_load)
+			r = t->lib_load((CUlibrary *)&t->ours, t->info.ptx, t->nopts ? t->opts : NULL,
+					t->nopts ? t->vals : NULL, (unsigned)t->nopts, NULL, NULL, 0);
+		else if (t->nopts && sd.ModuleLoadDataEx)
+			r = sd.ModuleLoadDataEx((CUmodule *)&t->ours, t->info.ptx, (unsigned)t->nopts, t->opts, t->vals);
+		else
+			r = sd.ModuleLoadData((CUmodule *)&t->ours, t->info.ptx);
+		if (r == CUDA_SUCCESS) {
+			t->state = 1;
+			ms_log("slicing: %s %p: rewritten PTX (%zu bytes) loaded in %.3f s", t->lib ? "library" : "module",
+			       t->app, t->info.ptx_len, ms_now() - t0);
+		} else {
+			t->ours = NULL;
+			t->state = -1;
+			snprintf(t->reason, sizeof t->reason, "loading the rewritten PTX failed: %s (%d)", ms_errstr(r), r);
+			ms_log("slicing: %s %p: %s", t->lib ? "library" : "module", t->app, t->reason);
+		}
+		free(t->info.ptx);
+		t->info.ptx = NULL;
+	}
+	void *ours = t->state == 1 ? t->ours : NULL;
+	pthread_mutex_unlock(&t->mu);
+	return ours;
 }
 
 CUresult ms_slice_module_load(ms_modload_fn real, CUmodule *m, const void *image)
@@ -1651,9 +1681,9 @@ static struct twin *find_twin(void *app)
 /* twin_entry returns name's rewritten entry in t, or NULL with the reason. */
 static const struct ms_ptx_entry *twin_entry(struct twin *t, const char *name, char *why, size_t wl)
 {
-	const struct ms_ptx_entry *e = t->ours ? ms_ptx_find(&t->info, name) : NULL;
+	const struct ms_ptx_entry *e = t->state >= 0 ? ms_ptx_find(&t->info, name) : NULL;
 	why[0] = 0;
-	if (!t->ours)
+	if (t->state < 0)
 		snprintf(why, wl, "%s not rewritten: %.130s", t->lib ? "library" : "module", t->reason);
 	else if (!e)
 		snprintf(why, wl, "no such entry in the PTX");
@@ -1666,6 +1696,8 @@ CUresult ms_slice_module_getfn(ms_modgetfn_fn real, CUfunction *f, CUmodule m, c
 {
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
+	if (!sd.ModuleGetFunction)
+		sd.ModuleGetFunction = real; /* the driver's, as the hook was handed it */
 	CUresult r = real(f, m, name);
 	if (r != CUDA_SUCCESS || !ms_slice_on || !f || !*f || !name)
 		return r;
@@ -1674,12 +1706,7 @@ CUresult ms_slice_module_getfn(ms_modgetfn_fn real, CUfunction *f, CUmodule m, c
 		return r;
 	char why[160];
 	const struct ms_ptx_entry *e = twin_entry(t, name, why, sizeof why);
-	CUfunction tf = NULL;
-	if (e && real(&tf, t->ours, name) != CUDA_SUCCESS) {
-		snprintf(why, sizeof why, "not found in the rewritten module");
-		tf = NULL;
-	}
-	fmap_put(*f, tf, tf ? e : NULL, m, why);
+	fmap_put(*f, t, 0, e, m, why);
 	return r;
 }
 
@@ -1702,13 +1729,21 @@ static void *forget_twin(void *m)
 	pthread_mutex_lock(&fmap_mu);
 	for (size_t i = 0; i < FMAP_SIZE; i++)
 		if (atomic_load(&fmap[i].key) && fmap[i].app == m) {
+			fmap[i].e = NULL;
 			fmap[i].twin = NULL;
+			fmap[i].tw = NULL;
 			snprintf(fmap[i].reason, sizeof fmap[i].reason, "module unloaded");
 		}
 	pthread_mutex_unlock(&fmap_mu);
-	/* t->info stays: fmap entries' e point into it (now unused); it is small */
+	/* t stays allocated: a launch may still hold it (entries point into
+	 * t->info); it is small */
+	pthread_mutex_lock(&t->mu);
+	void *ours = t->state == 1 ? t->ours : NULL;
+	t->state = -1;
+	snprintf(t->reason, sizeof t->reason, "unloaded");
+	pthread_mutex_unlock(&t->mu);
 	t->next = NULL;
-	return t->ours;
+	return ours;
 }
 
 CUresult ms_slice_module_unload(ms_modunload_fn real, CUmodule m)
@@ -1739,6 +1774,8 @@ CUresult ms_slice_library_getkernel(ms_libgetkernel_fn real, CUkernel *k, CUlibr
 {
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
+	if (!sd.LibraryGetKernel)
+		sd.LibraryGetKernel = real;
 	CUresult r = real(k, l, name);
 	if (r != CUDA_SUCCESS || !ms_slice_on || !k || !*k || !name)
 		return r;
@@ -1747,13 +1784,8 @@ CUresult ms_slice_library_getkernel(ms_libgetkernel_fn real, CUkernel *k, CUlibr
 		return r;
 	char why[160];
 	const struct ms_ptx_entry *e = twin_entry(t, name, why, sizeof why);
-	CUkernel tk = NULL;
-	if (e && real(&tk, (CUlibrary)t->ours, name) != CUDA_SUCCESS) {
-		snprintf(why, sizeof why, "not found in the rewritten library");
-		tk = NULL;
-	}
 	/* a CUkernel may be launched as a CUfunction */
-	fmap_put((CUfunction)*k, (CUfunction)tk, tk ? e : NULL, l, why);
+	fmap_put((CUfunction)*k, t, 1, e, l, why);
 	return r;
 }
 
@@ -1761,20 +1793,14 @@ CUresult ms_slice_kernel_getfn(ms_kernelgetfn_fn real, CUfunction *f, CUkernel k
 {
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
+	if (!sd.KernelGetFunction)
+		sd.KernelGetFunction = real;
 	CUresult r = real(f, k);
 	if (r != CUDA_SUCCESS || !ms_slice_on || !f || !*f)
 		return r;
 	struct fmap *m = fmap_find((CUfunction)k);
-	if (!m)
-		return r;
-	CUfunction tf = NULL;
-	char why[160];
-	snprintf(why, sizeof why, "%s", m->reason);
-	if (m->twin && real(&tf, (CUkernel)m->twin) != CUDA_SUCCESS) {
-		snprintf(why, sizeof why, "no function of the rewritten kernel in this context");
-		tf = NULL;
-	}
-	fmap_put(*f, tf, tf ? m->e : NULL, m->app, why);
+	if (m && m->tw)
+		fmap_put(*f, m->tw, 2, m->e, m->app, m->reason);
 	return r;
 }
 
@@ -1788,6 +1814,36 @@ CUresult ms_slice_library_unload(ms_libunload_fn real, CUlibrary l)
 			real((CUlibrary)ours);
 	}
 	return real(l);
+}
+
+/* twin_function loads m's twin (the first time) and looks up its function;
+ * NULL, and m never tried again, when that fails. */
+static CUfunction twin_function(struct fmap *m)
+{
+	struct twin *tw = m->tw;
+	const struct ms_ptx_entry *e = m->e;
+	void *ours = tw && e ? twin_load(tw) : NULL;
+	CUfunction tf = NULL;
+	CUkernel tk = NULL;
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	if (ours && m->kind == 0 && sd.ModuleGetFunction)
+		r = sd.ModuleGetFunction(&tf, (CUmodule)ours, e->name);
+	else if (ours && m->kind >= 1 && sd.LibraryGetKernel)
+		r = sd.LibraryGetKernel(&tk, (CUlibrary)ours, e->name);
+	if (r == CUDA_SUCCESS && m->kind == 1)
+		tf = (CUfunction)tk;
+	else if (r == CUDA_SUCCESS && m->kind == 2)
+		r = sd.KernelGetFunction ? sd.KernelGetFunction(&tf, tk) : CUDA_ERROR_NOT_FOUND;
+	if (r != CUDA_SUCCESS || !tf) {
+		m->failed = 1;
+		if (!ours && tw)
+			snprintf(m->reason, sizeof m->reason, "%.150s", tw->reason);
+		else
+			snprintf(m->reason, sizeof m->reason, "no such function in the rewritten PTX: %s (%d)", ms_errstr(r), r);
+		return NULL;
+	}
+	m->twin = tf;
+	return tf;
 }
 
 /* blocks of f that fit on the device at once for this launch shape */
@@ -1816,9 +1872,8 @@ int ms_slice_try_launch(ms_launch_fn real, CUfunction f, unsigned gx, unsigned g
 	struct fmap *m = fmap_find(f);
 	if (!m)
 		return 0;
-	CUfunction twin = m->twin;
 	const struct ms_ptx_entry *e = m->e;
-	if (!twin || !e || m->failed || !real)
+	if (!e || m->failed || !real)
 		return 0;
 	unsigned long long blocks = (unsigned long long)gx * gy * gz;
 	unsigned b = slice_blocks;
@@ -1831,6 +1886,9 @@ int ms_slice_try_launch(ms_launch_fn real, CUfunction f, unsigned gx, unsigned g
 		return 0;
 	int capturing = 0;
 	if (sd.StreamIsCapturing && (sd.StreamIsCapturing(s, &capturing) != CUDA_SUCCESS || capturing != 0))
+		return 0;
+	CUfunction twin = m->twin;
+	if (!twin && !(twin = twin_function(m)))
 		return 0;
 	/* more than 48 KiB of dynamic shared memory needs the attribute the
 	 * program set on its function: set it on the twin too (before the
@@ -1910,6 +1968,6 @@ __attribute__((visibility("default"))) int migswap_slice_function_info(CUfunctio
 	struct fmap *m = fmap_find(f);
 	if (reason && len)
 		snprintf(reason, len, "%s", m ? m->reason : "not looked up through cuModuleGetFunction");
-	return m && m->twin && !m->failed ? 1 : 0;
+	return m && m->e && !m->failed ? 1 : 0;
 }
 #endif
