@@ -17,6 +17,10 @@
 //     ranks' CPU threads reduce one part each into a result slot, and every
 //     rank copies the result back: about n·S each way over a shared link
 //     instead of 2(n-1)·S, the right choice for ranks on one physical GPU.
+//     Params.GPUShare (split.go) moves that share of every chunk's
+//     reduction to the ranks' devices, which read the peers' staged copies
+//     from mapped host memory: the CPU reads less, the link carries more
+//     (ReduceOn, Machine.GPUShare).
 //   - Hierarchical: for several ranks on each of several GPUs (Params.Groups):
 //     each group's ranks reduce one part each on the device from the peers'
 //     staged inputs, the CPU threads sum the G group partials, every rank
