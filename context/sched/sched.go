@@ -76,10 +76,13 @@ type Cost struct {
 	Fixed     time.Duration
 }
 
-// DefaultCost is the swap measured on the H200: ~50 GiB/s over the host link
-// (pinned copies run at 51.5 GiB/s each way) and a fixed cost per swap for
-// quiescing the process, unmapping and remapping.
-var DefaultCost = Cost{Bandwidth: 50 << 30, Fixed: 50 * time.Millisecond}
+// DefaultCost is libmigswap.so's swap as measured on the H200
+// (shim/RESULTS-H200.md: 16 GiB out at 49.2 GiB/s, in at 45.5 GiB/s, request
+// to memory free 0.33 s; 2 GiB freed in 0.046 s): 47 GiB/s and 10 ms per swap
+// for quiescing the process and mapping. A process's very first swap-out also
+// pins its host arena (seconds per GiB on a fresh VM unless MIGSWAP_PREPIN=1);
+// the model leaves that out.
+var DefaultCost = Cost{Bandwidth: 47 << 30, Fixed: 10 * time.Millisecond}
 
 // Swap is the time to swap bytes out (or in).
 func (c Cost) Swap(bytes int64) time.Duration {

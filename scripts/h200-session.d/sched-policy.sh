@@ -3,8 +3,8 @@
 # GPU 0 with the real shim. A ballast process (no shim) holds most of the H200 so that two
 # equal-priority shimmed jobs of JOB_GIB each (matmul loops, progress every second) do not fit
 # together: the second one's allocation fails, its need makes the daemon swap the first out, and
-# then the two take turns of one quantum (20 x the measured-model switch of JOB_GIB at 50 GiB/s,
-# at least --quantum). Reports each job's matmul iterations while both were active (fair: equal),
+# then the two take turns of one quantum (20 x the cost model's swap out and in of JOB_GIB at
+# 47 GiB/s + 10 ms, at least --quantum: ~17 s for 20 GiB). Reports each job's matmul iterations while both were active (fair: equal),
 # the switches, and the swap time as a share of the run (the quantum rule keeps it ~<5%).
 # Needs bin/migctl, bin/libmigswap.so (make build shim), python3 + torch. MIG off; read-only
 # nvidia-smi. Logs under $OUT/sched-policy/. Last lines: PASS/FAIL lines and a summary. < 4 min.
