@@ -817,6 +817,14 @@ static int do_gpu_delay(const char *kpath, const char *mode, double seconds, uns
 {
 	open_driver();
 	slice_syms();
+	if (blocks == 0) { /* ~50 ms: 16 blocks of 128 threads resident per SM, SPIN_US each */
+		CUdevice dev;
+		int sms = 132;
+		CHECK(cu.DeviceGet(&dev, 0));
+		if (cu.DeviceGetAttribute)
+			cu.DeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, dev);
+		blocks = (unsigned)((unsigned long long)sms * 16 * 50000 / (spin_us ? spin_us : 1));
+	}
 	char *kp = read_file(kpath, NULL);
 	CUmodule km;
 	CHECK(cu.ModuleLoadData(&km, kp));
