@@ -477,3 +477,33 @@ func TestPTXSliceLaunchThroughLibraries(t *testing.T) {
 		})
 	}
 }
+
+// MIGSWAP_PTX_CORPUS=dir rewrites every *.ptx under dir (e.g. a Triton or
+// NVRTC cache) with the same structural checks; skipped when unset.
+func TestPTXSliceRewritesCorpus(t *testing.T) {
+	dir := os.Getenv("MIGSWAP_PTX_CORPUS")
+	if dir == "" {
+		t.Skip("MIGSWAP_PTX_CORPUS not set")
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.ptx"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			r := rewrite(t, f)
+			require.Equal(t, "1", r.module["ok"], "%v", r.module)
+			n := 0
+			for name, e := range r.entries {
+				if e["sliceable"] == "1" {
+					n++
+				} else {
+					t.Logf("%s: unsliced: %s", name, e["reason"])
+				}
+			}
+			if n > 0 {
+				checkStructure(t, r)
+			}
+			t.Logf("%d of %d entries sliceable", n, len(r.entries))
+		})
+	}
+}
