@@ -202,6 +202,7 @@ static void setup(void)
 		CHECK(cu.ModuleLoadData(&mod, img));
 		CHECK(cu.ModuleGetFunction(&k_noop, mod, "noop"));
 		cu.ModuleGetFunction(&k_add_one, mod, "add_one");
+		cu.ModuleGetFunction(&k_sleep_us, mod, "sleep_us"); /* prio needs it: spins usec on the GPU */
 		return;
 	}
 	CHECK(cu.ModuleLoadData(&mod, "fake-module"));
@@ -651,6 +652,8 @@ static void *prio_reader(void *arg)
 static int prio(void)
 {
 	setup();
+	if (!k_sleep_us)
+		die("no sleep_us kernel in the module", 0);
 	CUstream st;
 	CHECK(cu.StreamCreate(&st, 0));
 	void (*inflight)(uint64_t *, uint64_t *, int) = (void (*)(uint64_t *, uint64_t *, int))dlsym(lib, "fakecuda_inflight");
