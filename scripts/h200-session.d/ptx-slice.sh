@@ -55,13 +55,13 @@ extern "C" __global__ void tiny(unsigned long long *t) {
 }
 CU
 if ! "$NVCC" -ptx -arch=compute_90 -O3 -o "$O/slicekern.ptx" "$O/slicekern.cu" 2>"$O/nvcc.err"; then
-  bad "nvcc failed: $(head -c 300 "$O/nvcc.err")"
-  exit 1
+  echo "  nvcc failed or missing ($(head -c 200 "$O/nvcc.err")): using the hand-written PTX of the same kernels"
+  cp shim/test/testdata/ptxslice/slicekern.ptx "$O/slicekern.ptx"
 fi
 
 # ---- 1. correctness
 SAMPLES=""
-for s in grid3d vector legacy16 operand misc params noparens; do SAMPLES="$SAMPLES shim/test/testdata/ptxslice/$s.ptx"; done
+for s in grid3d vector legacy16 operand misc params noparens slicekern; do SAMPLES="$SAMPLES shim/test/testdata/ptxslice/$s.ptx"; done
 ARGS="gpu-run $O/slicekern.ptx allreduce/kernels/reduce.ptx $SAMPLES"
 timeout 120 $T $ARGS >"$O/run-bare.txt" 2>"$O/run-bare.err"
 env LD_PRELOAD=$SHIM MIGSWAP_SLICE_BLOCKS=0 timeout 120 $T $ARGS >"$O/run-off.txt" 2>"$O/run-off.err"

@@ -231,6 +231,11 @@ func TestPTXSliceRewritesSamples(t *testing.T) {
 			// u64, u8: 9 bytes, the slice parameter 4-aligned at 12
 			"tail_u8": {true, 2, 9, 12, 0, 0, ""},
 		}},
+		{"the GPU check's kernels, hand-written", "slicekern.ptx", map[string]want{
+			"grid_probe": {true, 3, 20, 20, 3, 3, ""},
+			"spin":       {true, 2, 16, 16, 1, 1, ""},
+			"tiny":       {true, 1, 8, 8, 0, 0, ""},
+		}},
 		{"an entry without a parameter list", "noparens.ptx", map[string]want{
 			"noparens": {true, 0, 0, 0, 1, 0, ""},
 		}},
