@@ -234,6 +234,11 @@ static int poll_streams(void)
 {
 	int pending = 0;
 	CUcontext cur = NULL;
+	/* no event calls while a stream capture is in progress (a global-mode
+	 * capture forbids calls from other threads that could touch it): the
+	 * bit stays set until the capture ends */
+	if (atomic_load(&ms_captures) > 0)
+		return 1;
 	pthread_mutex_lock(&tbl_mu);
 	for (unsigned i = 0; i < NSTRM; i++) {
 		struct strm *e = &tbl[i];
@@ -247,10 +252,6 @@ static int poll_streams(void)
 			if (!e->ev && drv.cuEventCreate(&e->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
 				e->ev = NULL;
 			CUstream h = k == LEGACY_KEY ? NULL : (CUstream)k;
-			if (atomic_load(&ms_captures) > 0) {
-				pending = 1; /* a capture may be on this stream: record later */
-				continue;
-			}
 			if (e->ev && drv.cuEventRecord(e->ev, h) == CUDA_SUCCESS) {
 				e->recorded = s;
 				e->waiting = 1;
