@@ -50,7 +50,19 @@ func TestBenchReduceOnFakeCUDA(t *testing.T) {
 			}
 		})
 	}
-	_, stderr, err := runBench(t, time.Minute, "allreduce", "--reduce-on", "split:2", "-q")
-	require.Error(t, err)
-	require.Contains(t, stderr, "--reduce-on")
+}
+
+func TestBenchReduceOnValidate(t *testing.T) {
+	for _, bad := range []string{"split:2", "split:0", "gpu:0.5", "dram"} {
+		_, err := benchValidate(t, allreduce.AllReduce, "--reduce-on", bad)
+		require.ErrorContains(t, err, "--reduce-on", bad)
+	}
+	for _, good := range []string{"auto", "cpu", "gpu", "split", "split:0.125"} {
+		o, err := benchValidate(t, allreduce.AllReduce, "--reduce-on", good)
+		require.NoError(t, err, good)
+		require.Equal(t, good, o.spec.ReduceOn)
+	}
+	o, err := benchValidate(t, allreduce.AllReduce)
+	require.NoError(t, err)
+	require.Equal(t, "auto", o.spec.ReduceOn, "default")
 }
