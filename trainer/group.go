@@ -22,8 +22,9 @@ var (
 	// ErrTimeout: a collective ran past its deadline (time held by a swap
 	// not counted).
 	ErrTimeout = errors.New("collective deadline exceeded")
-	// ErrMultiNode: the group's ranks are on several hosts; Go groups do
-	// not span nodes yet.
+	// ErrMultiNode: the group's ranks are on several hosts and the
+	// inter-node stage cannot run (no NCCL, the host backend, ranks uneven
+	// across hosts); the error says which.
 	ErrMultiNode = errors.New("group spans several hosts")
 	// ErrClosed: the Group was closed.
 	ErrClosed = errors.New("group closed")
@@ -54,7 +55,9 @@ type Group struct {
 	job       *comm.ShmJob
 	tr        *comm.ShmTransport
 	exec      *allreduce.Executor
-	cm        *allreduce.Communicator
+	cm        communicator   // allreduce's within a node; nodeComm across nodes
+	api       cuda.Interface // the driver behind dev (gpu backend)
+	node      *nodeStage     // groups across nodes (multinode.go)
 	stream    comm.Stream
 	transport Transport
 	alg       allreduce.Algorithm
@@ -141,13 +144,14 @@ func Init(ctx context.Context, opts ...Option) (_ *Group, err error) {
 			EnvWorldSize, c.size, EnvRendezvous, EnvToken, comm.ErrInvalid)
 	}
 	g.rank, g.size, g.peers, g.topo = m.Rank, m.World, m.Peers, m.Topology
-	if !m.Topology.SameHost {
-		return nil, fmt.Errorf("the group's %d ranks are on %d hosts; a Go group spans one node for now (run one group per node, or PyTorch's hierarchical backend): %w",
-			g.size, countHosts(m.Peers), ErrMultiNode)
-	}
 	g.localRank, g.localSize = c.localRank, c.localSize
 	if g.localRank < 0 || g.localSize < 1 {
-		g.localRank, g.localSize = g.rank, g.size // one host, checked above
+		g.localRank, g.localSize = g.rank, g.size // one host, else joinNodes sets them
+	}
+	if !m.Topology.SameHost {
+		if err := g.joinNodes(); err != nil {
+			return nil, err
+		}
 	}
 	if err := g.chooseAlgorithm(); err != nil {
 		return nil, err
@@ -239,6 +243,7 @@ func (g *Group) openDevice() error {
 		return nil
 	}
 	c.backend = BackendGPU
+	g.api = api
 	mode, err := comm.ParseH2DMode(os.Getenv(EnvSmallH2D))
 	if err != nil {
 		return fmt.Errorf("%s: %w", EnvSmallH2D, err)
@@ -260,17 +265,18 @@ func (g *Group) openDevice() error {
 // on every rank (the peers, the settings the rendezvous made equal, the
 // world size), so every rank picks the same.
 func (g *Group) chooseAlgorithm() error {
-	c, top := g.cfg, g.topo
+	c := g.cfg
+	_, size, peers, top, _ := g.intra() // the node's ranks
 	_, ipcOK := g.dev.(comm.IPCDevice)
 	t := c.transport
 	if t == TransportAuto {
 		t = TransportShm
-		if ipcOK && c.backend == BackendGPU && !top.AnyMIG && !top.SameGPU && top.SameHost && g.size > 1 {
+		if ipcOK && c.backend == BackendGPU && !top.AnyMIG && !top.SameGPU && top.SameHost && size > 1 && g.node == nil {
 			t = TransportIPC
 		}
 	}
 	g.transport = t
-	groups, err := peerGroups(g.peers, g.size)
+	groups, err := peerGroups(peers, size)
 	if err != nil {
 		return err
 	}
@@ -300,14 +306,14 @@ func (g *Group) chooseAlgorithm() error {
 		// Reduce threads per rank: the setting every rank shares, else the
 		// executor's default without its per-process core cap (the tuning
 		// and the cores a process sees need not be equal on every rank).
-		workers := max(1, min(6, 14/g.size))
+		workers := max(1, min(6, 14/size))
 		if v, ok := c.settings[allreduce.SettingReduceWorkers]; ok {
 			if workers, err = strconv.Atoi(v); err != nil || workers < 1 {
 				return fmt.Errorf("setting %s=%q: want a thread count: %w", allreduce.SettingReduceWorkers, v, comm.ErrInvalid)
 			}
 		}
 		choice, err := m.Choose(allreduce.Workload{Coll: allreduce.AllReduce, Groups: groups, Bytes: 256 << 20,
-			ReduceThreads: g.size * workers, HostBackend: c.backend == BackendHost}, allreduce.ShmCandidates(groups))
+			ReduceThreads: size * workers, HostBackend: c.backend == BackendHost}, allreduce.ShmCandidates(groups))
 		if err != nil {
 			return fmt.Errorf("choosing the all-reduce algorithm: %w", err)
 		}
@@ -353,30 +359,38 @@ func (g *Group) connect(ctx context.Context) error {
 	if slots <= 0 {
 		slots = 4
 	}
-	layout := shm.Layout{World: g.size, Flags: g.size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(g.size, chunk, slots)}
+	rank, size, _, _, kv := g.intra() // the node's ranks share the segment
+	layout := shm.Layout{World: size, Flags: size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(size, chunk, slots)}
 	job := c.job
 	if job == "" {
 		job = "trainer"
 	}
+	if g.node != nil {
+		job = fmt.Sprintf("%s-node%d", job, g.node.node)
+	}
 	var err error
-	if g.job, err = comm.JoinShm(ctx, g.kv, g.rank, job, c.shmRoot, layout); err != nil {
+	if g.job, err = comm.JoinShm(ctx, kv, rank, job, c.shmRoot, layout); err != nil {
 		return err
 	}
-	if g.tr, err = comm.NewShmTransport(g.job.Control, g.rank, comm.ShmOptions{Spin: t.Spin}); err != nil {
+	if g.tr, err = comm.NewShmTransport(g.job.Control, rank, comm.ShmOptions{Spin: t.Spin}); err != nil {
 		return err
 	}
 	if g.exec, err = allreduce.NewExecutor(g.dev, g.tr, opts); err != nil {
 		return err
 	}
-	g.cm = allreduce.NewCommunicator(g.exec, g.alg)
-	if err := g.cm.SetGroups(g.groups); err != nil {
+	cm := allreduce.NewCommunicator(g.exec, g.alg)
+	if err := cm.SetGroups(g.groups); err != nil {
 		return err
 	}
+	g.cm = cm
 	if g.stream, err = g.dev.NewStream(); err != nil {
 		return err
 	}
 	if err := g.setReduceOn(g.cm); err != nil { // where host-staged all-reduces reduce (reduce_on.go)
 		return err
+	}
+	if g.node != nil {
+		return g.connectNodes(ctx, cm)
 	}
 	return nil
 }
@@ -443,6 +457,7 @@ func (g *Group) release() error {
 		errs = append(errs, g.swap.Close())
 	}
 	g.freeIPC()
+	errs = append(errs, g.node.close())
 	if g.stream != nil {
 		errs = append(errs, g.stream.Close())
 	}
@@ -476,6 +491,7 @@ func (g *Group) Abort(reason string) {
 	if g.tr != nil {
 		g.tr.Abort()
 	}
+	g.node.abort()
 	if g.kv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

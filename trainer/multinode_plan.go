@@ -103,12 +103,12 @@ const (
 	stCopy stageKind = iota
 	// stScale: Dst[Off:Off+Count] /= Div (finishes an Avg).
 	stScale
-	// Intra-node collectives among the node's ranks (shared memory),
-	// in place on Dst.
-	stIntraAllReduce     // Dst[Off:Off+Count]
-	stIntraReduceScatter // Dst[Off:Off+Count·L]; local rank k's block at Off+k·Count
-	stIntraAllGather     // Dst[Off:Off+Count·L]; local rank k's block at Off+k·Count
-	stIntraBroadcast     // Dst[Off:Off+Count] from local rank Root
+	// Intra-node collectives among the node's ranks (shared memory), from
+	// Src[SrcOff:] to Dst[Off:] (in place when they are the same).
+	stIntraAllReduce     // Count elements
+	stIntraReduceScatter // reads Count·L elements; local rank k gets block k (Count)
+	stIntraAllGather     // each reads Count; Dst gets Count·L, local rank k's at k·Count
+	stIntraBroadcast     // Count elements of local rank Root
 	stIntraBarrier
 	// Inter-node collectives among the ranks of this rank's shard (one per
 	// node, NCCL), in place on Dst; the index of a rank is its node.
@@ -157,6 +157,8 @@ func (s stage) String() string {
 		return fmt.Sprintf("scale %v[%d:+%d] /%d", s.Dst, s.Off, s.Count, s.Div)
 	case stIntraBarrier:
 		return s.Kind.String()
+	case stIntraAllReduce, stIntraReduceScatter, stIntraAllGather:
+		return fmt.Sprintf("%v %v[%d] <- %v[%d] count %d op %d", s.Kind, s.Dst, s.Off, s.Src, s.SrcOff, s.Count, s.Op)
 	case stIntraBroadcast, stInterBroadcast:
 		return fmt.Sprintf("%v %v[%d] count %d root %d", s.Kind, s.Dst, s.Off, s.Count, s.Root)
 	}
@@ -190,41 +192,44 @@ func reduceOp(op comm.Op) comm.Op {
 
 // allReduce is rank's schedule of an all-reduce of count elements
 // (Horovod's hierarchical all-reduce, sharded): the node's ranks
-// reduce-scatter the largest part that splits evenly among them, local rank
-// j all-reduces block j with local rank j of every other node, and the
-// node's ranks all-gather the blocks. The few elements left over are
-// all-reduced within the node, across nodes by local rank 0 only, and
-// broadcast from it, so every rank ends with bit-identical results. The
-// result is in recv (send is copied there first unless in place).
+// reduce-scatter the largest part that splits evenly among them (block j
+// to local rank j, in scratch), local rank j all-reduces block j with local
+// rank j of every other node, and the node's ranks all-gather the blocks
+// into recv. The few elements left over are all-reduced within the node,
+// across nodes by local rank 0 only, and broadcast from it, so every rank
+// ends with bit-identical results. Within a node nothing runs in place
+// but the leftover's broadcast.
 func (p nodePlan) allReduce(rank, count int, op comm.Op, inPlace bool) schedule {
 	var s schedule
 	L, N, j := p.localSize, p.nodes(), p.local[rank]
 	if count == 0 {
 		return s
 	}
-	if !inPlace {
-		s.add(stage{Kind: stCopy, Dst: bufRecv, Src: bufSend, Count: count})
-	}
 	red := reduceOp(op)
 	b := count / L
-	if b > 0 {
-		if L > 1 {
-			s.add(stage{Kind: stIntraReduceScatter, Dst: bufRecv, Count: b, Op: red})
+	switch {
+	case L == 1:
+		if !inPlace {
+			s.add(stage{Kind: stCopy, Dst: bufRecv, Src: bufSend, Count: count})
 		}
 		if N > 1 {
-			s.add(stage{Kind: stInterAllReduce, Dst: bufRecv, Off: j * b, Count: b, Op: red})
+			s.add(stage{Kind: stInterAllReduce, Dst: bufRecv, Count: count, Op: red})
 		}
-		if L > 1 {
-			s.add(stage{Kind: stIntraAllGather, Dst: bufRecv, Count: b})
+	case b > 0:
+		s.Work = b
+		s.add(stage{Kind: stIntraReduceScatter, Dst: bufWork, Src: bufSend, Count: b, Op: red})
+		if N > 1 {
+			s.add(stage{Kind: stInterAllReduce, Dst: bufWork, Count: b, Op: red})
 		}
+		s.add(stage{Kind: stIntraAllGather, Dst: bufRecv, Src: bufWork, Count: b})
 	}
 	if m, t := b*L, count-b*L; t > 0 {
-		s.add(stage{Kind: stIntraAllReduce, Dst: bufRecv, Off: m, Count: t, Op: red})
+		s.add(stage{Kind: stIntraAllReduce, Dst: bufRecv, Off: m, Src: bufSend, SrcOff: m, Count: t, Op: red})
 		if N > 1 {
 			if j == 0 {
 				s.add(stage{Kind: stInterAllReduce, Dst: bufRecv, Off: m, Count: t, Op: red})
 			}
-			s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Off: m, Count: t, Root: 0})
+			s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Off: m, Src: bufRecv, SrcOff: m, Count: t, Root: 0})
 		}
 	}
 	if op == comm.Avg {
@@ -237,15 +242,16 @@ func (p nodePlan) allReduce(rank, count int, op comm.Op, inPlace bool) schedule 
 // block elements: the blocks are put in shard order in scratch (the blocks
 // of local rank j of every node next to each other), the node's ranks
 // reduce-scatter them (local rank j gets the node's sum of its shard's
-// blocks), local rank j of every node reduce-scatters those across nodes,
-// and the rank's block is copied out (to recv[0:block], or to its place
-// in the buffer when in place).
+// blocks, after them in scratch), local rank j of every node
+// reduce-scatters those across nodes, and the rank's block is copied out
+// (to recv[0:block], or to its place in the buffer when in place).
 func (p nodePlan) reduceScatter(rank, block int, op comm.Op, inPlace bool) schedule {
-	L, N, i, j := p.localSize, p.nodes(), p.node[rank], p.local[rank]
-	s := schedule{Work: N * L * block}
+	L, N, i := p.localSize, p.nodes(), p.node[rank]
 	if block == 0 {
 		return schedule{}
 	}
+	W := N * L
+	s := schedule{Work: W * block}
 	for jj := range L {
 		for ii := range N {
 			s.add(stage{Kind: stCopy, Dst: bufWork, Off: (jj*N + ii) * block, Src: bufSend,
@@ -253,49 +259,57 @@ func (p nodePlan) reduceScatter(rank, block int, op comm.Op, inPlace bool) sched
 		}
 	}
 	red := reduceOp(op)
+	base := 0 // the node's sum of this rank's shard: N blocks
 	if L > 1 {
-		s.add(stage{Kind: stIntraReduceScatter, Dst: bufWork, Count: N * block, Op: red})
+		base = W * block
+		s.Work += N * block
+		s.add(stage{Kind: stIntraReduceScatter, Dst: bufWork, Off: base, Src: bufWork, Count: N * block, Op: red})
 	}
 	if N > 1 {
-		s.add(stage{Kind: stInterReduceScatter, Dst: bufWork, Off: j * N * block, Count: block, Op: red})
+		s.add(stage{Kind: stInterReduceScatter, Dst: bufWork, Off: base, Count: block, Op: red})
 	}
 	out := 0
 	if inPlace {
 		out = rank * block
 	}
-	s.add(stage{Kind: stCopy, Dst: bufRecv, Off: out, Src: bufWork, SrcOff: (j*N + i) * block, Count: block})
+	s.add(stage{Kind: stCopy, Dst: bufRecv, Off: out, Src: bufWork, SrcOff: base + i*block, Count: block})
 	if op == comm.Avg {
-		s.add(stage{Kind: stScale, Dst: bufRecv, Off: out, Count: block, Div: N * L})
+		s.add(stage{Kind: stScale, Dst: bufRecv, Off: out, Count: block, Div: W})
 	}
 	return s
 }
 
 // allGather is rank's schedule of an all-gather of block elements per
 // rank: the node's ranks gather their blocks, then local rank j of every
-// node gathers the nodes' (every shard the whole node's part: no reduction,
-// so the copies are identical). With the launcher's layout (rank =
-// node·L + local) it runs in recv itself; otherwise in scratch, copied out
-// in rank order.
+// node gathers the nodes' parts (every shard the whole node's part: no
+// reduction, so the copies are identical). With the launcher's layout
+// (rank = node·L + local) it gathers into recv itself; otherwise into
+// scratch, copied out in rank order. An in-place rank's own block is
+// staged in scratch first, so the node's gather does not run in place.
 func (p nodePlan) allGather(rank, block int, inPlace bool) schedule {
-	L, N, i, j := p.localSize, p.nodes(), p.node[rank], p.local[rank]
+	L, N, i := p.localSize, p.nodes(), p.node[rank]
 	var s schedule
 	if block == 0 {
 		return s
 	}
-	sendOff := 0
+	src, srcOff := bufSend, 0
 	if inPlace {
-		sendOff = rank * block
+		srcOff = rank * block
 	}
 	dst := bufRecv
 	if !p.contiguous() {
 		dst = bufWork
 		s.Work = N * L * block
 	}
-	if dst != bufRecv || !inPlace {
-		s.add(stage{Kind: stCopy, Dst: dst, Off: (i*L + j) * block, Src: bufSend, SrcOff: sendOff, Count: block})
-	}
 	if L > 1 {
-		s.add(stage{Kind: stIntraAllGather, Dst: dst, Off: i * L * block, Count: block})
+		if inPlace {
+			s.add(stage{Kind: stCopy, Dst: bufWork, Off: s.Work, Src: bufSend, SrcOff: srcOff, Count: block})
+			src, srcOff = bufWork, s.Work
+			s.Work += block
+		}
+		s.add(stage{Kind: stIntraAllGather, Dst: dst, Off: i * L * block, Src: src, SrcOff: srcOff, Count: block})
+	} else if dst != bufRecv || !inPlace {
+		s.add(stage{Kind: stCopy, Dst: dst, Off: i * block, Src: bufSend, SrcOff: srcOff, Count: block})
 	}
 	if N > 1 {
 		s.add(stage{Kind: stInterAllGather, Dst: dst, Count: L * block})
@@ -327,7 +341,7 @@ func (p nodePlan) broadcast(rank, count, root int, inPlace bool) schedule {
 		s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Count: count, Root: ri})
 	}
 	if p.localSize > 1 {
-		s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Count: count, Root: rj})
+		s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Src: bufRecv, Count: count, Root: rj})
 	}
 	return s
 }

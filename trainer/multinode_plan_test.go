@@ -50,10 +50,10 @@ func TestPlanNodes(t *testing.T) {
 func TestAllReduceStagesTwoByTwo(t *testing.T) {
 	p, err := planNodes([]string{"a", "a", "b", "b"})
 	require.NoError(t, err)
-	require.Equal(t, "copy recv[0:+9] <- send[0]; intra-reducescatter recv[0] count 4 op 0; "+
-		"inter-allreduce recv[4] count 4 op 0; intra-allgather recv[0] count 4 op 0; "+
-		"intra-allreduce recv[8] count 1 op 0; intra-broadcast recv[8] count 1 root 0; scale recv[0:+9] /4",
-		p.allReduce(3, 9, comm.Avg, false).String()[len("work 0; "):])
+	require.Equal(t, "work 4; intra-reducescatter work[0] <- send[0] count 4 op 0; "+
+		"inter-allreduce work[0] count 4 op 0; intra-allgather recv[0] <- work[0] count 4 op 0; "+
+		"intra-allreduce recv[8] <- send[8] count 1 op 0; intra-broadcast recv[8] count 1 root 0; scale recv[0:+9] /4",
+		p.allReduce(3, 9, comm.Avg, false).String())
 	// Only local rank 0 carries the leftover element across nodes.
 	require.Equal(t, []stageKind{stIntraReduceScatter, stInterAllReduce, stIntraAllGather, stIntraAllReduce,
 		stInterAllReduce, stIntraBroadcast}, p.allReduce(2, 9, comm.Sum, true).kinds())
@@ -136,6 +136,12 @@ func simulate(t *testing.T, p nodePlan, scheds []schedule, send, recv [][]float6
 			}
 			runGroup(st, group, func(q int) []float64 {
 				o := scheds[q].Stages[pc[q]]
+				if o.Kind.inter() {
+					return buf(q, o.Dst)[o.Off:]
+				}
+				return buf(q, o.Src)[o.SrcOff:]
+			}, func(q int) []float64 {
+				o := scheds[q].Stages[pc[q]]
 				return buf(q, o.Dst)[o.Off:]
 			})
 			for _, q := range group {
@@ -151,7 +157,10 @@ func simulate(t *testing.T, p nodePlan, scheds []schedule, send, recv [][]float6
 	}
 }
 
-func runGroup(st stage, group []int, region func(q int) []float64) {
+// runGroup runs one collective among group: src(q) is where member q's
+// input starts, dst(q) where its output goes (the same for inter-node
+// stages, which run in place).
+func runGroup(st stage, group []int, src, dst func(q int) []float64) {
 	n, c := len(group), st.Count
 	red := func(a, b float64) float64 {
 		switch st.Op {
@@ -162,44 +171,54 @@ func runGroup(st stage, group []int, region func(q int) []float64) {
 		}
 		return a + b
 	}
-	nan := func(v []float64) {
-		for i := range v {
-			v[i] = math.NaN()
+	span := c
+	if st.Kind == stIntraReduceScatter || st.Kind == stInterReduceScatter {
+		span = c * n
+	}
+	// Inputs are read in full before any output is written (in place).
+	in := make([][]float64, n)
+	for idx, q := range group {
+		switch st.Kind {
+		case stIntraAllGather:
+			in[idx] = append([]float64(nil), src(q)[:c]...)
+		case stInterAllGather:
+			in[idx] = append([]float64(nil), src(q)[idx*c:(idx+1)*c]...)
+		case stIntraBarrier:
+		default:
+			in[idx] = append([]float64(nil), src(q)[:span]...)
 		}
 	}
 	switch st.Kind {
 	case stIntraAllReduce, stInterAllReduce, stIntraReduceScatter, stInterReduceScatter:
-		span := c
-		if st.Kind == stIntraReduceScatter || st.Kind == stInterReduceScatter {
-			span = c * n
-		}
-		acc := append([]float64(nil), region(group[0])[:span]...)
-		for _, q := range group[1:] {
-			for k, v := range region(q)[:span] {
-				acc[k] = red(acc[k], v)
+		acc := in[0]
+		for _, v := range in[1:] {
+			for k := range acc {
+				acc[k] = red(acc[k], v[k])
 			}
 		}
 		for idx, q := range group {
-			reg := region(q)[:span]
-			if span == c {
-				copy(reg, acc)
-				continue
+			switch st.Kind {
+			case stIntraReduceScatter:
+				copy(dst(q)[:c], acc[idx*c:])
+			case stInterReduceScatter:
+				reg := dst(q)[:span]
+				for k := range reg {
+					reg[k] = math.NaN() // only this rank's block is defined
+				}
+				copy(reg[idx*c:(idx+1)*c], acc[idx*c:])
+			default:
+				copy(dst(q)[:c], acc)
 			}
-			nan(reg)
-			copy(reg[idx*c:(idx+1)*c], acc[idx*c:])
 		}
 	case stIntraAllGather, stInterAllGather:
-		all := make([]float64, c*n)
-		for idx, q := range group {
-			copy(all[idx*c:], region(q)[idx*c:(idx+1)*c])
-		}
 		for _, q := range group {
-			copy(region(q)[:c*n], all)
+			for idx := range group {
+				copy(dst(q)[idx*c:(idx+1)*c], in[idx])
+			}
 		}
 	case stIntraBroadcast, stInterBroadcast:
-		src := append([]float64(nil), region(group[st.Root])[:c]...)
 		for _, q := range group {
-			copy(region(q)[:c], src)
+			copy(dst(q)[:c], in[st.Root])
 		}
 	}
 }

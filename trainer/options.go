@@ -152,6 +152,7 @@ type config struct {
 	api  cuda.Interface // tests: a fake driver
 	dev  comm.Device    // tests: an injected device
 	host string         // tests: the host name reported at the rendezvous
+	nccl ncclConfig     // tests: the fake NCCL, or a failing Open (multinode_nccl.go)
 }
 
 // WithRendezvous sets the rendezvous address and job token (instead of
