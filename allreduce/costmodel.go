@@ -322,11 +322,13 @@ const shareStep = GPUShareOne / 32
 // thousandths, within [lo, hi]) that the cost model predicts fastest for
 // w (w.Algorithm and w.GPUShare are ignored): the devices' part adds
 // (n−2)/n of it to every rank's link traffic in, the CPU's reads shrink
-// with it, so where the CPU binds the best share balances the two. Shares
-// are compared from the smallest up, and a larger one must be predicted
-// faster (by 0.1%) to win: where the link binds either way (2 ranks on the
-// H200 figures: the devices' reads cost it nothing, and the CPU's 10 ms
-// stay under the link's 11), the schedule that was measured stays. On the
+// with it, so where the CPU binds the best share balances the two. When
+// lo is predicted as fast as the best (within 0.1%), lo: where the link
+// binds either way (2 ranks on the H200 figures: the devices' reads cost
+// it nothing, and the CPU's 10 ms stay under the link's 11), the schedule
+// that was measured stays. Otherwise the largest share predicted as fast
+// as the best: with 2 ranks, where more on the devices costs the link
+// nothing, all of it (the CPU and host memory are left alone). On the
 // host backend, or for one rank, lo.
 func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 	lo, hi = max(lo, 0), min(hi, GPUShareOne)
@@ -337,19 +339,28 @@ func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 		return lo, nil
 	}
 	w.Algorithm = HostStaged
-	best, at := time.Duration(0), -1
+	var shares []int
+	var limits []time.Duration
+	best := time.Duration(math.MaxInt64)
 	for f := lo; ; f = min(f+shareStep, hi) {
 		w.GPUShare = f
 		e, err := m.Estimate(w)
 		if err != nil {
 			return 0, err
 		}
-		if at < 0 || float64(e.Limit) < 0.999*float64(best) {
-			best, at = e.Limit, f
-		}
+		shares, limits = append(shares, f), append(limits, e.Limit)
+		best = min(best, e.Limit)
 		if f == hi {
 			break
 		}
 	}
-	return at, nil
+	near := func(d time.Duration) bool { return float64(d) <= 1.001*float64(best) }
+	if near(limits[0]) {
+		return lo, nil
+	}
+	for i := len(shares) - 1; ; i-- {
+		if near(limits[i]) {
+			return shares[i], nil
+		}
+	}
 }

@@ -20,7 +20,9 @@ type ReduceOn string
 const (
 	// ReduceOnAuto: the cost model's share (Machine.GPUShare): 0 where
 	// the link binds already (on the H200 figures, 2 and 7 ranks on one
-	// GPU), a split or all where the CPU binds.
+	// GPU); where the CPU binds, the split that balances it against the
+	// link, or all of it with 2 ranks (their devices' reads cost the link
+	// nothing).
 	ReduceOnAuto ReduceOn = "auto"
 	// ReduceOnCPU: every rank's CPU threads reduce one part of each chunk
 	// (share 0).
