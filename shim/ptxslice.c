@@ -673,6 +673,370 @@ static int analyse_body(struct body_ctx *B)
 	return 0;
 }
 
+/* ============================================================ idempotence */
+
+/* Address classes beyond the 61 parameter bits. */
+#define IB_SHARED (1ULL << 61)
+#define IB_LOCAL (1ULL << 62)
+#define IB_GLOBAL (1ULL << 63) /* module globals, or an address from no parameter */
+#define IB_SCRATCH (IB_SHARED | IB_LOCAL)
+
+struct regmap {
+	const char *p;
+	struct tok *key; /* tokens; NULL: empty */
+	uint64_t *mask;
+	size_t cap;
+};
+
+static uint64_t *regmap_get(struct regmap *m, const struct tok *t)
+{
+	size_t l = t->e - t->s;
+	uint64_t h = 1469598103934665603ULL;
+	for (size_t i = 0; i < l; i++)
+		h = (h ^ (unsigned char)m->p[t->s + i]) * 1099511628211ULL;
+	for (size_t n = 0, i = h & (m->cap - 1); n < m->cap; n++, i = (i + 1) & (m->cap - 1)) {
+		if (!m->key[i].e) {
+			m->key[i] = *t;
+			return &m->mask[i];
+		}
+		if (m->key[i].e - m->key[i].s == l && memcmp(m->p + m->key[i].s, m->p + t->s, l) == 0)
+			return &m->mask[i];
+	}
+	return NULL;
+}
+
+struct varclass { /* a named variable of the module or body and its class bit */
+	size_t tok;
+	uint64_t bit;
+};
+
+struct idem {
+	const struct rw *R;
+	struct regmap regs;
+	const size_t *pnames; /* parameter name tokens */
+	const int *pptr;      /* the parameter can hold a pointer (at least 8 bytes) */
+	int np;
+	const struct varclass *vars;
+	size_t nvars;
+	uint64_t W, Rd;
+	char why[120];
+	int changed;
+};
+
+/* mask of one operand token: a register, a parameter or a variable name */
+static uint64_t tok_mask(struct idem *I, size_t t)
+{
+	const struct rw *R = I->R;
+	if (R->t[t].kind != T_IDENT)
+		return 0;
+	if (R->p[R->t[t].s] == '%') {
+		uint64_t *m = regmap_get(&I->regs, &R->t[t]);
+		return m ? *m : ~0ULL;
+	}
+	for (int k = 0; k < I->np; k++) {
+		size_t pn = I->pnames[k];
+		if (R->t[pn].e - R->t[pn].s == R->t[t].e - R->t[t].s &&
+		    memcmp(R->p + R->t[pn].s, R->p + R->t[t].s, R->t[t].e - R->t[t].s) == 0)
+			return I->pptr[k] ? 1ULL << (k < 61 ? k : 60) : 0; /* an integer is no address */
+	}
+	for (size_t v = 0; v < I->nvars; v++) {
+		size_t vt = I->vars[v].tok;
+		if (R->t[vt].e - R->t[vt].s == R->t[t].e - R->t[t].s &&
+		    memcmp(R->p + R->t[vt].s, R->p + R->t[t].s, R->t[t].e - R->t[t].s) == 0)
+			return I->vars[v].bit;
+	}
+	return 0; /* a label, a function name, a type-less name */
+}
+
+static uint64_t range_mask(struct idem *I, size_t a, size_t b)
+{
+	uint64_t m = 0;
+	for (size_t t = a; t < b; t++)
+		m |= tok_mask(I, t);
+	return m;
+}
+
+/* the address an operand [a, b) names: a bracket's registers and names */
+static uint64_t addr_mask(struct idem *I, size_t a, size_t b)
+{
+	uint64_t m = range_mask(I, a, b);
+	return m ? m : IB_GLOBAL;
+}
+
+static void idem_unproven(struct idem *I, const char *fmt, size_t a, size_t b)
+{
+	if (I->why[0])
+		return;
+	char st[64];
+	stmt_text(I->R, a, b, st, sizeof st);
+	snprintf(I->why, sizeof I->why, fmt, st);
+}
+
+static int has_dir(const struct rw *R, size_t op, size_t end, const char *d)
+{
+	for (size_t k = op + 1; k < end && R->t[k].kind == T_DIR && R->t[k].s == R->t[k - 1].e; k++)
+		if (tis(R, k, d))
+			return 1;
+	return 0;
+}
+
+static void idem_stmt(struct idem *I, size_t a, size_t semi)
+{
+	const struct rw *R = I->R;
+	size_t op = a;
+	if (R->t[a].kind == T_DIR)
+		return; /* a declaration */
+	if (tpunct(R, op, '@')) {
+		op++;
+		if (tpunct(R, op, '!'))
+			op++;
+		op++;
+	}
+	if (op >= semi || R->t[op].kind != T_IDENT)
+		return;
+	size_t k = op + 1;
+	while (k < semi && R->t[k].kind == T_DIR && R->t[k].s == R->t[k - 1].e)
+		k++;
+	/* operands: top-level comma-separated ranges */
+	size_t os[16], oe[16];
+	int no = 0, depth = 0;
+	size_t start = k;
+	for (size_t t = k; t <= semi && no < 16; t++) {
+		if (t < semi && (tpunct(R, t, '[') || tpunct(R, t, '{') || tpunct(R, t, '(')))
+			depth++;
+		else if (t < semi && (tpunct(R, t, ']') || tpunct(R, t, '}') || tpunct(R, t, ')')))
+			depth--;
+		else if (t == semi || (depth == 0 && tpunct(R, t, ','))) {
+			if (t > start) {
+				os[no] = start;
+				oe[no] = t;
+				no++;
+			}
+			start = t + 1;
+		}
+	}
+	int gsp = has_dir(R, op, semi, ".global"), shared = has_dir(R, op, semi, ".shared"),
+	    local = has_dir(R, op, semi, ".local"), param = has_dir(R, op, semi, ".param"),
+	    cnst = has_dir(R, op, semi, ".const");
+	int generic = !gsp && !shared && !local && !param && !cnst;
+	uint64_t srcs = 0, dst_add = 0;
+	int has_dst = 0;
+	if (tis(R, op, "ld") || tis(R, op, "ldu")) {
+		if (no < 2)
+			return idem_unproven(I, "cannot read a load: %s", a, semi);
+		uint64_t am = range_mask(I, os[1], oe[1]);
+		if (param) {
+			dst_add = am; /* a parameter's value: a pointer parameter's bit */
+		} else {
+			if (gsp || generic)
+				I->Rd |= am ? am : IB_GLOBAL;
+			dst_add = IB_GLOBAL; /* a value from memory: where it points is unknown */
+		}
+		has_dst = 1;
+	} else if (tis(R, op, "st")) {
+		if (has_dir(R, op, semi, ".async"))
+			return idem_unproven(I, "an asynchronous store: %s", a, semi);
+		if (no < 1)
+			return idem_unproven(I, "cannot read a store: %s", a, semi);
+		if (gsp || generic)
+			I->W |= addr_mask(I, os[0], oe[0]);
+		return;
+	} else if (tis(R, op, "atom") || tis(R, op, "red")) {
+		if (shared)
+			return;
+		return idem_unproven(I, "an atomic read-modify-write of global memory: %s", a, semi);
+	} else if (tis(R, op, "cp")) {
+		int mem = 0;
+		for (size_t t = k; t < semi; t++)
+			mem |= tpunct(R, t, '[');
+		if (!mem)
+			return; /* cp.async.commit_group, cp.async.wait_group N, ... */
+		if (has_dir(R, op, semi, ".async") && shared && gsp && no >= 2 && !has_dir(R, op, semi, ".bulk")) {
+			I->Rd |= addr_mask(I, os[1], oe[1]); /* global -> shared */
+			return;
+		}
+		if (gsp || generic)
+			return idem_unproven(I, "a copy form not analysed: %s", a, semi);
+		return;
+	} else if (tis(R, op, "call")) {
+		size_t c = op + 1;
+		while (c < semi && R->t[c].kind == T_DIR)
+			c++;
+		if (tpunct(R, c, '(')) {
+			size_t m = match(R, c, semi + 1);
+			c = m == (size_t)-1 ? semi : m + 1;
+			if (tpunct(R, c, ','))
+				c++;
+		}
+		char name[64] = "";
+		if (c < semi && R->t[c].kind == T_IDENT && R->p[R->t[c].s] != '%') {
+			size_t l = R->t[c].e - R->t[c].s;
+			snprintf(name, sizeof name, "%.*s", (int)(l < 63 ? l : 63), R->p + R->t[c].s);
+		}
+		if (!name[0] || !harmless_extern(name))
+			return idem_unproven(I, "a call whose callee is not analysed: %s", a, semi);
+		return;
+	} else if (tis(R, op, "sust") || tis(R, op, "sured") || tis(R, op, "suatom") || tis(R, op, "multimem") ||
+		   tis(R, op, "tensormap") || tis(R, op, "cp.async")) {
+		return idem_unproven(I, "a memory operation not analysed: %s", a, semi);
+	} else if (no >= 1 && tpunct(R, os[0], '[')) {
+		if (tis(R, op, "prefetch") || tis(R, op, "prefetchu") || tis(R, op, "applypriority") ||
+		    tis(R, op, "discard") || tis(R, op, "createpolicy"))
+			return;
+		return idem_unproven(I, "a memory operation not analysed: %s", a, semi);
+	} else if (no >= 1) {
+		has_dst = 1;
+	}
+	if (!has_dst || no < 1)
+		return;
+	for (int o = 1; o < no; o++)
+		srcs |= range_mask(I, os[o], oe[o]);
+	srcs |= dst_add;
+	for (size_t t = os[0]; t < oe[0]; t++) {
+		if (R->t[t].kind != T_IDENT || R->p[R->t[t].s] != '%')
+			continue;
+		uint64_t *m = regmap_get(&I->regs, &R->t[t]);
+		if (!m)
+			return idem_unproven(I, "too many registers: %s", a, semi);
+		if ((*m | srcs) != *m) {
+			*m |= srcs;
+			I->changed = 1;
+		}
+	}
+}
+
+/* entry_idempotence fills e->idempotent / e->idem_reason for entry f. */
+static void entry_idempotence(const struct rw *R, const struct fn *f, const struct varclass *vars, size_t nvars,
+			      int address_size, struct ms_ptx_entry *e)
+{
+	struct idem I;
+	memset(&I, 0, sizeof I);
+	I.R = R;
+	I.vars = vars;
+	I.nvars = nvars;
+	size_t pn[61];
+	int pp[61], np = 0;
+	if (f->lparen != (size_t)-1) {
+		uint64_t bytes = 0, mult = 1;
+		for (size_t t = f->lparen + 1; t < f->rparen && np < 61; t++) {
+			if (R->t[t].kind == T_DIR && type_size(R, t))
+				bytes = (uint64_t)type_size(R, t);
+			else if (tpunct(R, t, '[') && t + 1 < f->rparen && R->t[t + 1].kind == T_NUM)
+				mult *= strtoull(R->p + R->t[t + 1].s, NULL, 0);
+			else if (R->t[t].kind == T_IDENT && (tpunct(R, t + 1, ',') || tpunct(R, t + 1, ')') || tpunct(R, t + 1, '[')))
+				pn[np] = t;
+			if (tpunct(R, t, ',') || t + 1 == f->rparen) {
+				/* 32-bit modules have 4-byte pointers */
+				pp[np++] = bytes * mult >= (address_size == 32 ? 4 : 8);
+				bytes = 0, mult = 1;
+			}
+		}
+	}
+	I.pnames = pn;
+	I.pptr = pp;
+	I.np = np;
+	I.regs.p = R->p;
+	I.regs.cap = 1 << 15;
+	I.regs.key = calloc(I.regs.cap, sizeof *I.regs.key);
+	I.regs.mask = calloc(I.regs.cap, sizeof *I.regs.mask);
+	if (!I.regs.key || !I.regs.mask) {
+		snprintf(e->idem_reason, sizeof e->idem_reason, "out of memory");
+		goto out;
+	}
+	for (int pass = 0; pass < 64; pass++) {
+		I.changed = 0;
+		size_t st = f->body_open + 1;
+		for (size_t j = st; j < f->body_close && !I.why[0]; j++) {
+			if (j == st) {
+				if (tpunct(R, j, '{') || tpunct(R, j, '}')) {
+					st = j + 1;
+					continue;
+				}
+				if (tis(R, j, ".loc") || tis(R, j, ".file")) {
+					size_t le = line_end(R, j);
+					j = le - 1;
+					st = le;
+					continue;
+				}
+			}
+			if (tpunct(R, j, ';')) {
+				idem_stmt(&I, st, j);
+				st = j + 1;
+			} else if (tpunct(R, j, ':') && j == st + 1 && R->t[st].kind == T_IDENT) {
+				st = j + 1;
+			}
+		}
+		if (I.why[0] || !I.changed)
+			break;
+	}
+	if (I.why[0]) {
+		snprintf(e->idem_reason, sizeof e->idem_reason, "%s", I.why);
+		goto out;
+	}
+	/* IB_GLOBAL is "somewhere in global memory": it meets every other bit */
+	uint64_t w = I.W & ~IB_SCRATCH, r = I.Rd & ~IB_SCRATCH, both = w & r;
+	if (!both && !((w & IB_GLOBAL) && r) && !((r & IB_GLOBAL) && w)) {
+		e->idempotent = 1;
+	} else if (!both || (both & IB_GLOBAL)) {
+		snprintf(e->idem_reason, sizeof e->idem_reason,
+			 "reads or writes global memory through an address no parameter names");
+	} else {
+		int k = __builtin_ctzll(both);
+		snprintf(e->idem_reason, sizeof e->idem_reason, "reads and writes the memory of parameter %d", k);
+	}
+out:
+	free(I.regs.key);
+	free(I.regs.mask);
+}
+
+/* collect_vars finds the variables the module and its bodies declare:
+ * .global (IB_GLOBAL), .shared, .local; .const is read-only (no bit). */
+static size_t collect_vars(const struct rw *R, struct varclass **out)
+{
+	size_t n = 0, cap = 0;
+	struct varclass *v = NULL;
+	for (size_t i = 0; i < R->nt; i++) {
+		uint64_t bit;
+		if (tis(R, i, ".global"))
+			bit = IB_GLOBAL;
+		else if (tis(R, i, ".shared"))
+			bit = IB_SHARED;
+		else if (tis(R, i, ".local"))
+			bit = IB_LOCAL;
+		else if (tis(R, i, ".const"))
+			bit = 0;
+		else
+			continue;
+		/* only at the start of a declaration (after linkage directives) */
+		size_t p = i;
+		while (p > 0 && (tis(R, p - 1, ".extern") || tis(R, p - 1, ".visible") || tis(R, p - 1, ".weak") ||
+				 tis(R, p - 1, ".common")))
+			p--;
+		if (p > 0 && !tpunct(R, p - 1, ';') && !tpunct(R, p - 1, '{') && !tpunct(R, p - 1, '}') &&
+		    R->t[p - 1].kind != T_NUM && R->t[p - 1].kind != T_STR)
+			continue;
+		if (p > 0 && (R->t[p - 1].kind == T_NUM || R->t[p - 1].kind == T_STR) &&
+		    !memchr(R->p + R->t[p - 1].e, '\n', R->t[i].s - R->t[p - 1].e))
+			continue; /* after a directive operand on the same line: not a declaration */
+		for (size_t t = i + 1; t < R->nt && !tpunct(R, t, ';') && !tpunct(R, t, '=') && !tpunct(R, t, '['); t++) {
+			if (R->t[t].kind == T_IDENT) {
+				if (n == cap) {
+					cap = cap ? cap * 2 : 64;
+					struct varclass *nv = realloc(v, cap * sizeof *nv);
+					if (!nv)
+						goto done;
+					v = nv;
+				}
+				v[n++] = (struct varclass){ t, bit };
+				break;
+			}
+		}
+	}
+done:
+	*out = v;
+	return n;
+}
+
 /* ================================================================ rewrite */
 
 static int cmp_edit(const void *a, const void *b)
@@ -707,7 +1071,9 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 	size_t ndecls = 0;
 	struct edits all = { 0 };
 	int ret = -1;
-	int version_major = 0, version_minor = 0;
+	int version_major = 0, version_minor = 0, address_size = 64;
+	struct varclass *vars = NULL;
+	size_t nvars = 0;
 
 	if (memmem(ptx, len, MS_SLICE_PREFIX, strlen(MS_SLICE_PREFIX))) {
 		snprintf(out->reason, sizeof out->reason, "uses the reserved prefix %s (already rewritten?)", MS_SLICE_PREFIX);
@@ -724,6 +1090,8 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 			i = line_end(&R, i);
 			continue;
 		}
+		if (tis(&R, i, ".address_size") && i + 1 < R.nt)
+			address_size = atoi(ptx + R.t[i + 1].s);
 		if (tis(&R, i, ".target") || tis(&R, i, ".address_size") || tis(&R, i, ".file") || tis(&R, i, ".loc")) {
 			i = line_end(&R, i);
 			continue;
@@ -895,6 +1263,7 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 	out->entries = calloc((size_t)nent + 1, sizeof *out->entries);
 	if (!out->entries)
 		goto done;
+	nvars = collect_vars(&R, &vars);
 	uint32_t limit = (version_major > 8 || (version_major == 8 && version_minor >= 1)) ? 32764 : 4096;
 	for (size_t i = 0; i < nfns; i++) {
 		struct fn *f = &fns[i];
@@ -902,6 +1271,7 @@ int ms_ptx_rewrite(const char *ptx, size_t len, struct ms_ptx_module *out)
 			continue;
 		struct ms_ptx_entry *e = &out->entries[out->nentries++];
 		e->name = strdup(f->name);
+		entry_idempotence(&R, f, vars, nvars, address_size, e);
 		struct edits E = { 0 };
 		struct body_ctx B = { &R, f, &E, 0, 0, 0, "" };
 		char why[200] = "";
@@ -1053,6 +1423,7 @@ done:
 		free(decls[i].name);
 	free(decls);
 	free_edits(&all);
+	free(vars);
 	free(L.t);
 	return ret;
 }
@@ -1596,8 +1967,11 @@ static void load_twin(void *app, const void *image, unsigned nopts, const int *o
 		SSTAT(modules_rewritten, 1);
 		SSTAT(entries_sliceable, (uint64_t)t->info.nsliceable);
 		SSTAT(entries_refused, (uint64_t)(t->info.nentries - t->info.nsliceable));
-		ms_log("slicing: %s %p: %d of %d entries rewritten", t->lib ? "library" : "module", app,
-		       t->info.nsliceable, t->info.nentries);
+		int idem = 0;
+		for (int i = 0; i < t->info.nentries; i++)
+			idem += t->info.entries[i].idempotent;
+		ms_log("slicing: %s %p: %d of %d entries rewritten (%d provably idempotent)", t->lib ? "library" : "module",
+		       app, t->info.nsliceable, t->info.nentries, idem);
 		for (int i = 0; i < t->info.nentries; i++)
 			if (!t->info.entries[i].sliceable)
 				ms_log("slicing: %s left unsliced: %s", t->info.entries[i].name, t->info.entries[i].reason);

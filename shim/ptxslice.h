@@ -68,6 +68,13 @@ struct ms_ptx_entry {
 	uint32_t slice_offset; /* offset of __ms_slice in the rewritten kernel's buffer */
 	int ctaid_reads;       /* %ctaid reads rewritten */
 	int nctaid_reads;      /* %nctaid reads rewritten */
+	/* Static idempotence (for the transaction question of issue 10 item 3, not
+	 * used by slicing): 1 when the kernel provably never reads global memory
+	 * it writes, so it could be re-run from scratch after an abort. Assumes
+	 * distinct pointer parameters do not alias; atomics, unknown memory
+	 * operations and calls of unknown functions make it unproven. */
+	int idempotent;
+	char idem_reason[120]; /* why not, when idempotent == 0 */
 };
 
 struct ms_ptx_module {

@@ -71,9 +71,10 @@ static int do_rewrite(const char *in, const char *out)
 	printf("MODULE ok=%d nentries=%d nsliceable=%d reason=\"%s\"\n", r == 0, m.nentries, m.nsliceable, m.reason);
 	for (int i = 0; i < m.nentries; i++) {
 		const struct ms_ptx_entry *e = &m.entries[i];
-		printf("ENTRY name=%s sliceable=%d nparams=%d param_bytes=%u slice_offset=%u ctaid=%d nctaid=%d reason=\"%s\"\n",
+		printf("ENTRY name=%s sliceable=%d nparams=%d param_bytes=%u slice_offset=%u ctaid=%d nctaid=%d reason=\"%s\" "
+		       "idempotent=%d idem_reason=\"%s\"\n",
 		       e->name, e->sliceable, e->nparams, e->param_bytes, e->slice_offset, e->ctaid_reads, e->nctaid_reads,
-		       e->reason);
+		       e->reason, e->idempotent, e->idem_reason);
 	}
 	if (out && m.ptx) {
 		FILE *f = fopen(out, "wb");

@@ -190,6 +190,9 @@ func TestPTXSliceRewritesRepoKernels(t *testing.T) {
 			require.Equal(t, "24", e["param_bytes"], name)
 		}
 		require.Equal(t, e["param_bytes"], e["slice_offset"], name)
+		// dst = op(dst, srcs): no reduction kernel can be re-run from scratch
+		require.Equal(t, "0", e["idempotent"], name)
+		require.Contains(t, e["idem_reason"], "reads and writes the memory of parameter 0", name)
 		require.NotEqual(t, "0", e["ctaid"], "%s: grid-stride loops read blockIdx.x", name)
 		require.NotEqual(t, "0", e["nctaid"], "%s: and gridDim.x", name)
 	}
@@ -509,6 +512,36 @@ func TestPTXSliceRewritesCorpus(t *testing.T) {
 				checkStructure(t, r)
 			}
 			t.Logf("%d of %d entries sliceable", n, len(r.entries))
+		})
+	}
+}
+
+// The static idempotence check (issue 10 item 3's question, not used by
+// slicing): a kernel that never reads global memory it writes can be re-run
+// from scratch; atomics, calls it cannot see and memory it cannot place are
+// "not proven".
+func TestPTXIdempotenceCheck(t *testing.T) {
+	dir := filepath.Join("testdata", "ptxslice")
+	for _, tc := range []struct {
+		file, entry string
+		idempotent  bool
+		reason      string
+	}{
+		{"grid3d.ptx", "probe_mov", true, ""},                              // writes out only
+		{"grid3d.ptx", "stride_1d", false, "memory of parameter 0"},        // p[i] += 1
+		{"params.ptx", "probe_params", true, ""},                           // u8/u32 parameters are no addresses
+		{"slicekern.ptx", "grid_probe", false, "atomic read-modify-write"}, // atomicAdd(count)
+		{"slicekern.ptx", "spin", true, ""},                                // writes out only
+		{"refused.ptx", "calls_tid_func", false, "callee is not analysed"}, // a .func call
+		{"refused.ptx", "prints", true, ""},                                // vprintf is harmless
+		{"refused.ptx", "device_launch", false, "callee is not analysed"},  // cudaLaunchDeviceV2
+		{"misc.ptx", "probe_misc", true, ""},                               // predicated, nested scope
+	} {
+		t.Run(tc.file+"/"+tc.entry, func(t *testing.T) {
+			e := rewrite(t, filepath.Join(dir, tc.file)).entries[tc.entry]
+			require.NotNil(t, e)
+			require.Equal(t, tc.idempotent, e["idempotent"] == "1", "%v", e)
+			require.Contains(t, e["idem_reason"], tc.reason)
 		})
 	}
 }
