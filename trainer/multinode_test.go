@@ -248,3 +248,85 @@ func TestGroupAcrossNodesPeerFailure(t *testing.T) {
 	}
 	require.Less(t, time.Since(start), 15*time.Second, "ranks waited for the deadline: %v", err)
 }
+
+// fakeDeviceMemory lets the fake NCCL reach a fake driver's device memory.
+type fakeDeviceMemory struct{ f *cuda.Fake }
+
+func (m fakeDeviceMemory) Bytes(addr uintptr, n int) ([]byte, error) {
+	b, err := m.f.Memory(cuda.DevicePtr(addr), uint64(n))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", nccl.ErrInvalidArgument, err)
+	}
+	return b, nil
+}
+
+// The gpu backend's inter-node path (the primary context current on a
+// locked thread for NCCL, NCCL's own stream waited for through an event,
+// device addresses and views of device buffers) on the fake driver with the
+// fake NCCL reaching its device memory: staged host slices and device
+// buffers give what a one-node host group gives.
+func TestGroupAcrossNodesGPUPathOnFakes(t *testing.T) {
+	counts := []int{1, 5, 1003}
+	flat, err := worldResults(t, 4, counts, true, func(int) []Option { return nil })
+	require.NoError(t, err)
+	fakes := make([]*cuda.Fake, 4)
+	res := make([][][]float32, 4)
+	var mu sync.Mutex
+	err = world(t, 4, func(r int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		fakes[r] = f
+		return []Option{withCUDA(f), WithBackend(BackendGPU), withHost(fmt.Sprintf("node%d", r/2)),
+			withNCCLOpen(func() (nccl.Interface, error) { return nccl.NewFake(fakeDeviceMemory{f}), nil })}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		if g.Backend() != BackendGPU {
+			return fmt.Errorf("backend %s, want gpu", g.Backend())
+		}
+		out, err := collectiveResults(ctx, g, counts, false)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		res[g.Rank()] = out
+		mu.Unlock()
+		// A device buffer, in place.
+		const count = 777
+		send := make([]float32, count)
+		for i := range send {
+			send[i] = input(g.Rank(), i)
+		}
+		dev, err := g.Alloc(count, Float32)
+		if err != nil {
+			return err
+		}
+		if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
+			return err
+		}
+		if err := g.AllReduce(ctx, dev, dev, Sum); err != nil {
+			return err
+		}
+		got := make([]float32, count)
+		if err := g.Read(ctx, HostSlice(got).Host(), dev); err != nil {
+			return err
+		}
+		for i := range got {
+			want := input(0, i) + input(1, i) + input(2, i) + input(3, i)
+			if got[i] != want {
+				return fmt.Errorf("device all-reduce element %d = %v, want %v", i, got[i], want)
+			}
+		}
+		return g.Free(dev)
+	})
+	require.NoError(t, err)
+	for r := range 4 {
+		require.Equal(t, len(flat[r]), len(res[r]), "rank %d", r)
+		for k := range flat[r] {
+			require.Equal(t, flat[r][k], res[r][k], "rank %d, result %d", r, k)
+		}
+	}
+	for r, f := range fakes {
+		_, _, streams, _ := f.Live()
+		require.Zero(t, streams, "rank %d left streams", r)
+	}
+}

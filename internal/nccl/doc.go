@@ -15,7 +15,8 @@
 // the communicators of a unique id meet over loopback TCP (GetUniqueID opens
 // the listener, as NCCL's bootstrap does), collectives have NCCL's semantics
 // (in-place variants included), a peer that goes away is an error on every
-// other rank, and buffers are host memory registered with a HostMemory.
+// other rank, and buffers are addresses in a Memory (host memory registered
+// with a HostMemory, or a fake driver's device memory).
 //
 // Buffers are device addresses (uintptr) and streams CUstream handles; a
 // collective is queued on the stream and returns at once (the fake runs it

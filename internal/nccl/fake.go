@@ -23,8 +23,9 @@ var fakeMagic = [8]byte{'m', 'i', 'g', 'f', 'a', 'k', 'e', '1'}
 
 // Fake is an Interface written in Go that behaves like NCCL over sockets,
 // for tests without NCCL or a GPU (see the package documentation). Buffers
-// are addresses of host memory registered with the HostMemory it was made
-// with. Collectives run before they return (the stream is not used).
+// are addresses in the Memory it was made with (a HostMemory, or a fake
+// driver's device memory). Collectives run before they return (the stream
+// is not used).
 // GroupStart and GroupEnd only count: calls inside a group run as they are
 // issued, so a group must not hold calls that wait on each other.
 //
@@ -34,7 +35,7 @@ var fakeMagic = [8]byte{'m', 'i', 'g', 'f', 'a', 'k', 'e', '1'}
 // has issued it. A rank that goes away (CommAbort, a closed process) fails
 // the collectives of all the others with ErrRemote.
 type Fake struct {
-	mem         *HostMemory
+	mem         Memory
 	initTimeout time.Duration
 
 	mu    sync.Mutex
@@ -45,8 +46,8 @@ type Fake struct {
 
 var _ Interface = (*Fake)(nil)
 
-// NewFake returns a fake NCCL whose buffers are registered in mem.
-func NewFake(mem *HostMemory) *Fake {
+// NewFake returns a fake NCCL whose buffers are addresses in mem.
+func NewFake(mem Memory) *Fake {
 	return &Fake{mem: mem, initTimeout: DefaultFakeInitTimeout, comms: map[Comm]*fakeComm{}, next: 0x1000}
 }
 
@@ -314,11 +315,11 @@ func (f *Fake) collective(c Comm, req request, send, recv uintptr) error {
 		return fmt.Errorf("%s: op %d: %w", name, int(req.red), ErrInvalidArgument)
 	}
 	sn, rn := req.sizes(fc.rank, fc.nranks)
-	in, err := f.mem.bytes(send, sn*es)
+	in, err := f.mem.Bytes(send, sn*es)
 	if err != nil {
 		return fmt.Errorf("%s: send buffer: %w", name, err)
 	}
-	out, err := f.mem.bytes(recv, rn*es)
+	out, err := f.mem.Bytes(recv, rn*es)
 	if err != nil {
 		return fmt.Errorf("%s: receive buffer: %w", name, err)
 	}

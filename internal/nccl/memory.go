@@ -6,6 +6,15 @@ import (
 	"unsafe"
 )
 
+// Memory gives the fake's collectives the bytes behind an address: the n
+// bytes at addr, or an error wrapping ErrInvalidArgument when they are not
+// all in memory it knows.
+type Memory interface {
+	Bytes(addr uintptr, n int) ([]byte, error)
+}
+
+var _ Memory = (*HostMemory)(nil)
+
 // HostMemory maps the addresses the fake's collectives take to host memory:
 // a test registers a slice, passes its address (Register's answer, plus an
 // offset) as a buffer, and unregisters it when the collective is done. Safe
@@ -43,8 +52,9 @@ func (m *HostMemory) Unregister(b []byte) {
 	delete(m.bufs, uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 }
 
-// bytes returns the n bytes at p, which must lie in one registered slice.
-func (m *HostMemory) bytes(p uintptr, n int) ([]byte, error) {
+// Bytes implements Memory: the n bytes at p, which must lie in one
+// registered slice.
+func (m *HostMemory) Bytes(p uintptr, n int) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
