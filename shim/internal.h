@@ -162,6 +162,18 @@ static inline int ms_prio_check(CUstream s)
 	return 0;
 }
 
+/* ms_prio_pass: with gating on, may this call take the plain fast path?
+ * Yes when it does not signal, has no depth limit and no higher slot is busy. */
+static inline int ms_prio_pass(void)
+{
+	if (atomic_load_explicit(&ms_pg_signal, memory_order_relaxed) ||
+	    atomic_load_explicit(&ms_pg_depth, memory_order_relaxed))
+		return 0;
+	uint64_t m = atomic_load_explicit(&ms_pg_mask, memory_order_relaxed);
+	struct ms_pg_page *pg = atomic_load_explicit(&ms_pg_page, memory_order_relaxed);
+	return !m || !pg || !(atomic_load_explicit(&pg->busy, memory_order_acquire) & m);
+}
+
 /* ms_prio_sig_enter/exit bracket the driver call of a signalling process. */
 static inline int ms_prio_sig_enter(void)
 {

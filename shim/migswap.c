@@ -703,27 +703,32 @@ ALL_HOOKS(X)
 #define launch_body launch_gated_body
 #define launch_ptsz_body launch_ptsz_gated_body
 
-/* gated bodies: the fast path is two atomic increments and two loads; with
- * priority gating on (ms_pg_on), prio.c's check before the swap gate and its
- * bookkeeping around the driver call */
+/* gated bodies: the fast path is two atomic increments and two loads. With
+ * priority gating on (ms_pg_on), ms_prio_pass's few loads decide whether the
+ * call may take the same fast path (nothing above it busy, no depth limit, not
+ * signalling); otherwise the out-of-line prio body runs prio.c's check before
+ * the swap gate and its bookkeeping around the driver call. */
 #define X(id, exp, gpa, mv, PARAMS, ARGS)                                                                      \
+	static __attribute__((noinline)) CUresult id##_prio_body(id##_t real, UNPAREN PARAMS)                     \
+	{                                                                                                          \
+		CUstream strm_ = MS_STREAM_##id;                                                                   \
+		int tok_ = ms_prio_check(strm_);                                                                   \
+		gate_enter();                                                                                      \
+		int sig_ = ms_prio_sig_enter();                                                                    \
+		CUresult r = real ARGS;                                                                            \
+		ms_prio_sig_exit(strm_, sig_);                                                                     \
+		gate_exit();                                                                                       \
+		if (tok_)                                                                                          \
+			ms_prio_budget_record(strm_, tok_);                                                        \
+		MS_STAT_ADD(gated_calls, 1);                                                                       \
+		return r;                                                                                          \
+	}                                                                                                          \
 	static CUresult id##_body(id##_t real, UNPAREN PARAMS)                                                     \
 	{                                                                                                          \
 		if (__builtin_expect(!real, 0))                                                                    \
 			return CUDA_ERROR_NOT_FOUND;                                                               \
-		if (__builtin_expect(atomic_load_explicit(&ms_pg_on, memory_order_relaxed), 0)) {                  \
-			CUstream strm_ = MS_STREAM_##id;                                                           \
-			int tok_ = ms_prio_check(strm_);                                                           \
-			gate_enter();                                                                              \
-			int sig_ = ms_prio_sig_enter();                                                            \
-			CUresult r = real ARGS;                                                                    \
-			ms_prio_sig_exit(strm_, sig_);                                                             \
-			gate_exit();                                                                               \
-			if (tok_)                                                                                  \
-				ms_prio_budget_record(strm_, tok_);                                                \
-			MS_STAT_ADD(gated_calls, 1);                                                               \
-			return r;                                                                                  \
-		}                                                                                                  \
+		if (__builtin_expect(atomic_load_explicit(&ms_pg_on, memory_order_relaxed), 0) && !ms_prio_pass())  \
+			return id##_prio_body(real, UNPAREN ARGS);                                                 \
 		gate_enter();                                                                                      \
 		CUresult r = real ARGS;                                                                            \
 		gate_exit();                                                                                       \
