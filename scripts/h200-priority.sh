@@ -8,9 +8,11 @@
 #   e0 both under libmigswap.so + `migctl daemon`, no priority policy (the shim's own cost)
 #   e1 the same with the daemon's launch-gating policy "gate"      (issue 10 D2)
 #   e2 the same with policy "budget=2" (--budget-n: launches in flight) (issue 10 D2)
-#   f  e1 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS (issue 10 D3)
+#   e3 the same with policy "gate,depth=8" (--depth: the trainer keeps at most 8 launches in
+#      flight at any time, so a request finds a short backlog)              (issue 10 D2)
+#   f  e3 + slicing of the trainer's kernels, MIGSWAP_SLICE_BLOCKS=64 (issue 10 D3)
 # A case whose feature is not in bin/ prints SKIP with the reason; so does one that would not fit
-# in the budget (default 265 s; cases run a, b, c, e1, e2, f, e0, d). Each case prints a ROW line;
+# in the budget (default 265 s; cases run a, b, c, e1, e3, e2, f, e0, d). Each case prints a ROW line;
 # the end prints the markdown table, then PASS/FAIL/SKIP per case and TARGET lines (issue 10's
 # p99 and throughput targets) — also $OUT/priority/table.md, summary.txt, results.json, per-case
 # logs (role JSON and stderr, infer.samples, daemon log, `migctl swap status` snapshots).

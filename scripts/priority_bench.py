@@ -414,13 +414,15 @@ CASES = {
     "e0": ("infer + train under the shim, daemon with no priority policy", ["infer", "train"], "shim"),
     "e1": ("infer + train under the shim, policy gate", ["infer", "train"], "gate"),
     "e2": ("infer + train under the shim, policy budget=N", ["infer", "train"], "budget"),
-    "f": ("infer + train under the shim, gate + slicing (MIGSWAP_SLICE_BLOCKS)", ["infer", "train"], "slice"),
+    "e3": ("infer + train under the shim, policy gate,depth=M", ["infer", "train"], "depth"),
+    "f": ("infer + train under the shim, gate,depth=M + slicing (MIGSWAP_SLICE_BLOCKS)", ["infer", "train"], "slice"),
 }
 # Most wanted first: a tight budget drops the last (the shim's own cost and stream priorities are
 # diagnostics). A case's start is bounded by --startup-timeout and by what the budget leaves, so a
 # slow one (slicing rewrites and JIT-compiles the PTX it finds at module load) cannot eat the run.
-RUN_ORDER = ["a", "b", "c", "e1", "e2", "f", "e0", "d"]
-TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "f"]
+RUN_ORDER = ["a", "b", "c", "e1", "e3", "e2", "f", "e0", "d"]
+TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "e3", "f"]
+GATED = ("gate", "budget", "depth", "slice")  # the modes that need the daemon's --gate
 
 
 class Features:
@@ -468,20 +470,29 @@ class Features:
             return None
         if self.err:
             return "; ".join(self.err)
-        if mode in ("gate", "budget", "slice") and not self.gate_flag:
+        if mode in GATED and not self.gate_flag:
             return ("migctl daemon has no launch-gating policy flag (issue 10 D2, helper H1: not in this build; "
                     "looked for --*gate*/--*launch-policy* in `migctl daemon --help`, or --gate-flag)")
         if mode == "slice" and self.a.slice_env not in self.shim_env:
             return f"libmigswap.so does not read {self.a.slice_env} (issue 10 D3, helper H2: not in this build)"
+        if mode == "depth" and not self.depth_ok():
+            return "the daemon's --gate takes no ,depth=M in this build (or --depth 0)"
         return None
+
+    def depth_ok(self):
+        return self.a.depth > 0 and "depth=" in self.help
+
+    def gate_with_depth(self):
+        """The gate value of cases e3 and f: gate,depth=M where the daemon has it, else gate."""
+        return f"{self.a.gate_value},depth={self.a.depth}" if self.depth_ok() else self.a.gate_value
 
     def daemon_args(self, mode):
         if mode == "gate":
             return [f"--{self.gate_flag}", self.a.gate_value]
         if mode == "budget":
             return [f"--{self.gate_flag}", self.a.budget_value.replace("N", str(self.a.budget_n))]
-        if mode == "slice":
-            return [f"--{self.gate_flag}", self.a.gate_value]
+        if mode in ("depth", "slice"):
+            return [f"--{self.gate_flag}", self.gate_with_depth()]
         if mode == "shim" and self.gate_flag:  # say "off" rather than trust the default
             return [f"--{self.gate_flag}", "off"]
         return []
@@ -540,7 +551,7 @@ class Driver:
         e.update({"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": e.get("PRIO_CUDA_VISIBLE_DEVICES", "0")})
         if self.a.model == "fake":
             e["LD_LIBRARY_PATH"] = os.path.join(self.a.bin, "fakecuda") + ":" + e.get("LD_LIBRARY_PATH", "")
-        if mode in ("shim", "gate", "budget", "slice"):
+        if mode == "shim" or mode in GATED:
             e.update({"LD_PRELOAD": os.path.abspath(self.feat.shim), "MIGSWAP_SOCKET": sock, "MIGSWAP_JOB": role,
                       "MIGSWAP_PRIORITY": str(self.a.infer_priority if role == "infer" else 0), "MIGSWAP_LOG": "1"})
             if mode == "slice" and role == "train":
@@ -730,6 +741,7 @@ class Driver:
                     bits.append(b)
             note = "; ".join(bits)
         what = CASES[cid][0].replace("budget=N", f"budget={self.a.budget_n}").replace(
+            "gate,depth=M", self.feat.gate_with_depth()).replace(
             "(MIGSWAP_SLICE_BLOCKS)", f"({self.a.slice_env}={self.a.slice_blocks})")
         return {"case": cid, "what": what,
                 "p50": lat.get("p50"), "p99": lat.get("p99"), "p999": lat.get("p99.9"), "max": lat.get("max"),
@@ -769,7 +781,7 @@ class Driver:
                 row = self.row(cid)
                 L.append(f"PASS {cid} ({CASES[cid][0]}): p99 {row['cells'][3]} ms ({row['cells'][6]} alone), "
                          f"train {row['cells'][7]} steps/s ({row['cells'][8]} of alone)")
-        for cid in ("c", "e1", "e2", "f"):
+        for cid in ("c", "e1", "e2", "e3", "f"):
             r = self.results.get(cid) or {}
             if r.get("skip") or r.get("error") or cid not in self.results:
                 continue
@@ -857,7 +869,7 @@ def run_selftest(a):
         for cid in da.cases:
             r = d.results.get(cid, {})
             row = d.row(cid)
-            if r.get("skip") and CASES[cid][2] in ("gate", "budget", "slice") and "budget:" not in r["skip"]:
+            if r.get("skip") and CASES[cid][2] in GATED and "budget:" not in r["skip"]:
                 print(f"  [skip] {name} {cid}: {r['skip'][:120]}")
                 continue
             ok = not r.get("skip") and not r.get("error")
@@ -866,11 +878,11 @@ def run_selftest(a):
                                                  r["infer"]["count"] == r["infer"]["expected"]))
             ok = ok and ("train" not in roles or (row["sps"] or 0) > 0)
             why = r.get("skip") or r.get("error") or ""
-            if ok and CASES[cid][2] in ("shim", "gate", "budget", "slice"):
+            if ok and (CASES[cid][2] == "shim" or CASES[cid][2] in GATED):
                 si, st = r["infer"].get("shim") or {}, r["train"].get("shim") or {}
                 ok = si.get("mode") == 2 and st.get("mode") == 2
                 why = f"shim modes {si.get('mode')}/{st.get('mode')} (want 2: registered with the daemon)"
-                if ok and CASES[cid][2] in ("gate", "budget"):
+                if ok and CASES[cid][2] in ("gate", "budget", "depth"):
                     ok = (st.get("prio_holds") or 0) > 0 and (si.get("prio_signal") == 1)
                     why = f"train prio_holds {st.get('prio_holds')}, infer prio_signal {si.get('prio_signal')}"
                 if ok and CASES[cid][2] == "slice":
@@ -945,6 +957,8 @@ def build_parser():
     d.add_argument("--gate-value", default="gate", help="its value for case e1 (and f)")
     d.add_argument("--budget-value", default="budget=N", help="its value for case e2 (N: --budget-n)")
     d.add_argument("--budget-n", type=int, default=2, help="in-flight launches a gated process keeps (case e2)")
+    d.add_argument("--depth", type=int, default=8,
+                   help="M of case e3 and f: gate,depth=M (a gated process keeps at most M launches in flight; 0: no e3)")
     d.add_argument("--slice-env", default="MIGSWAP_SLICE_BLOCKS", help="the shim's slicing variable (case f)")
     d.add_argument("--slice-blocks", type=int, default=64, help="its value, set for the training process only")
     d.add_argument("--gpu-memory", default="", help="the daemon's --gpu-memory (default NVML; the CPU test sets it)")

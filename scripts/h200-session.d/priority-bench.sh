@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # priority-bench (helper H4, issue 10 D1) for the lead's GPU call: scripts/h200-priority.sh with
-# 10-s windows (1000 requests) so that all eight cases fit in under 4 minutes (a case that would not fit prints
-# SKIP). Needs bin/migctl and bin/libmigswap.so (make build shim); the gate/budget/slicing cases
+# 10-s windows (1000 requests) so that the nine cases fit in under 4 minutes (a case that would not fit prints
+# SKIP). Needs bin/migctl and bin/libmigswap.so (make build shim); the gate/budget/depth/slicing cases
 # SKIP with the reason when bin/ lacks those features. Read-only nvidia-smi queries only.
 # Logs, table.md, summary.txt, results.json under $OUT/priority-bench/priority/.
 # Last lines: PASS/FAIL/SKIP per case, then TARGET lines (issue 10's p99 and throughput targets).
