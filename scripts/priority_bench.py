@@ -773,13 +773,13 @@ class Driver:
             r = self.results.get(cid)
             if r is None:
                 continue
+            row = self.row(cid)
             if r.get("skip"):
-                L.append(f"SKIP {cid} ({CASES[cid][0]}): {r['skip']}")
+                L.append(f"SKIP {cid} ({row['what']}): {r['skip']}")
             elif r.get("error"):
-                L.append(f"FAIL {cid} ({CASES[cid][0]}): {short(r['error'], 500)}")
+                L.append(f"FAIL {cid} ({row['what']}): {short(r['error'], 500)}")
             else:
-                row = self.row(cid)
-                L.append(f"PASS {cid} ({CASES[cid][0]}): p99 {row['cells'][3]} ms ({row['cells'][6]} alone), "
+                L.append(f"PASS {cid} ({row['what']}): p99 {row['cells'][3]} ms ({row['cells'][6]} alone), "
                          f"train {row['cells'][7]} steps/s ({row['cells'][8]} of alone)")
         for cid in ("c", "e1", "e2", "e3", "f"):
             r = self.results.get(cid) or {}
