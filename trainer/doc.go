@@ -28,9 +28,36 @@
 //
 // Every rank must ask for the same settings (world size, transport,
 // algorithm, tuning, and whatever WithSettings adds); the rendezvous compares
-// them and fails every rank at once, naming the rank and the difference. A
-// group whose ranks span several hosts fails at Init with ErrMultiNode (the
-// inter-node stage is not built yet), never a hang.
+// them and fails every rank at once, naming the rank and the difference.
+//
+// # Across nodes
+//
+// A group whose ranks are on several hosts (`migctl run --nnodes N
+// --node-rank i --rdzv-endpoint host:port` on each) runs every collective
+// in two stages, Horovod's hierarchical scheme: within a node over the
+// node's shared memory (its ranks choose transport and algorithm among
+// themselves as above; the IPC ring is not used), and across nodes over
+// NCCL, loaded at run time (internal/nccl: libnccl.so.2 from the library
+// path, or the file MIGCTL_NCCL_LIB names). Local rank j of every node
+// forms the NCCL communicator of shard j (its unique id made by node 0's
+// and passed through the rendezvous store), so all of a node's ranks carry
+// inter-node traffic at once. An all-reduce reduce-scatters within the
+// node (block j to local rank j), all-reduces block j across nodes in
+// shard j, and all-gathers within the node; the few elements that do not
+// split evenly cross on shard 0 and are broadcast from local rank 0, so
+// every rank holds the same bits. Reduce-scatter, all-gather, broadcast
+// and barrier have schedules of the same kind. Every node must run the
+// same number of ranks; nodes are numbered in the order of their lowest
+// rank, a node's ranks by rank (LocalRank, LocalSize). The inter-node stage
+// needs the gpu backend (NCCL reads device memory) and NCCL 2.x: without
+// them (no libnccl.so.2, the host backend, ranks uneven across hosts) Init
+// fails on every rank with ErrMultiNode and a message that says why and
+// what to do, never a hang. A collective waiting on a node that died ends
+// at its deadline, or earlier when NCCL reports the peer gone
+// (comm.ErrPeerDead); the NCCL communicator is then aborted and the group
+// refuses further collectives. MIGCTL_NCCL_FAKE=1 runs the inter-node
+// stage of host-backend ranks on a fake NCCL over loopback TCP: "nodes" on
+// one machine for tests.
 //
 // # Collectives
 //
