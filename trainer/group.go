@@ -407,10 +407,13 @@ func (g *Group) LocalRank() int { return g.localRank }
 // LocalSize is the number of ranks on this node.
 func (g *Group) LocalSize() int { return g.localSize }
 
-// NodeRank is this node's index among the job's nodes (GROUP_RANK).
+// NodeRank is this node's index among the job's nodes (GROUP_RANK; in a
+// group across hosts, the index of this host in the order of its lowest
+// rank, which is GROUP_RANK under `migctl run`).
 func (g *Group) NodeRank() int { return g.cfg.nodeRank }
 
-// NumNodes is the number of nodes (GROUP_WORLD_SIZE).
+// NumNodes is the number of nodes (GROUP_WORLD_SIZE; in a group across
+// hosts, the number of hosts).
 func (g *Group) NumNodes() int { return g.cfg.numNodes }
 
 // Generation is the restart generation (0 on the first run).

@@ -112,6 +112,7 @@ func (g *Group) joinNodes() error {
 	s.kv = &nodeKV{kv: g.kv, prefix: "trainer/node/" + strconv.Itoa(s.node) + "/", local: s.local, size: plan.localSize}
 	g.node = s
 	g.localRank, g.localSize = s.local, plan.localSize
+	g.cfg.nodeRank, g.cfg.numNodes = s.node, plan.nodes()
 	return nil
 }
 

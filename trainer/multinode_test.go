@@ -151,6 +151,9 @@ func testAcrossNodesMatchesOneNode(t *testing.T, counts []int, opts []Option) {
 			err = world(t, tc.n, func(r int) []Option { return []Option{withHost(tc.host(r)), withFakeNCCL()} }, func(g *Group) error {
 				mu.Lock()
 				layout[g.Rank()] = [2]int{g.LocalRank(), g.LocalSize()}
+				if g.NumNodes() != tc.n/g.LocalSize() {
+					return fmt.Errorf("NumNodes %d, want %d", g.NumNodes(), tc.n/g.LocalSize())
+				}
 				mu.Unlock()
 				return nil
 			})
