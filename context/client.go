@@ -380,6 +380,21 @@ func (c *Client) Reserve(ctx context.Context, req Request, hold time.Duration) (
 	return out, nil
 }
 
+// SetGate sets the priority-gating policy of t's processes ("gate",
+// "budget=N[,depth=M]", "off", or "default" for the daemon's) and returns
+// their pids.
+func (c *Client) SetGate(ctx context.Context, t Target, policy string) ([]int, error) {
+	r, err := c.ctl.SetGate(ctx, &ctlpb.SetGateRequest{Pid: int32(t.PID), Job: t.Job, Policy: policy})
+	if err != nil {
+		return nil, c.wrap(err)
+	}
+	out := make([]int, 0, len(r.GetPids()))
+	for _, p := range r.GetPids() {
+		out = append(out, int(p))
+	}
+	return out, nil
+}
+
 // CollectiveReport is what a process reports of its collective calls since
 // its last report (op: one of CollectiveOps).
 type CollectiveReport struct {

@@ -152,6 +152,22 @@ func (c *ControlServer) Reserve(ctx context.Context, req *ctlpb.ReserveRequest) 
 	return out, nil
 }
 
+// SetGate sets the priority-gating policy of a pid's or a job's processes.
+func (c *ControlServer) SetGate(_ context.Context, req *ctlpb.SetGateRequest) (*ctlpb.SetGateReply, error) {
+	if (req.GetPid() == 0) == (req.GetJob() == "") {
+		return nil, status.Error(codes.InvalidArgument, "exactly one of pid and job must be given")
+	}
+	pids, err := c.m.SetGate(Target{PID: int(req.GetPid()), Job: req.GetJob()}, req.GetPolicy())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &ctlpb.SetGateReply{}
+	for _, p := range pids {
+		out.Pids = append(out.Pids, int32(p))
+	}
+	return out, nil
+}
+
 // toStatus maps the sentinel errors to gRPC codes (the CLI maps them back).
 func toStatus(err error) error {
 	code := codes.Internal

@@ -437,7 +437,7 @@ func (m *Manager) SetGatePolicy(pid int, pol *GatePolicy) error {
 	p, ok := m.procs[pid]
 	if !ok {
 		m.mu.Unlock()
-		return fmt.Errorf("%w: pid %d", ErrNoSuchProcess, pid)
+		return fmt.Errorf("pid %d: %w", pid, ErrNoSuchProcess)
 	}
 	p.gatePolicy = pol
 	var devs []string
@@ -454,6 +454,41 @@ func (m *Manager) SetGatePolicy(pid int, pol *GatePolicy) error {
 		m.gateSync(d)
 	}
 	return nil
+}
+
+// SetGate sets the gating policy of target's processes (a pid, or every
+// process of a job): "default" (or "") returns them to the daemon's policy,
+// anything else is parsed by ParseGatePolicy. It returns the pids it set.
+func (m *Manager) SetGate(t Target, policy string) ([]int, error) {
+	var pol *GatePolicy
+	if policy != "" && policy != "default" {
+		p, err := ParseGatePolicy(policy)
+		if err != nil {
+			return nil, err
+		}
+		pol = &p
+	}
+	m.mu.Lock()
+	var pids []int
+	for pid, p := range m.procs {
+		if (t.PID != 0 && (pid == t.PID || p.PeerPID == t.PID)) || (t.PID == 0 && t.Job != "" && p.Job == t.Job) {
+			pids = append(pids, pid)
+		}
+	}
+	m.mu.Unlock()
+	if len(pids) == 0 {
+		if t.PID != 0 {
+			return nil, fmt.Errorf("%s: %w", t, ErrNoSuchProcess)
+		}
+		return nil, fmt.Errorf("%s: %w", t, ErrNoSuchJob)
+	}
+	sort.Ints(pids)
+	for _, pid := range pids {
+		if err := m.SetGatePolicy(pid, pol); err != nil {
+			return nil, err
+		}
+	}
+	return pids, nil
 }
 
 // closeGates unmaps the pages (the shims keep their own mappings).

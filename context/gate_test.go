@@ -238,8 +238,21 @@ func TestGateOffSaysNothingUntilSet(t *testing.T) {
 	require.True(t, hg.Signal, "it signals: a process below it is gated")
 	require.Equal(t, uint64(1)<<*hg.Slot, lg.Mask)
 
+	// by job, as 'migctl swap gate --job' does
+	pids, err := d.m.SetGate(ctxmgr.Target{Job: "train"}, "budget=3")
+	require.NoError(t, err)
+	require.Equal(t, []int{2001}, pids)
+	lg = low.gate(t)
+	require.Equal(t, "budget", lg.Policy)
+	require.Equal(t, 3, lg.Budget)
+	_, err = d.m.SetGate(ctxmgr.Target{Job: "nosuch"}, "gate")
+	require.ErrorIs(t, err, ctxmgr.ErrNoSuchJob)
+	_, err = d.m.SetGate(ctxmgr.Target{PID: 2001}, "sometimes")
+	require.ErrorIs(t, err, ctxmgr.ErrBadRequest)
+
 	// back to the daemon's policy (off): the low process is told so, the high stops signalling
-	require.NoError(t, d.m.SetGatePolicy(2001, nil))
+	_, err = d.m.SetGate(ctxmgr.Target{PID: 2001}, "default")
+	require.NoError(t, err)
 	lg = low.gate(t)
 	require.Equal(t, -1, *lg.Slot)
 	require.Equal(t, "off", lg.Policy)

@@ -35,11 +35,13 @@ brings back what it swapped out itself).`,
 		Example: `  migctl swap status
   migctl swap out --job batch-train
   migctl swap in --pid 12345 --timeout 2m
-  migctl swap reserve --device 0 --bytes 40GiB --priority 10`,
+  migctl swap reserve --device 0 --bytes 40GiB --priority 10
+  migctl swap gate --job batch-train --policy budget=2`,
 	}
 	cmd.PersistentFlags().StringVar(&c.socket, "socket", ctxmgr.DefaultControlSocket(), "the daemon's control socket (env "+envControlSocket+")")
 	cmd.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up waiting after this long (a swap in progress goes on in the daemon)")
-	cmd.AddCommand(newSwapOutCmd(s, c), newSwapInCmd(s, c), newSwapStatusCmd(s, c), newSwapReserveCmd(s, c))
+	cmd.AddCommand(newSwapOutCmd(s, c), newSwapInCmd(s, c), newSwapStatusCmd(s, c), newSwapReserveCmd(s, c),
+		newSwapGateCmd(s, c))
 	return cmd
 }
 

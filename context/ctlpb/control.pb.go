@@ -792,6 +792,110 @@ func (x *ReserveRequest) GetJob() string {
 	return ""
 }
 
+type SetGateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Job           string                 `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	Policy        string                 `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetGateRequest) Reset() {
+	*x = SetGateRequest{}
+	mi := &file_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetGateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetGateRequest) ProtoMessage() {}
+
+func (x *SetGateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetGateRequest.ProtoReflect.Descriptor instead.
+func (*SetGateRequest) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetGateRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *SetGateRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *SetGateRequest) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+type SetGateReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pids          []int32                `protobuf:"varint,1,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetGateReply) Reset() {
+	*x = SetGateReply{}
+	mi := &file_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetGateReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetGateReply) ProtoMessage() {}
+
+func (x *SetGateReply) ProtoReflect() protoreflect.Message {
+	mi := &file_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetGateReply.ProtoReflect.Descriptor instead.
+func (*SetGateReply) Descriptor() ([]byte, []int) {
+	return file_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetGateReply) GetPids() []int32 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
 type ReserveReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Victims       []int32                `protobuf:"varint,1,rep,packed,name=victims,proto3" json:"victims,omitempty"`
@@ -802,7 +906,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +918,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[9]
+	mi := &file_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +931,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{9}
+	return file_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReserveReply) GetVictims() []int32 {
@@ -869,7 +973,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +985,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[10]
+	mi := &file_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +998,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{10}
+	return file_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Lease) GetJob() string {
@@ -1006,7 +1110,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1122,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[11]
+	mi := &file_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1135,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{11}
+	return file_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AcquireRequest) GetJob() string {
@@ -1085,7 +1189,7 @@ type AcquireReply struct {
 
 func (x *AcquireReply) Reset() {
 	*x = AcquireReply{}
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1201,7 @@ func (x *AcquireReply) String() string {
 func (*AcquireReply) ProtoMessage() {}
 
 func (x *AcquireReply) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[12]
+	mi := &file_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1214,7 @@ func (x *AcquireReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireReply.ProtoReflect.Descriptor instead.
 func (*AcquireReply) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{12}
+	return file_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AcquireReply) GetLeases() []*Lease {
@@ -1131,7 +1235,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1247,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[13]
+	mi := &file_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1260,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{13}
+	return file_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetJob() string {
@@ -1182,7 +1286,7 @@ type ReleaseReply struct {
 
 func (x *ReleaseReply) Reset() {
 	*x = ReleaseReply{}
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1298,7 @@ func (x *ReleaseReply) String() string {
 func (*ReleaseReply) ProtoMessage() {}
 
 func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[14]
+	mi := &file_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1311,7 @@ func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReply.ProtoReflect.Descriptor instead.
 func (*ReleaseReply) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{14}
+	return file_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseReply) GetLeases() []*Lease {
@@ -1225,7 +1329,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1341,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[15]
+	mi := &file_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1354,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{15}
+	return file_control_proto_rawDescGZIP(), []int{17}
 }
 
 type ListReply struct {
@@ -1262,7 +1366,7 @@ type ListReply struct {
 
 func (x *ListReply) Reset() {
 	*x = ListReply{}
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1378,7 @@ func (x *ListReply) String() string {
 func (*ListReply) ProtoMessage() {}
 
 func (x *ListReply) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[16]
+	mi := &file_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1391,7 @@ func (x *ListReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReply.ProtoReflect.Descriptor instead.
 func (*ListReply) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{16}
+	return file_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListReply) GetLeases() []*Lease {
@@ -1307,7 +1411,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1423,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[17]
+	mi := &file_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1436,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{17}
+	return file_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchRequest) GetJob() string {
@@ -1359,7 +1463,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1475,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[18]
+	mi := &file_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1488,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{18}
+	return file_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Event) GetType() string {
@@ -1443,7 +1547,7 @@ type CollectiveReport struct {
 
 func (x *CollectiveReport) Reset() {
 	*x = CollectiveReport{}
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1559,7 @@ func (x *CollectiveReport) String() string {
 func (*CollectiveReport) ProtoMessage() {}
 
 func (x *CollectiveReport) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[19]
+	mi := &file_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1572,7 @@ func (x *CollectiveReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveReport.ProtoReflect.Descriptor instead.
 func (*CollectiveReport) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{19}
+	return file_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CollectiveReport) GetJob() string {
@@ -1514,7 +1618,7 @@ type CollectiveReply struct {
 
 func (x *CollectiveReply) Reset() {
 	*x = CollectiveReply{}
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1630,7 @@ func (x *CollectiveReply) String() string {
 func (*CollectiveReply) ProtoMessage() {}
 
 func (x *CollectiveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_control_proto_msgTypes[20]
+	mi := &file_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1643,7 @@ func (x *CollectiveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectiveReply.ProtoReflect.Descriptor instead.
 func (*CollectiveReply) Descriptor() ([]byte, []int) {
-	return file_control_proto_rawDescGZIP(), []int{20}
+	return file_control_proto_rawDescGZIP(), []int{22}
 }
 
 var File_control_proto protoreflect.FileDescriptor
@@ -1606,7 +1710,13 @@ const file_control_proto_rawDesc = "" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
 	"\bpriority\x18\x03 \x01(\x05R\bpriority\x12!\n" +
 	"\fhold_seconds\x18\x04 \x01(\x01R\vholdSeconds\x12\x10\n" +
-	"\x03job\x18\x05 \x01(\tR\x03job\"<\n" +
+	"\x03job\x18\x05 \x01(\tR\x03job\"L\n" +
+	"\x0eSetGateRequest\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy\"\"\n" +
+	"\fSetGateReply\x12\x12\n" +
+	"\x04pids\x18\x01 \x03(\x05R\x04pids\"<\n" +
 	"\fReserveReply\x12\x18\n" +
 	"\avictims\x18\x01 \x03(\x05R\avictims\x12\x12\n" +
 	"\x04free\x18\x02 \x01(\x03R\x04free\"\xfa\x02\n" +
@@ -1661,11 +1771,12 @@ const file_control_proto_rawDesc = "" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDIRECTION_OUT\x10\x01\x12\x10\n" +
-	"\fDIRECTION_IN\x10\x022\xb4\x04\n" +
+	"\fDIRECTION_IN\x10\x022\xfb\x04\n" +
 	"\aControl\x12>\n" +
 	"\x04Swap\x12\x1a.migctl.ctl.v1.SwapRequest\x1a\x18.migctl.ctl.v1.SwapEvent0\x01\x12B\n" +
 	"\x06Status\x12\x1c.migctl.ctl.v1.StatusRequest\x1a\x1a.migctl.ctl.v1.StatusReply\x12E\n" +
 	"\aReserve\x12\x1d.migctl.ctl.v1.ReserveRequest\x1a\x1b.migctl.ctl.v1.ReserveReply\x12E\n" +
+	"\aSetGate\x12\x1d.migctl.ctl.v1.SetGateRequest\x1a\x1b.migctl.ctl.v1.SetGateReply\x12E\n" +
 	"\aAcquire\x12\x1d.migctl.ctl.v1.AcquireRequest\x1a\x1b.migctl.ctl.v1.AcquireReply\x12E\n" +
 	"\aRelease\x12\x1d.migctl.ctl.v1.ReleaseRequest\x1a\x1b.migctl.ctl.v1.ReleaseReply\x12<\n" +
 	"\x04List\x12\x1a.migctl.ctl.v1.ListRequest\x1a\x18.migctl.ctl.v1.ListReply\x12<\n" +
@@ -1685,7 +1796,7 @@ func file_control_proto_rawDescGZIP() []byte {
 }
 
 var file_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_control_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_control_proto_goTypes = []any{
 	(Direction)(0),           // 0: migctl.ctl.v1.Direction
 	(*SwapRequest)(nil),      // 1: migctl.ctl.v1.SwapRequest
@@ -1697,18 +1808,20 @@ var file_control_proto_goTypes = []any{
 	(*DeviceMemory)(nil),     // 7: migctl.ctl.v1.DeviceMemory
 	(*StatusReply)(nil),      // 8: migctl.ctl.v1.StatusReply
 	(*ReserveRequest)(nil),   // 9: migctl.ctl.v1.ReserveRequest
-	(*ReserveReply)(nil),     // 10: migctl.ctl.v1.ReserveReply
-	(*Lease)(nil),            // 11: migctl.ctl.v1.Lease
-	(*AcquireRequest)(nil),   // 12: migctl.ctl.v1.AcquireRequest
-	(*AcquireReply)(nil),     // 13: migctl.ctl.v1.AcquireReply
-	(*ReleaseRequest)(nil),   // 14: migctl.ctl.v1.ReleaseRequest
-	(*ReleaseReply)(nil),     // 15: migctl.ctl.v1.ReleaseReply
-	(*ListRequest)(nil),      // 16: migctl.ctl.v1.ListRequest
-	(*ListReply)(nil),        // 17: migctl.ctl.v1.ListReply
-	(*WatchRequest)(nil),     // 18: migctl.ctl.v1.WatchRequest
-	(*Event)(nil),            // 19: migctl.ctl.v1.Event
-	(*CollectiveReport)(nil), // 20: migctl.ctl.v1.CollectiveReport
-	(*CollectiveReply)(nil),  // 21: migctl.ctl.v1.CollectiveReply
+	(*SetGateRequest)(nil),   // 10: migctl.ctl.v1.SetGateRequest
+	(*SetGateReply)(nil),     // 11: migctl.ctl.v1.SetGateReply
+	(*ReserveReply)(nil),     // 12: migctl.ctl.v1.ReserveReply
+	(*Lease)(nil),            // 13: migctl.ctl.v1.Lease
+	(*AcquireRequest)(nil),   // 14: migctl.ctl.v1.AcquireRequest
+	(*AcquireReply)(nil),     // 15: migctl.ctl.v1.AcquireReply
+	(*ReleaseRequest)(nil),   // 16: migctl.ctl.v1.ReleaseRequest
+	(*ReleaseReply)(nil),     // 17: migctl.ctl.v1.ReleaseReply
+	(*ListRequest)(nil),      // 18: migctl.ctl.v1.ListRequest
+	(*ListReply)(nil),        // 19: migctl.ctl.v1.ListReply
+	(*WatchRequest)(nil),     // 20: migctl.ctl.v1.WatchRequest
+	(*Event)(nil),            // 21: migctl.ctl.v1.Event
+	(*CollectiveReport)(nil), // 22: migctl.ctl.v1.CollectiveReport
+	(*CollectiveReply)(nil),  // 23: migctl.ctl.v1.CollectiveReply
 }
 var file_control_proto_depIdxs = []int32{
 	0,  // 0: migctl.ctl.v1.SwapRequest.direction:type_name -> migctl.ctl.v1.Direction
@@ -1717,29 +1830,31 @@ var file_control_proto_depIdxs = []int32{
 	0,  // 3: migctl.ctl.v1.SwapResult.direction:type_name -> migctl.ctl.v1.Direction
 	6,  // 4: migctl.ctl.v1.StatusReply.processes:type_name -> migctl.ctl.v1.Process
 	7,  // 5: migctl.ctl.v1.StatusReply.devices:type_name -> migctl.ctl.v1.DeviceMemory
-	11, // 6: migctl.ctl.v1.AcquireReply.leases:type_name -> migctl.ctl.v1.Lease
-	11, // 7: migctl.ctl.v1.ReleaseReply.leases:type_name -> migctl.ctl.v1.Lease
-	11, // 8: migctl.ctl.v1.ListReply.leases:type_name -> migctl.ctl.v1.Lease
-	11, // 9: migctl.ctl.v1.Event.leases:type_name -> migctl.ctl.v1.Lease
+	13, // 6: migctl.ctl.v1.AcquireReply.leases:type_name -> migctl.ctl.v1.Lease
+	13, // 7: migctl.ctl.v1.ReleaseReply.leases:type_name -> migctl.ctl.v1.Lease
+	13, // 8: migctl.ctl.v1.ListReply.leases:type_name -> migctl.ctl.v1.Lease
+	13, // 9: migctl.ctl.v1.Event.leases:type_name -> migctl.ctl.v1.Lease
 	4,  // 10: migctl.ctl.v1.Event.swap:type_name -> migctl.ctl.v1.SwapResult
 	1,  // 11: migctl.ctl.v1.Control.Swap:input_type -> migctl.ctl.v1.SwapRequest
 	5,  // 12: migctl.ctl.v1.Control.Status:input_type -> migctl.ctl.v1.StatusRequest
 	9,  // 13: migctl.ctl.v1.Control.Reserve:input_type -> migctl.ctl.v1.ReserveRequest
-	12, // 14: migctl.ctl.v1.Control.Acquire:input_type -> migctl.ctl.v1.AcquireRequest
-	14, // 15: migctl.ctl.v1.Control.Release:input_type -> migctl.ctl.v1.ReleaseRequest
-	16, // 16: migctl.ctl.v1.Control.List:input_type -> migctl.ctl.v1.ListRequest
-	18, // 17: migctl.ctl.v1.Control.Watch:input_type -> migctl.ctl.v1.WatchRequest
-	20, // 18: migctl.ctl.v1.Control.ReportCollectives:input_type -> migctl.ctl.v1.CollectiveReport
-	2,  // 19: migctl.ctl.v1.Control.Swap:output_type -> migctl.ctl.v1.SwapEvent
-	8,  // 20: migctl.ctl.v1.Control.Status:output_type -> migctl.ctl.v1.StatusReply
-	10, // 21: migctl.ctl.v1.Control.Reserve:output_type -> migctl.ctl.v1.ReserveReply
-	13, // 22: migctl.ctl.v1.Control.Acquire:output_type -> migctl.ctl.v1.AcquireReply
-	15, // 23: migctl.ctl.v1.Control.Release:output_type -> migctl.ctl.v1.ReleaseReply
-	17, // 24: migctl.ctl.v1.Control.List:output_type -> migctl.ctl.v1.ListReply
-	19, // 25: migctl.ctl.v1.Control.Watch:output_type -> migctl.ctl.v1.Event
-	21, // 26: migctl.ctl.v1.Control.ReportCollectives:output_type -> migctl.ctl.v1.CollectiveReply
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
+	10, // 14: migctl.ctl.v1.Control.SetGate:input_type -> migctl.ctl.v1.SetGateRequest
+	14, // 15: migctl.ctl.v1.Control.Acquire:input_type -> migctl.ctl.v1.AcquireRequest
+	16, // 16: migctl.ctl.v1.Control.Release:input_type -> migctl.ctl.v1.ReleaseRequest
+	18, // 17: migctl.ctl.v1.Control.List:input_type -> migctl.ctl.v1.ListRequest
+	20, // 18: migctl.ctl.v1.Control.Watch:input_type -> migctl.ctl.v1.WatchRequest
+	22, // 19: migctl.ctl.v1.Control.ReportCollectives:input_type -> migctl.ctl.v1.CollectiveReport
+	2,  // 20: migctl.ctl.v1.Control.Swap:output_type -> migctl.ctl.v1.SwapEvent
+	8,  // 21: migctl.ctl.v1.Control.Status:output_type -> migctl.ctl.v1.StatusReply
+	12, // 22: migctl.ctl.v1.Control.Reserve:output_type -> migctl.ctl.v1.ReserveReply
+	11, // 23: migctl.ctl.v1.Control.SetGate:output_type -> migctl.ctl.v1.SetGateReply
+	15, // 24: migctl.ctl.v1.Control.Acquire:output_type -> migctl.ctl.v1.AcquireReply
+	17, // 25: migctl.ctl.v1.Control.Release:output_type -> migctl.ctl.v1.ReleaseReply
+	19, // 26: migctl.ctl.v1.Control.List:output_type -> migctl.ctl.v1.ListReply
+	21, // 27: migctl.ctl.v1.Control.Watch:output_type -> migctl.ctl.v1.Event
+	23, // 28: migctl.ctl.v1.Control.ReportCollectives:output_type -> migctl.ctl.v1.CollectiveReply
+	20, // [20:29] is the sub-list for method output_type
+	11, // [11:20] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1760,7 +1875,7 @@ func file_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_control_proto_rawDesc), len(file_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

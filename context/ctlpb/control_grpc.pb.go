@@ -26,6 +26,7 @@ const (
 	Control_Swap_FullMethodName              = "/migctl.ctl.v1.Control/Swap"
 	Control_Status_FullMethodName            = "/migctl.ctl.v1.Control/Status"
 	Control_Reserve_FullMethodName           = "/migctl.ctl.v1.Control/Reserve"
+	Control_SetGate_FullMethodName           = "/migctl.ctl.v1.Control/SetGate"
 	Control_Acquire_FullMethodName           = "/migctl.ctl.v1.Control/Acquire"
 	Control_Release_FullMethodName           = "/migctl.ctl.v1.Control/Release"
 	Control_List_FullMethodName              = "/migctl.ctl.v1.Control/List"
@@ -50,6 +51,11 @@ type ControlClient interface {
 	// keeps that memory from the policy for hold_seconds. FAILED_PRECONDITION
 	// with the reason when it cannot.
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
+	// SetGate sets the priority-gating policy of a pid's or a job's processes
+	// ("gate", "budget=N", optionally ",depth=M", "off"; "default": the
+	// daemon's --gate) and sends it to their shims. NOT_FOUND (no such
+	// pid/job), INVALID_ARGUMENT (a bad policy).
+	SetGate(ctx context.Context, in *SetGateRequest, opts ...grpc.CallOption) (*SetGateReply, error)
 	// Acquire leases count MIG devices of a profile to a job, all or nothing.
 	// When too few are free, the daemon creates them by repartitioning unleased,
 	// idle capacity (never destroying a leased or busy instance). Errors:
@@ -113,6 +119,16 @@ func (c *controlClient) Reserve(ctx context.Context, in *ReserveRequest, opts ..
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReserveReply)
 	err := c.cc.Invoke(ctx, Control_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controlClient) SetGate(ctx context.Context, in *SetGateRequest, opts ...grpc.CallOption) (*SetGateReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetGateReply)
+	err := c.cc.Invoke(ctx, Control_SetGate_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +211,11 @@ type ControlServer interface {
 	// keeps that memory from the policy for hold_seconds. FAILED_PRECONDITION
 	// with the reason when it cannot.
 	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
+	// SetGate sets the priority-gating policy of a pid's or a job's processes
+	// ("gate", "budget=N", optionally ",depth=M", "off"; "default": the
+	// daemon's --gate) and sends it to their shims. NOT_FOUND (no such
+	// pid/job), INVALID_ARGUMENT (a bad policy).
+	SetGate(context.Context, *SetGateRequest) (*SetGateReply, error)
 	// Acquire leases count MIG devices of a profile to a job, all or nothing.
 	// When too few are free, the daemon creates them by repartitioning unleased,
 	// idle capacity (never destroying a leased or busy instance). Errors:
@@ -233,6 +254,9 @@ func (UnimplementedControlServer) Status(context.Context, *StatusRequest) (*Stat
 }
 func (UnimplementedControlServer) Reserve(context.Context, *ReserveRequest) (*ReserveReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedControlServer) SetGate(context.Context, *SetGateRequest) (*SetGateReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetGate not implemented")
 }
 func (UnimplementedControlServer) Acquire(context.Context, *AcquireRequest) (*AcquireReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
@@ -313,6 +337,24 @@ func _Control_Reserve_Handler(srv interface{}, ctx context.Context, dec func(int
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(ControlServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Control_SetGate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetGateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).SetGate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_SetGate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).SetGate(ctx, req.(*SetGateRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -414,6 +456,10 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reserve",
 			Handler:    _Control_Reserve_Handler,
+		},
+		{
+			MethodName: "SetGate",
+			Handler:    _Control_SetGate_Handler,
 		},
 		{
 			MethodName: "Acquire",

@@ -168,6 +168,19 @@ func TestGateHoldsLowWhileHighBusy(t *testing.T) {
 		require.Equal(t, int64(1), jobs["train"].Holds, "%s", out)
 		require.Greater(t, jobs["train"].HeldSeconds, (busy / 2).Seconds(), "%s", out)
 		require.Equal(t, "high", jobs["infer"].Class, "%s", out)
+
+		// a per-job policy from the CLI reaches the shim
+		out, err = exec.Command(migctl, "swap", "gate", "--job", "train", "--policy", "budget=3,depth=5", "--socket", g.ctl, "-o", "json").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), `"policy": "budget=3,depth=5"`)
+		require.Eventually(t, func() bool {
+			s := low.stats(t)
+			return s["prio_policy"] == "2" && s["prio_budget"] == "3" && s["prio_depth"] == "5"
+		}, 5*time.Second, 20*time.Millisecond)
+		require.Equal(t, "budget=3,depth=5", g.status(t)["train"].Gate.Policy)
+		out, err = exec.Command(migctl, "swap", "gate", "--job", "nosuch", "--policy", "gate", "--socket", g.ctl).CombinedOutput()
+		require.Error(t, err)
+		require.Contains(t, string(out), "no such job")
 	}
 	high.finish(t, 10*time.Second)
 	low.finish(t, 10*time.Second)
