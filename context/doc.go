@@ -61,6 +61,12 @@
 //     time, last progress) fed by shim connections, and the driver of swaps. It
 //     serialises policy decisions and the swaps they start; OnSwapStart and
 //     OnSwapDone report them (events, metrics).
+//   - Priority launch gating (gate.go; Options.Gate, `migctl daemon --gate`,
+//     SetGate/`migctl swap gate`): a shared page per device (a memfd passed
+//     to each shim over its connection), a slot per process, the masks of
+//     higher-priority slots and the classes (high, mid, low, alone); a
+//     departed process's busy bit is cleared; the shims' gate_stats (held
+//     time, count) show in Status as Process.Gate.
 //   - Serve: the shim server, newline JSON over a Unix socket as specified in
 //     shim/PROTOCOL.md (codec in context/swapproto). One goroutine per
 //     connection; a closed connection is a process that ended and is forgotten.
