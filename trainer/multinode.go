@@ -134,6 +134,13 @@ func (g *Group) intra() (rank, size int, peers []rendezvous.Peer, topo rendezvou
 func (g *Group) connectNodes(ctx context.Context, intra *allreduce.Communicator) error {
 	s := g.node
 	if s.plan.nodes() > 1 {
+		// Every rank of every node has got this far (NCCL loaded, the node's
+		// segment mapped): a node that failed aborts the job here, rather
+		// than leaving the others inside ncclCommInitRank, which cannot be
+		// cancelled.
+		if err := g.kv.Barrier(ctx, "trainer/nodes/joined"); err != nil {
+			return fmt.Errorf("waiting for the ranks of the other nodes: %w", err)
+		}
 		ic, err := newInterComm(ctx, g, s)
 		if err != nil {
 			return fmt.Errorf("joining the NCCL communicator of shard %d (local rank %d of each of %d nodes): %w",

@@ -213,6 +213,29 @@ func TestGroupAcrossNodesWithoutNCCL(t *testing.T) {
 	}
 }
 
+// One node without NCCL fails the whole group at Init, the nodes that have
+// it too, at once (not at the setup deadline inside ncclCommInitRank).
+func TestGroupAcrossNodesOneNodeWithoutNCCL(t *testing.T) {
+	start := time.Now()
+	err := world(t, 4, func(r int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		return []Option{withCUDA(f), WithBackend(BackendGPU), withHost(fmt.Sprintf("node%d", r/2)),
+			withNCCLOpen(func() (nccl.Interface, error) {
+				if r >= 2 {
+					return nil, fmt.Errorf("%w: stub", nccl.ErrLibraryNotFound)
+				}
+				return nccl.NewFake(fakeDeviceMemory{f}), nil
+			})}
+	}, func(*Group) error { return errors.New("Init succeeded") })
+	require.ErrorIs(t, err, ErrMultiNode)
+	require.NotContains(t, err.Error(), "Init succeeded")
+	for r := range 4 {
+		require.ErrorContains(t, err, fmt.Sprintf("rank %d", r))
+	}
+	require.Less(t, time.Since(start), 10*time.Second)
+}
+
 // The real NCCL loader on this machine: where libnccl.so.2 is absent (CI),
 // Init across hosts on the gpu backend says so.
 func TestGroupAcrossNodesRealLoader(t *testing.T) {
