@@ -84,17 +84,6 @@ func (p nodePlan) shard(j int) []int {
 	return out
 }
 
-// contiguous reports whether rank = node·localSize + local (the launcher's
-// layout), so node-major order is rank order.
-func (p nodePlan) contiguous() bool {
-	for r := range p.node {
-		if r != p.node[r]*p.localSize+p.local[r] {
-			return false
-		}
-	}
-	return true
-}
-
 // stageKind is one step of a collective across nodes.
 type stageKind int
 
@@ -280,46 +269,45 @@ func (p nodePlan) reduceScatter(rank, block int, op comm.Op, inPlace bool) sched
 }
 
 // allGather is rank's schedule of an all-gather of block elements per
-// rank: the node's ranks gather their blocks, then local rank j of every
-// node gathers the nodes' parts (every shard the whole node's part: no
-// reduction, so the copies are identical). With the launcher's layout
-// (rank = node·L + local) it gathers into recv itself; otherwise into
-// scratch, copied out in rank order. An in-place rank's own block is
-// staged in scratch first, so the node's gather does not run in place.
+// rank, sharded like the all-reduce: local rank j of every node gathers
+// the nodes' blocks j across nodes (each rank sends its own block once),
+// the node's ranks gather those per-shard parts, and the blocks are copied
+// to their places in recv in rank order. Work: the shard's N blocks, then
+// the node's L·N.
 func (p nodePlan) allGather(rank, block int, inPlace bool) schedule {
 	L, N, i := p.localSize, p.nodes(), p.node[rank]
 	var s schedule
 	if block == 0 {
 		return s
 	}
-	src, srcOff := bufSend, 0
+	srcOff := 0
 	if inPlace {
 		srcOff = rank * block
 	}
-	dst := bufRecv
-	if !p.contiguous() {
-		dst = bufWork
-		s.Work = N * L * block
-	}
-	if L > 1 {
-		if inPlace {
-			s.add(stage{Kind: stCopy, Dst: bufWork, Off: s.Work, Src: bufSend, SrcOff: srcOff, Count: block})
-			src, srcOff = bufWork, s.Work
-			s.Work += block
+	if L == 1 {
+		// One rank per node: gather across nodes into recv itself (rank =
+		// node with one rank per node).
+		if !inPlace {
+			s.add(stage{Kind: stCopy, Dst: bufRecv, Off: rank * block, Src: bufSend, Count: block})
 		}
-		s.add(stage{Kind: stIntraAllGather, Dst: dst, Off: i * L * block, Src: src, SrcOff: srcOff, Count: block})
-	} else if dst != bufRecv || !inPlace {
-		s.add(stage{Kind: stCopy, Dst: dst, Off: i * block, Src: bufSend, SrcOff: srcOff, Count: block})
+		if N > 1 {
+			s.add(stage{Kind: stInterAllGather, Dst: bufRecv, Count: block})
+		}
+		return s
 	}
+	shard := N * block // work[0:shard]: blocks (0..N-1, j)
+	s.Work = shard + L*shard
+	s.add(stage{Kind: stCopy, Dst: bufWork, Off: i * block, Src: bufSend, SrcOff: srcOff, Count: block})
 	if N > 1 {
-		s.add(stage{Kind: stInterAllGather, Dst: dst, Count: L * block})
+		s.add(stage{Kind: stInterAllGather, Dst: bufWork, Count: block})
 	}
-	if dst == bufWork {
+	// work[shard:]: local rank jj's shard part at shard + jj·shard, block
+	// (ii, jj) at shard + (jj·N + ii)·block.
+	s.add(stage{Kind: stIntraAllGather, Dst: bufWork, Off: shard, Src: bufWork, Count: shard})
+	for jj := range L {
 		for ii := range N {
-			for jj := range L {
-				s.add(stage{Kind: stCopy, Dst: bufRecv, Off: p.rankOf(ii, jj) * block, Src: bufWork,
-					SrcOff: (ii*L + jj) * block, Count: block})
-			}
+			s.add(stage{Kind: stCopy, Dst: bufRecv, Off: p.rankOf(ii, jj) * block, Src: bufWork,
+				SrcOff: shard + (jj*N+ii)*block, Count: block})
 		}
 	}
 	return s

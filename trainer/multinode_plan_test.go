@@ -17,11 +17,10 @@ func TestPlanNodes(t *testing.T) {
 		hosts      []string
 		wantNode   []int
 		wantLocal  []int
-		contiguous bool
 		err        string
 	}{
-		{desc: "launcher layout", hosts: []string{"a", "a", "b", "b"}, wantNode: []int{0, 0, 1, 1}, wantLocal: []int{0, 1, 0, 1}, contiguous: true},
-		{desc: "one per node", hosts: []string{"x", "y", "z"}, wantNode: []int{0, 1, 2}, wantLocal: []int{0, 0, 0}, contiguous: true},
+		{desc: "launcher layout", hosts: []string{"a", "a", "b", "b"}, wantNode: []int{0, 0, 1, 1}, wantLocal: []int{0, 1, 0, 1}},
+		{desc: "one per node", hosts: []string{"x", "y", "z"}, wantNode: []int{0, 1, 2}, wantLocal: []int{0, 0, 0}},
 		{desc: "interleaved", hosts: []string{"b", "a", "b", "a"}, wantNode: []int{0, 1, 0, 1}, wantLocal: []int{0, 0, 1, 1}},
 		{desc: "uneven", hosts: []string{"a", "a", "b"}, err: "host a has 2 ranks and host b 1"},
 	}
@@ -36,7 +35,6 @@ func TestPlanNodes(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.wantNode, p.node)
 			require.Equal(t, tc.wantLocal, p.local)
-			require.Equal(t, tc.contiguous, p.contiguous())
 			for r := range tc.hosts {
 				require.Equal(t, r, p.rankOf(p.node[r], p.local[r]))
 				require.Equal(t, r, p.members(p.node[r])[p.local[r]])
