@@ -13,11 +13,11 @@ import (
 
 func TestPlanNodes(t *testing.T) {
 	tests := []struct {
-		desc       string
-		hosts      []string
-		wantNode   []int
-		wantLocal  []int
-		err        string
+		desc      string
+		hosts     []string
+		wantNode  []int
+		wantLocal []int
+		err       string
 	}{
 		{desc: "launcher layout", hosts: []string{"a", "a", "b", "b"}, wantNode: []int{0, 0, 1, 1}, wantLocal: []int{0, 1, 0, 1}},
 		{desc: "one per node", hosts: []string{"x", "y", "z"}, wantNode: []int{0, 1, 2}, wantLocal: []int{0, 0, 0}},
