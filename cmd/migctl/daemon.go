@@ -125,7 +125,8 @@ in ~0.35 s each way on an H200; 10 ms + bytes at --swap-bandwidth in the policy'
             strictly lower priorities, lowest first, then the most recently started; equal
             priorities never preempt each other, and an allocation that cannot fit fails.
   fair      priority between priorities; round robin within one: a process that asks for memory
-            gets it from the one of its priority resident longest, then each resident process
+            gets it from lower priorities, then from those of its own resident longest (never
+            from a higher one); then each resident process
             keeps the device for a quantum (at least --quantum, and 20 x the time to swap the
             priority's largest process out and in, so switching stays under ~5%), after which
             the one that has waited longest swaps in. A big process that cannot fit between
