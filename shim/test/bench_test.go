@@ -110,7 +110,7 @@ func TestGateCostUngated(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing test")
 	}
-	off, low, high := gateCosts(t, 2_000_000)
+	off, low, high := gateCosts(t, 1_000_000)
 	t.Logf("shim cost per no-op launch (in-process A/B against the fake): %.1f ns gating off, %.1f ns low-priority "+
 		"ungated, %.1f ns high-priority signalling", off, low, high)
 	require.Less(t, low, 500.0)
