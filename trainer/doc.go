@@ -45,8 +45,9 @@
 // node (block j to local rank j), all-reduces block j across nodes in
 // shard j, and all-gathers within the node; the few elements that do not
 // split evenly cross on shard 0 and are broadcast from local rank 0, so
-// every rank holds the same bits. Reduce-scatter, all-gather, broadcast
-// and barrier have schedules of the same kind. Every node must run the
+// every rank holds the same bits. Reduce-scatter, all-gather and broadcast
+// are sharded the same way (each shard carries its share across nodes);
+// barrier meets in every shard, then within the node. Every node must run the
 // same number of ranks; nodes are numbered in the order of their lowest
 // rank, a node's ranks by rank (LocalRank, LocalSize). The inter-node stage
 // needs the gpu backend (NCCL reads device memory) and NCCL 2.x: without

@@ -314,22 +314,53 @@ func (p nodePlan) allGather(rank, block int, inPlace bool) schedule {
 }
 
 // broadcast is rank's schedule of a broadcast of count elements from
-// root: root's local rank of every node receives it across nodes, then
-// passes it to the ranks of its node.
+// root, sharded: root's node gets everything within the node, local rank
+// j of every node receives piece j (⌊count/L⌋ elements) from root's node
+// across nodes, and every other node's ranks gather the pieces. The
+// leftover elements cross on shard 0 and are broadcast from local rank 0
+// within each other node.
 func (p nodePlan) broadcast(rank, count, root int, inPlace bool) schedule {
 	var s schedule
 	if count == 0 {
 		return s
 	}
+	L, N, i, j := p.localSize, p.nodes(), p.node[rank], p.local[rank]
 	ri, rj := p.node[root], p.local[root]
 	if rank == root && !inPlace {
 		s.add(stage{Kind: stCopy, Dst: bufRecv, Src: bufSend, Count: count})
 	}
-	if p.nodes() > 1 && p.local[rank] == rj {
-		s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Count: count, Root: ri})
+	if L == 1 {
+		if N > 1 {
+			s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Count: count, Root: ri})
+		}
+		return s
 	}
-	if p.localSize > 1 {
+	if N == 1 {
 		s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Src: bufRecv, Count: count, Root: rj})
+		return s
+	}
+	b := count / L
+	m, t := b*L, count-b*L
+	if i == ri {
+		s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Src: bufRecv, Count: count, Root: rj})
+		if b > 0 {
+			s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Off: j * b, Count: b, Root: ri})
+		}
+		if t > 0 && j == 0 {
+			s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Off: m, Count: t, Root: ri})
+		}
+		return s
+	}
+	if b > 0 {
+		s.Work = b
+		s.add(stage{Kind: stInterBroadcast, Dst: bufWork, Count: b, Root: ri})
+		s.add(stage{Kind: stIntraAllGather, Dst: bufRecv, Src: bufWork, Count: b})
+	}
+	if t > 0 {
+		if j == 0 {
+			s.add(stage{Kind: stInterBroadcast, Dst: bufRecv, Off: m, Count: t, Root: ri})
+		}
+		s.add(stage{Kind: stIntraBroadcast, Dst: bufRecv, Off: m, Src: bufRecv, SrcOff: m, Count: t, Root: 0})
 	}
 	return s
 }

@@ -57,8 +57,12 @@ func TestAllReduceStagesTwoByTwo(t *testing.T) {
 		stInterAllReduce, stIntraBroadcast}, p.allReduce(2, 9, comm.Sum, true).kinds())
 	require.Empty(t, p.allReduce(0, 0, comm.Sum, true).Stages)
 	require.Equal(t, []stageKind{stInterAllReduce, stIntraBarrier}, p.barrier(1).kinds())
-	require.Equal(t, []stageKind{stIntraBroadcast}, p.broadcast(0, 5, 3, true).kinds())
-	require.Equal(t, []stageKind{stInterBroadcast, stIntraBroadcast}, p.broadcast(1, 5, 3, true).kinds())
+	// Broadcast from rank 3 (node 1): node 1 first shares it, then each
+	// shard carries its piece; node 0 gathers the pieces, and local rank 0
+	// carries the leftover element.
+	require.Equal(t, []stageKind{stIntraBroadcast, stInterBroadcast, stInterBroadcast}, p.broadcast(2, 5, 3, true).kinds())
+	require.Equal(t, []stageKind{stInterBroadcast, stIntraAllGather, stInterBroadcast, stIntraBroadcast}, p.broadcast(0, 5, 3, true).kinds())
+	require.Equal(t, []stageKind{stInterBroadcast, stIntraAllGather, stIntraBroadcast}, p.broadcast(1, 5, 3, true).kinds())
 }
 
 // simulate runs every rank's schedule the way the group runs it (intra
