@@ -250,7 +250,7 @@ func (ic *interComm) call(ctx context.Context, enqueue func() error) error {
 				cancel()
 				return ic.wrap(errors.Join(<-done, comm.ErrAborted))
 			}
-			if err := ic.lib.CommGetAsyncError(ic.comm); err != nil {
+			if err := ic.lib.CommGetAsyncError(ic.comm); err != nil && !errors.Is(err, nccl.ErrFunctionMissing) {
 				ic.abort(err)
 				cancel()
 				<-done
