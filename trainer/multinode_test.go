@@ -356,3 +356,36 @@ func TestGroupAcrossNodesGPUPathOnFakes(t *testing.T) {
 		require.Zero(t, streams, "rank %d left streams", r)
 	}
 }
+
+// A node that stalls (alive, not issuing the collective): the other node's
+// collective ends at its deadline with ErrTimeout, its NCCL communicator is
+// aborted, and its next collective fails at once.
+func TestGroupAcrossNodesStalledPeer(t *testing.T) {
+	var mu sync.Mutex
+	errs := map[int][]error{}
+	err := world(t, 2, func(r int) []Option {
+		return []Option{withHost(fmt.Sprintf("node%d", r)), withFakeNCCL(), WithTimeout(time.Second)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		buf := []float32{1, 2, 3}
+		if g.Rank() == 1 {
+			time.Sleep(3 * time.Second)
+			return nil
+		}
+		start := time.Now()
+		first := g.AllReduce(ctx, HostSlice(buf), HostSlice(buf), Sum)
+		took := time.Since(start)
+		second := g.AllReduce(ctx, HostSlice(buf), HostSlice(buf), Sum)
+		mu.Lock()
+		errs[g.Rank()] = []error{first, second}
+		mu.Unlock()
+		if took > 2500*time.Millisecond {
+			return fmt.Errorf("the first all-reduce took %v, deadline 1s", took)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, errs[0][0], ErrTimeout)
+	require.ErrorIs(t, errs[0][1], comm.ErrAborted)
+	require.ErrorContains(t, errs[0][1], "aborted earlier")
+}
