@@ -610,7 +610,10 @@ EXPORT void fakecuda_inflight(uint64_t *now_n, uint64_t *max_n, int reset)
 	pthread_mutex_unlock(&mu);
 }
 
-/* timed_launch queues usec of work on s and counts what is in flight. */
+/* timed_launch queues usec of work on s and counts what is in flight. With
+ * FAKECUDA_SHARED_DEVICE=1 the kernel also queues behind every process's
+ * timed kernels on the shared device timeline. */
+static int shared_device = -1;
 static void timed_launch(CUstream s, unsigned long long usec)
 {
 	pthread_mutex_lock(&mu);
@@ -618,6 +621,18 @@ static void timed_launch(CUstream s, unsigned long long usec)
 	if (start < t)
 		start = t;
 	double end = start + (double)usec * 1e-6;
+	if (shared_device < 0) {
+		const char *e = getenv("FAKECUDA_SHARED_DEVICE");
+		shared_device = e && strcmp(e, "1") == 0 && st != &local_stats;
+	}
+	if (shared_device) {
+		uint64_t cur = __atomic_load_n(&st->device_done_ns, __ATOMIC_SEQ_CST), want;
+		do {
+			double dstart = (double)cur * 1e-9 > start ? (double)cur * 1e-9 : start;
+			end = dstart + (double)usec * 1e-6;
+			want = (uint64_t)(end * 1e9);
+		} while (!__atomic_compare_exchange_n(&st->device_done_ns, &cur, want, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+	}
 	if (is_legacy(s))
 		legacy_done_at = end;
 	else

@@ -13,6 +13,10 @@
  *                         shared: every process using the same file shares one
  *                         "device" (capacity and bytes in use), and a test can
  *                         read the counters from outside. Created if absent.
+ *   FAKECUDA_SHARED_DEVICE=1  timed kernels (sleep_us) of every process sharing the
+ *                         FAKECUDA_STATS file run one after another on one device
+ *                         timeline, first come first served (a GPU with no time
+ *                         slicing): a kernel queued behind others' starts when they end.
  */
 #ifndef MIGSWAP_FAKECUDA_H
 #define MIGSWAP_FAKECUDA_H
@@ -32,6 +36,8 @@ struct fakecuda_stats {
 	uint64_t plain_allocs; /* cuMemAlloc/Pitch/Managed/Async calls that succeeded */
 	uint64_t vmm_in_use;   /* bytes of in_use held by cuMemCreate handles */
 	uint64_t event_records; /* cuEventRecord calls (all processes on the device) */
+	uint64_t device_done_ns; /* FAKECUDA_SHARED_DEVICE=1: CLOCK_MONOTONIC ns when the device's
+				  * queued timed kernels (every process's) end */
 };
 
 uint64_t fakecuda_bytes_in_use(void);

@@ -440,7 +440,6 @@ static uint64_t fresh_bits(struct ms_pg_page *pg, uint64_t b, unsigned stale_ms)
 
 int ms_prio_hold(CUstream s)
 {
-	(void)s;
 	struct ms_pg_page *pg = atomic_load(&ms_pg_page);
 	double t0 = 0;
 	int tok = 0;
@@ -471,6 +470,8 @@ int ms_prio_hold(CUstream s)
 		atomic_fetch_add(&held_ns, (unsigned long long)((ms_now() - t0) * 1e9));
 		atomic_store(&stats_dirty, 1);
 	}
+	if (!tok && atomic_load(&ms_pg_depth) > 0)
+		return ms_prio_depth(s); /* released: the depth limit still counts this launch */
 	return tok;
 }
 

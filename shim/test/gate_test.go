@@ -282,3 +282,52 @@ func TestGateDeadOrStoppedHighReleasesLow(t *testing.T) {
 		})
 	}
 }
+
+// On a device that runs kernels first come first served across processes
+// (the fake's FAKECUDA_SHARED_DEVICE=1: no time slicing), a high-priority
+// request waits behind whatever a best-effort process queued before it:
+// gating alone cannot take back a backlog queued while the high process was
+// idle; a depth limit keeps that backlog to a few kernels.
+func TestGateDepthBoundsHighLatencyOnSharedDevice(t *testing.T) {
+	needBin(t)
+	const lowKernel, lowN, highKernel = 2000, 100, 1000 // the backlog: 100 x 2 ms
+	for _, tc := range []struct {
+		name     string
+		pol      ctxmgr.GatePolicy
+		min, max time.Duration
+	}{
+		{"off", ctxmgr.GatePolicy{Mode: ctxmgr.GateOff}, 100 * time.Millisecond, time.Second},
+		{"gate without depth", ctxmgr.GatePolicy{Mode: ctxmgr.GateHold}, 100 * time.Millisecond, time.Second},
+		{"gate depth 2", ctxmgr.GatePolicy{Mode: ctxmgr.GateHold, Depth: 2}, 0, 40 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.extra = []string{"FAKECUDA_SHARED_DEVICE=1"}
+			startGateDaemon(t, e, tc.pol)
+			high := startPrio(t, e, "infer", 10)
+			low := startPrio(t, e, "train", 0)
+			if tc.pol.Mode != ctxmgr.GateOff {
+				high.waitGate(t, false)
+				low.waitGate(t, true)
+			}
+			low.tell(t, "launch "+strconv.Itoa(lowKernel)+" "+strconv.Itoa(lowN))
+			time.Sleep(30 * time.Millisecond) // the best-effort process is well into its work
+			l := high.launch(t, highKernel, 1, 5*time.Second)
+			high.tell(t, "sync")
+			s := high.waitLine(t, "SYNCED", 10*time.Second)
+			lat := usOf(t, l, "elapsed_us") + usOf(t, s, "elapsed_us")
+			ll := low.waitLine(t, "LAUNCHED", 10*time.Second)
+			low.tell(t, "sync")
+			low.waitLine(t, "SYNCED", 10*time.Second)
+			t.Logf("%s: high-priority request (1-ms kernel) took %v behind the best-effort backlog; the best-effort "+
+				"launches took %s µs, at most %s in flight", tc.name, lat, ll["elapsed_us"], ll["maxinflight"])
+			require.GreaterOrEqual(t, lat, tc.min)
+			require.Less(t, lat, tc.max)
+			if tc.pol.Depth > 0 {
+				require.LessOrEqual(t, num(t, ll, "maxinflight"), uint64(tc.pol.Depth))
+			}
+			high.finish(t, 10*time.Second)
+			low.finish(t, 10*time.Second)
+		})
+	}
+}
