@@ -12,8 +12,12 @@
 #     takes >= ~8 x 20 ms (at most 2 in flight), and it is not held with the high one idle.
 #  4. a high-priority process killed with a 5-s kernel in flight: the low launch is released
 #     within 2 s (the daemon clears its busy bit when its socket closes).
+#  5. latency of a high-priority request (one 1-ms kernel + sync) while a low-priority process has
+#     queued 100 x 2-ms kernels, with --gate off, gate, and gate,depth=2 (informative: the GPU
+#     time-slices the two contexts; depth=2 keeps the backlog to 2 kernels). PASS if depth=2 is
+#     not slower than off.
 # Needs bin/migctl (make build), bin/libmigswap.so and bin/migswap_testprog (make shim), nvcc.
-# No go test -c binaries. ~1 minute. Logs: $OUT/shim-gate/.
+# No go test -c binaries. ~1.5 minutes. Logs: $OUT/shim-gate/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 O=${OUT:-/tmp}/shim-gate
@@ -202,6 +206,34 @@ try:
     lo.stop(); d.stop()
 except Exception as e:
     bad(f"kill: {e}")
+
+# ---- 5. backlog: high request latency behind a queued best-effort burst
+lat = {}
+for pol in ("off", "gate", "gate,depth=2"):
+    try:
+        d = Daemon("lat-" + pol.replace(",", "-").replace("=", ""), pol)
+        hi, lo = Prog(d, "infer", 10), Prog(d, "train", 0)
+        if pol != "off":
+            hi.gate_ready("prio_signal", True); lo.gate_ready("prio_mask", True)
+        samples = []
+        for rep in range(5):
+            lo.p.stdin.write("launch 2000 100\n"); lo.p.stdin.flush()
+            time.sleep(0.03)
+            a = float(hi.cmd("launch 1000 1", "LAUNCHED")["elapsed_us"])
+            b = float(hi.cmd("sync", "SYNCED")["elapsed_us"])
+            samples.append((a + b) / 1000)
+            lo.wait("LAUNCHED", 30); lo.cmd("sync", "SYNCED", 30)
+        lat[pol] = samples
+        print(f"  {pol}: high request behind 100 x 2-ms low kernels: {', '.join(f'{x:.1f}' for x in samples)} ms")
+        hi.stop(); lo.stop(); d.stop()
+    except Exception as e:
+        bad(f"latency {pol}: {e}")
+summary["backlog_ms"] = lat
+if "off" in lat and "gate,depth=2" in lat:
+    med = lambda v: sorted(v)[len(v) // 2]
+    (ok if med(lat["gate,depth=2"]) <= med(lat["off"]) + 1 else bad)(
+        f"high request behind a best-effort backlog: median {med(lat['off']):.1f} ms off, "
+        f"{med(lat.get('gate', [float('nan')])):.1f} ms gate, {med(lat['gate,depth=2']):.1f} ms gate,depth=2")
 
 json.dump(summary, open(f"{O}/summary.json", "w"), indent=1)
 sys.exit(1 if fails else 0)
