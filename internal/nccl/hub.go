@@ -213,19 +213,19 @@ func reduce(acc, x []byte, dt DataType, op RedOp) {
 		switch dt {
 		case Int8, Int32, Int64:
 			a, b := getInt(acc[i:], es), getInt(x[i:], es)
-			putInt(acc[i:], es, intOp(a, b, op))
+			putInt(acc[i:], es, apply(a, b, op))
 		case Uint8, Uint32, Uint64:
 			a, b := getUint(acc[i:], es), getUint(x[i:], es)
-			putUint(acc[i:], es, uintOp(a, b, op))
+			putUint(acc[i:], es, apply(a, b, op))
 		case Float64:
 			a, b := math.Float64frombits(le.Uint64(acc[i:])), math.Float64frombits(le.Uint64(x[i:]))
-			le.PutUint64(acc[i:], math.Float64bits(floatOp(a, b, op)))
+			le.PutUint64(acc[i:], math.Float64bits(apply(a, b, op)))
 		case Float32:
 			a, b := math.Float32frombits(le.Uint32(acc[i:])), math.Float32frombits(le.Uint32(x[i:]))
-			le.PutUint32(acc[i:], math.Float32bits(float32(floatOp(float64(a), float64(b), op))))
+			le.PutUint32(acc[i:], math.Float32bits(float32(apply(float64(a), float64(b), op))))
 		case Float16, BFloat16:
 			a, b := half(le.Uint16(acc[i:]), dt), half(le.Uint16(x[i:]), dt)
-			le.PutUint16(acc[i:], toHalf(float32(floatOp(float64(a), float64(b), op)), dt))
+			le.PutUint16(acc[i:], toHalf(float32(apply(float64(a), float64(b), op)), dt))
 		}
 	}
 }
@@ -250,31 +250,8 @@ func divide(acc []byte, dt DataType, n int) {
 	}
 }
 
-func intOp(a, b int64, op RedOp) int64 {
-	switch op {
-	case Prod:
-		return a * b
-	case Max:
-		return max(a, b)
-	case Min:
-		return min(a, b)
-	}
-	return a + b
-}
-
-func uintOp(a, b uint64, op RedOp) uint64 {
-	switch op {
-	case Prod:
-		return a * b
-	case Max:
-		return max(a, b)
-	case Min:
-		return min(a, b)
-	}
-	return a + b
-}
-
-func floatOp(a, b float64, op RedOp) float64 {
+// apply is op on two elements of one of the fake's number kinds.
+func apply[T int64 | uint64 | float64](a, b T, op RedOp) T {
 	switch op {
 	case Prod:
 		return a * b
