@@ -4,17 +4,12 @@ import (
 	"encoding/binary"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/migctl/migctl/internal/testutil"
 )
 
 // TestFairPolicyEndToEndWithShim: `migctl daemon --policy fair` with the real
@@ -28,25 +23,8 @@ func TestFairPolicyEndToEndWithShim(t *testing.T) {
 		t.Skip("builds and runs the shim and the migctl binary; skipped with -short")
 	}
 	shimDir, bin := e2eBinaries(t)
-	dir, err := os.MkdirTemp("", "mcf")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	swapSock, ctlSock, stats := filepath.Join(dir, "run", "swap.sock"), filepath.Join(dir, "run", "ctl.sock"), filepath.Join(dir, "fakecuda.stats")
-
-	var dlog testutil.LockedBuffer
-	daemon := exec.Command(bin, "daemon", "--gpu-memory", "12MiB", "--swap-socket", swapSock, "--socket", ctlSock,
-		"--rebalance-every", "1s", "--policy", "fair", "--quantum", "1s", "--swap-bandwidth", "1TiB")
-	daemon.Stdout, daemon.Stderr = &dlog, &dlog
-	require.NoError(t, daemon.Start())
-	t.Cleanup(func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", dlog.String())
-		}
-	})
-	require.Eventually(t, func() bool { _, err := runMigctl(t, bin, "swap", "status", "--socket", ctlSock); return err == nil },
-		10*time.Second, 20*time.Millisecond, "daemon never answered")
+	swapSock, ctlSock, stats, dlog := startE2EDaemon(t, bin, "--gpu-memory", "12MiB", "--rebalance-every", "1s",
+		"--policy", "fair", "--quantum", "1s", "--swap-bandwidth", "1TiB")
 
 	env := func(job string) []string {
 		return append(e2eEnv(shimDir, swapSock, stats, job, 0), "FAKECUDA_MEM_BYTES="+strconv.Itoa(12<<20))

@@ -173,25 +173,7 @@ func TestSwapEndToEndWithShim(t *testing.T) {
 		t.Skip("builds and runs the shim and the migctl binary; skipped with -short")
 	}
 	shimDir, bin := e2eBinaries(t)
-	dir, err := os.MkdirTemp("", "mce") // short: Unix socket paths are limited to 108 bytes
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	swapSock, ctlSock, stats := filepath.Join(dir, "run", "swap.sock"), filepath.Join(dir, "run", "ctl.sock"), filepath.Join(dir, "fakecuda.stats")
-
-	// The daemon, with the fake device's capacity declared.
-	var dlog testutil.LockedBuffer
-	daemon := exec.Command(bin, "daemon", "--gpu-memory", "64MiB", "--swap-socket", swapSock, "--socket", ctlSock, "--rebalance-every", "0")
-	daemon.Stdout, daemon.Stderr = &dlog, &dlog
-	require.NoError(t, daemon.Start())
-	t.Cleanup(func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", dlog.String())
-		}
-	})
-	require.Eventually(t, func() bool { _, err := runMigctl(t, bin, "swap", "status", "--socket", ctlSock); return err == nil },
-		10*time.Second, 20*time.Millisecond, "daemon never answered")
+	swapSock, ctlSock, stats, dlog := startE2EDaemon(t, bin, "--gpu-memory", "64MiB", "--rebalance-every", "0")
 
 	// A low-priority job: 4 buffers of 8 MiB, launching kernels until told to stop.
 	low := startProgram(t, shimDir, e2eEnv(shimDir, swapSock, stats, "low", 1), "dlsym", "loop", "4", strconv.Itoa(8<<20))
@@ -254,4 +236,31 @@ func TestSwapEndToEndWithShim(t *testing.T) {
 	<-low.done
 	require.Eventually(t, func() bool { _, ok := e2eStatus(t, bin, ctlSock)["low"]; return !ok }, 10*time.Second, 20*time.Millisecond,
 		"the daemon forgets an exited process")
+}
+
+// startE2EDaemon starts `migctl daemon` with args and its sockets in a short
+// temporary directory (Unix socket paths are limited to 108 bytes), stops it
+// when the test ends (printing its log if the test failed), and waits until it
+// answers. It returns the sockets, the fake driver's stats file and the
+// daemon's output.
+func startE2EDaemon(t *testing.T, bin string, args ...string) (swapSock, ctlSock, stats string, dlog *testutil.LockedBuffer) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mce")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	swapSock, ctlSock, stats = filepath.Join(dir, "run", "swap.sock"), filepath.Join(dir, "run", "ctl.sock"), filepath.Join(dir, "fakecuda.stats")
+	dlog = &testutil.LockedBuffer{}
+	daemon := exec.Command(bin, append([]string{"daemon", "--swap-socket", swapSock, "--socket", ctlSock}, args...)...)
+	daemon.Stdout, daemon.Stderr = dlog, dlog
+	require.NoError(t, daemon.Start())
+	t.Cleanup(func() {
+		_ = daemon.Process.Signal(syscall.SIGTERM)
+		_ = daemon.Wait()
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", dlog.String())
+		}
+	})
+	require.Eventually(t, func() bool { _, err := runMigctl(t, bin, "swap", "status", "--socket", ctlSock); return err == nil },
+		10*time.Second, 20*time.Millisecond, "daemon never answered")
+	return swapSock, ctlSock, stats, dlog
 }
