@@ -53,7 +53,9 @@ def pct(xs, p):
     if not xs:
         return float("nan")
     s = sorted(xs)
-    k = max(0, min(len(s) - 1, int(math.ceil(p / 100.0 * len(s))) - 1))
+    # p * n / 100 in floating point can land just above an integer (99.9 of 1000
+    # gives 999.0000000000001): without the epsilon p99.9 would be the maximum.
+    k = max(0, min(len(s) - 1, int(math.ceil(p * len(s) / 100.0 - 1e-9)) - 1))
     return s[k]
 
 
