@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
 )
@@ -227,7 +228,7 @@ func TestFromEnv(t *testing.T) {
 	env := map[string]string{
 		EnvRank: "5", EnvWorldSize: "7", EnvLocalRank: "1", EnvLocalWorldSize: "3", EnvGroupRank: "1", EnvGroupWorldSize: "2",
 		EnvRestartCount: "2", EnvRendezvous: "unix:///x.sock", EnvToken: "s3", EnvJob: "j", EnvBackend: "host",
-		EnvDevice: "0", EnvTimeout: "90s",
+		EnvDevice: "0", EnvTimeout: "90s", EnvReduceOn: "split:0.25",
 	}
 	var c config
 	require.NoError(t, fromEnv(&c, func(k string) string { return env[k] }))
@@ -242,6 +243,9 @@ func TestFromEnv(t *testing.T) {
 	require.Equal(t, "s3", c.token)
 	require.Equal(t, BackendHost, c.backend)
 	require.Equal(t, 90*time.Second, c.timeout)
+	require.Equal(t, "split:0.25", c.settings[allreduce.SettingReduceOn])
+	err := fromEnv(&c, func(k string) string { return map[string]string{EnvReduceOn: "fpga"}[k] })
+	require.ErrorContains(t, err, `MIGCTL_REDUCE_ON="fpga"`)
 
 	bad := []map[string]string{
 		{EnvRank: "7", EnvWorldSize: "7"},

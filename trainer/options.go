@@ -54,6 +54,9 @@ const (
 	// EnvTrace: "1" makes rank 0 print per-step timings at Close, "all"
 	// every rank.
 	EnvTrace = "MIGCTL_TRACE"
+	// EnvReduceOn is where host-staged all-reduces reduce: cpu, gpu,
+	// split[:F] or auto (WithReduceOn; a job setting every rank must share).
+	EnvReduceOn = "MIGCTL_REDUCE_ON"
 
 	// The swap shim's variables, read for gang preemption of host-backend
 	// ranks.
@@ -346,6 +349,11 @@ func fromEnv(c *config, getenv func(string) string) error {
 	}
 	if v := getenv(EnvTrace); v != "" && v != "0" {
 		c.trace, c.traceAll = os.Stderr, v == "all"
+	}
+	if v := getenv(EnvReduceOn); v != "" {
+		if err := WithReduceOn(v)(c); err != nil {
+			return fmt.Errorf("%s=%q: %w", EnvReduceOn, v, err)
+		}
 	}
 	c.shmRoot = getenv(EnvShmRoot)
 	c.socket = getenv(EnvSocket)
