@@ -13,10 +13,14 @@
 // that blocked on a channel instead (the first version) cost ~40 us per
 // collective in hand-offs of the caller's locked thread.
 //
-// A group spans one node. For jobs across nodes, migctl_serve hosts a node's
-// rendezvous in the process (an abstract Unix socket) and migctl_init_group
-// joins the node's group by that address under a per-node job name; the
-// caller runs the inter-node stage (migctl_torch does, over gloo).
+// Across nodes there are two ways. migctl_init in a job whose ranks are on
+// several hosts makes the trainer SDK's group across nodes, whose inter-node
+// stage runs over NCCL when libnccl.so.2 loads (trainer/doc.go, "Across
+// nodes"; not yet exercised through this ABI). Or the caller keeps one group
+// per node and runs the inter-node stage itself: migctl_serve hosts a node's
+// rendezvous in the process (an abstract Unix socket), migctl_init_group
+// joins the node's group by that address under a per-node job name
+// (migctl_torch does this, with gloo or NCCL between nodes).
 //
 // The C entry points (cabi.c) refuse to run in a child forked after the
 // library was loaded, without entering the Go runtime; nothing here calls
