@@ -25,6 +25,11 @@ type Machine struct {
 	ReduceHostGiBs   float64 `json:"reduceHostGiBs" yaml:"reduceHostGiBs"`
 	// P2PGiBs is a GPU-to-GPU copy (NVLink) for the IPC ring (0: none).
 	P2PGiBs float64 `json:"p2pGiBs" yaml:"p2pGiBs"`
+	// DeviceReadGiBs is what one GPU's kernels read together from mapped
+	// host memory over its link (the device part of a split host-staged
+	// all-reduce: ReduceIn over the peers' staged copies); a byte read so
+	// costs the link LinkGiBs/DeviceReadGiBs bytes of copy (0: as a copy).
+	DeviceReadGiBs float64 `json:"deviceReadGiBs" yaml:"deviceReadGiBs"`
 	// RoundTrip is a small copy out and back in on a pinned buffer: the
 	// floor of any collective through host memory.
 	RoundTrip time.Duration `json:"roundTripNs" yaml:"roundTripNs"`
@@ -39,9 +44,18 @@ const GiB = 1 << 30
 // per-thread reduction rate is what the migctl rows of issue 9 imply where
 // the host binds (8 ranks × 1 reduce worker: ~33 GiB/s of input; 4 × 3:
 // ~52 GiB/s): about 4.1 GiB/s per thread; no cap was measured.
+//
+// DeviceReadGiBs is from the --reduce-on gpu rows of 2026-12-01 14:48 UTC
+// (docs/results/collectives-h200.md): 7 ranks on one H200, 256 MiB,
+// 102.94 ms; at the host-staged Efficiency (0.9) its floor is 92.6 ms, of
+// which the 6·S of copies into the GPU take 29.1 ms at 51.5 GiB/s, leaving
+// 63.5 ms for the 6·S = 1.5 GiB the 7 kernels read: about 24 GiB/s, half
+// the copy engines' rate. (The 2-rank row, 24.72 ms, then sits at 62% of
+// its floor: two kernels read slower than seven; the figure is the best
+// the link gave, so the floor stays a floor.)
 func H200() Machine {
 	return Machine{LinkGiBs: 51.5, DuplexGiBs: 97e9 / GiB, ReduceThreadGiBs: 4.1, P2PGiBs: 364,
-		RoundTrip: 23 * time.Microsecond}
+		DeviceReadGiBs: 24, RoundTrip: 23 * time.Microsecond}
 }
 
 // DefaultReduceWorkers is Options.ReduceWorkers' default for a world on a
@@ -61,12 +75,13 @@ func (m Machine) HostReduceGiBs(threads int) float64 {
 // a job must choose the same algorithm: the rendezvous makes every rank's
 // settings equal).
 const (
-	SettingLinkGiBs    = "allreduce.link_gibs"
-	SettingDuplexGiBs  = "allreduce.duplex_gibs"
-	SettingThreadGiBs  = "allreduce.reduce_thread_gibs"
-	SettingHostGiBs    = "allreduce.reduce_host_gibs"
-	SettingP2PGiBs     = "allreduce.p2p_gibs"
-	SettingRoundTripUS = "allreduce.roundtrip_us"
+	SettingLinkGiBs       = "allreduce.link_gibs"
+	SettingDuplexGiBs     = "allreduce.duplex_gibs"
+	SettingThreadGiBs     = "allreduce.reduce_thread_gibs"
+	SettingHostGiBs       = "allreduce.reduce_host_gibs"
+	SettingP2PGiBs        = "allreduce.p2p_gibs"
+	SettingDeviceReadGiBs = "allreduce.device_read_gibs"
+	SettingRoundTripUS    = "allreduce.roundtrip_us"
 	// SettingReduceWorkers is the reduce threads per rank the choice
 	// assumes (Options.ReduceWorkers; not part of Machine).
 	SettingReduceWorkers = "allreduce.reduce_workers"
@@ -81,7 +96,7 @@ func (m Machine) Settings() map[string]string {
 	f := func(x float64) string { return strconv.FormatFloat(x, settingsFloatFormat, 6, 64) }
 	return map[string]string{
 		SettingLinkGiBs: f(m.LinkGiBs), SettingDuplexGiBs: f(m.DuplexGiBs), SettingThreadGiBs: f(m.ReduceThreadGiBs),
-		SettingHostGiBs: f(m.ReduceHostGiBs), SettingP2PGiBs: f(m.P2PGiBs),
+		SettingHostGiBs: f(m.ReduceHostGiBs), SettingP2PGiBs: f(m.P2PGiBs), SettingDeviceReadGiBs: f(m.DeviceReadGiBs),
 		SettingRoundTripUS: f(float64(m.RoundTrip) / float64(time.Microsecond)),
 	}
 }
@@ -90,7 +105,8 @@ func (m Machine) Settings() map[string]string {
 func MachineFromSettings(base Machine, settings map[string]string) (Machine, error) {
 	m := base
 	for key, dst := range map[string]*float64{SettingLinkGiBs: &m.LinkGiBs, SettingDuplexGiBs: &m.DuplexGiBs,
-		SettingThreadGiBs: &m.ReduceThreadGiBs, SettingHostGiBs: &m.ReduceHostGiBs, SettingP2PGiBs: &m.P2PGiBs} {
+		SettingThreadGiBs: &m.ReduceThreadGiBs, SettingHostGiBs: &m.ReduceHostGiBs, SettingP2PGiBs: &m.P2PGiBs,
+		SettingDeviceReadGiBs: &m.DeviceReadGiBs} {
 		if v, ok := settings[key]; ok {
 			x, err := strconv.ParseFloat(v, 64)
 			if err != nil || x < 0 || math.IsInf(x, 0) || math.IsNaN(x) {
@@ -145,6 +161,10 @@ type Estimate struct {
 	// Per-GPU bytes over the busiest link each way, bytes the CPU reads,
 	// bytes over NVLink per rank: what Limit is made of.
 	LinkOut, LinkIn, HostRead, P2P float64
+	// DeviceRead is the part of LinkIn that the busiest GPU's kernels read
+	// from mapped host memory (a split host-staged all-reduce's device
+	// part): it costs the link at Machine.DeviceReadGiBs.
+	DeviceRead float64
 }
 
 // Efficiency is the fraction of its Limit an algorithm reached on the
@@ -153,6 +173,16 @@ type Estimate struct {
 // reduce from mapped host memory), the IPC ring ~0.7. Hierarchical is not
 // measured yet: 0.8 is a guess between the two schedules it is made of.
 var Efficiency = map[Algorithm]float64{HostStaged: 0.9, HostStagedSmall: 0.9, Ring: 0.55, RingIPC: 0.7, Hierarchical: 0.8}
+
+// DeviceShareEfficiency replaces Efficiency[HostStaged] for a host-staged
+// all-reduce with a GPU share (on a device backend): the fraction of their
+// floors the --reduce-on rows of 2026-12-01 reached on one H200 (7 ranks:
+// split 0.125 55%, 0.25 61%, 0.5 72%, gpu 90%; 2 ranks: split 0.5 56%,
+// gpu 62%), the lowest of them. Any share pays: the fetch of a chunk waits
+// for every rank's device part, which waits for every rank's staging, and
+// 7 ranks with 1/8 of the reduction on the devices took 74.65 ms where the
+// CPU alone took 45.42, far more than the share's bytes explain.
+var DeviceShareEfficiency = 0.55
 
 // Estimate computes w's floor on m.
 func (m Machine) Estimate(w Workload) (Estimate, error) {
@@ -187,6 +217,8 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		e.HostRead = N * (1 - f) * S
 		if w.HostBackend {
 			e.HostRead = N * S // the device part runs on the CPU too
+		} else {
+			e.DeviceRead = float64(slices.Max(sizes)) * (N - 1) / N * f * S
 		}
 	case w.Coll == AllReduce && (w.Algorithm == HostStaged || w.Algorithm == HostStagedSmall):
 		link(func(int) (float64, float64) { return S, S })
@@ -245,13 +277,18 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		}
 	}
 	if !w.HostBackend {
-		bind(secs(math.Max(e.LinkOut, e.LinkIn), m.LinkGiBs), "link")
+		// The kernels' reads in copy bytes of the same link time.
+		in := e.LinkIn
+		if m.DeviceReadGiBs > 0 && m.LinkGiBs > 0 {
+			in += e.DeviceRead * (m.LinkGiBs/m.DeviceReadGiBs - 1)
+		}
+		bind(secs(math.Max(e.LinkOut, in), m.LinkGiBs), "link")
 		duplex := m.DuplexGiBs
 		if duplex <= 0 {
 			duplex = 2 * m.LinkGiBs
 		}
 		// The busiest GPU both ways (the same GPU carries the most of each).
-		bind(secs(e.LinkOut+e.LinkIn, duplex), "duplex")
+		bind(secs(e.LinkOut+in, duplex), "duplex")
 		bind(secs(e.P2P, m.P2PGiBs), "p2p")
 	}
 	bind(secs(e.HostRead, m.HostReduceGiBs(w.ReduceThreads)), "host")
@@ -264,6 +301,9 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 	}
 	e.Limit = lim
 	eff := Efficiency[w.Algorithm]
+	if w.Algorithm == HostStaged && w.GPUShare > 0 && !w.HostBackend {
+		eff = DeviceShareEfficiency
+	}
 	if eff <= 0 {
 		eff = 1
 	}
@@ -320,16 +360,17 @@ const shareStep = GPUShareOne / 32
 
 // GPUShare is the share of a host-staged all-reduce's reduction (in
 // thousandths, within [lo, hi]) that the cost model predicts fastest for
-// w (w.Algorithm and w.GPUShare are ignored): the devices' part adds
-// (n−2)/n of it to every rank's link traffic in, the CPU's reads shrink
-// with it, so where the CPU binds the best share balances the two. When
-// lo is predicted as fast as the best (within 0.1%), lo: where the link
-// binds either way (2 ranks on the H200 figures: the devices' reads cost
-// it nothing, and the CPU's 10 ms stay under the link's 11), the schedule
-// that was measured stays. Otherwise the largest share predicted as fast
-// as the best: with 2 ranks, where more on the devices costs the link
-// nothing, all of it (the CPU and host memory are left alone). On the
-// host backend, or for one rank, lo.
+// w (w.Algorithm and w.GPUShare are ignored), comparing Predicted: the
+// floor over Efficiency[HostStaged] for share 0, over
+// DeviceShareEfficiency for any other. The devices' part f adds to every
+// GPU's link traffic in f·S·(n−2)/n bytes of copy, and makes the kernels
+// read (n−1)·f·S of host memory at DeviceReadGiBs; the CPU's reads shrink
+// with it. When lo is predicted as fast as the best (within 0.1%), lo;
+// otherwise the largest share predicted as fast as the best. On the H200
+// figures that is 0 for 2 to 8 ranks on one GPU with the default reduce
+// workers, as measured (the CPU won every row of 2026-12-01); a share
+// pays only on a host that reduces far slower (15 GiB/s in all: about
+// half of it for 7 ranks). On the host backend, or for one rank, lo.
 func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 	lo, hi = max(lo, 0), min(hi, GPUShareOne)
 	if lo > hi {
@@ -348,8 +389,8 @@ func (m Machine) GPUShare(w Workload, lo, hi int) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		shares, limits = append(shares, f), append(limits, e.Limit)
-		best = min(best, e.Limit)
+		shares, limits = append(shares, f), append(limits, e.Predicted)
+		best = min(best, e.Predicted)
 		if f == hi {
 			break
 		}

@@ -126,7 +126,8 @@ func TestEstimateEdges(t *testing.T) {
 }
 
 func TestMachineSettings(t *testing.T) {
-	m := Machine{LinkGiBs: 40.5, DuplexGiBs: 70, ReduceThreadGiBs: 3.25, ReduceHostGiBs: 60, P2PGiBs: 300, RoundTrip: 31 * time.Microsecond}
+	m := Machine{LinkGiBs: 40.5, DuplexGiBs: 70, ReduceThreadGiBs: 3.25, ReduceHostGiBs: 60, P2PGiBs: 300, DeviceReadGiBs: 20,
+		RoundTrip: 31 * time.Microsecond}
 	got, err := MachineFromSettings(H200(), m.Settings())
 	require.NoError(t, err)
 	require.Equal(t, m, got)
@@ -137,4 +138,98 @@ func TestMachineSettings(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnsupported)
 	_, err = MachineFromSettings(H200(), map[string]string{SettingRoundTripUS: "-3"})
 	require.ErrorIs(t, err, ErrUnsupported)
+}
+
+func TestEstimateDeviceRead(t *testing.T) {
+	// 4 ranks on one GPU, all of the reduction on the devices, 1 GiB each:
+	// per GPU 4 GiB out, 4·(1 + 2/4) = 6 GiB in, of which the kernels read
+	// 4·3/4 = 3 GiB from host memory. At half the copy rate those 3 GiB
+	// take the link as long as 6 GiB of copies: 9 GiB-equivalents in.
+	const S = GiB
+	w := Workload{Coll: AllReduce, Algorithm: HostStaged, Groups: ContiguousGroups(4, 4), Bytes: S, ReduceThreads: 1,
+		GPUShare: GPUShareOne}
+	for _, tc := range []struct {
+		read     float64
+		host     bool
+		wantSecs float64
+		wantBind string
+		wantRead float64 // GiB
+	}{
+		{0, false, 6, "link", 3},   // 0: a read costs what a copy does
+		{1, false, 6, "link", 3},   // as fast as a copy
+		{0.5, false, 9, "link", 3}, // half: 6 + 3 GiB-equivalents in
+		{0.25, false, 15, "link", 3},
+		{0.5, true, 4, "host", 0}, // host backend: the CPU reduces all of it
+	} {
+		t.Run(fmt.Sprintf("read%v/host=%v", tc.read, tc.host), func(t *testing.T) {
+			m := Machine{LinkGiBs: 1, DuplexGiBs: 2, ReduceThreadGiBs: 1, DeviceReadGiBs: tc.read}
+			x := w
+			x.HostBackend = tc.host
+			e, err := m.Estimate(x)
+			require.NoError(t, err)
+			require.InDelta(t, tc.wantSecs, e.Limit.Seconds(), 1e-6, "%+v", e)
+			require.Equal(t, tc.wantBind, e.Binding)
+			require.InDelta(t, tc.wantRead, e.DeviceRead/GiB, 1e-9)
+			eff := DeviceShareEfficiency
+			if tc.host {
+				eff = Efficiency[HostStaged]
+			}
+			require.InDelta(t, tc.wantSecs/eff, e.Predicted.Seconds(), 1e-6)
+		})
+	}
+}
+
+// measuredH200 is the machine `migctl bench limits` measured on the H200 of
+// 2026-12-01 14:48 UTC (the LIMIT column of the --reduce-on rows).
+func measuredH200() Machine {
+	m := H200()
+	m.LinkGiBs, m.DuplexGiBs, m.ReduceThreadGiBs, m.ReduceHostGiBs = 51.45, 94.47, 7.98, 70.38
+	m.RoundTrip = 9588 * time.Nanosecond
+	return m
+}
+
+func TestReduceOnMeasuredH200(t *testing.T) {
+	// The --reduce-on rows of 2026-12-01 (256 MiB fp32, one H200, default
+	// reduce workers): every floor lies under its measurement, and the
+	// predictions order the placements as measured, the CPU first.
+	const S = 256 << 20
+	rows := []struct {
+		n, share int
+		ms       float64
+	}{
+		{7, 0, 45.42}, {7, 125, 74.65}, {7, 250, 79.45}, {7, 500, 88.20}, {7, GPUShareOne, 102.94},
+		{2, 0, 14.16}, {2, 500, 22.41}, {2, GPUShareOne, 24.72},
+	}
+	for _, m := range []Machine{H200(), measuredH200()} {
+		last := map[int]time.Duration{}
+		for _, r := range rows {
+			e, err := m.Estimate(Workload{Coll: AllReduce, Algorithm: HostStaged, Groups: ContiguousGroups(r.n, r.n), Bytes: S,
+				ReduceThreads: r.n * workers(r.n), GPUShare: r.share})
+			require.NoError(t, err)
+			measured := time.Duration(r.ms * float64(time.Millisecond))
+			require.Less(t, e.Limit, measured, "%d ranks, share %d: the floor %v over the measured %v", r.n, r.share, e.Limit, measured)
+			require.Greater(t, e.Predicted, last[r.n], "%d ranks, share %d: measured slower than the smaller share", r.n, r.share)
+			last[r.n] = e.Predicted
+		}
+	}
+}
+
+func TestAutoReducesOnCPUOnH200(t *testing.T) {
+	// Measured 2026-12-01: on one H200 the CPU reduction beat every share
+	// on the devices (2 and 7 ranks). auto must keep it for 2..8 ranks on
+	// one GPU (the MIG path), with the trainer's default reduce workers and
+	// with a 16-core host's (DefaultReduceWorkers), on the H200 figures and
+	// on the measured machine. (Across GPUs auto runs the ring or the
+	// hierarchical schedule, and a forced host-staged one where the host
+	// binds may still get a share: not measured.)
+	for _, m := range []Machine{H200(), measuredH200()} {
+		for n := 2; n <= 8; n++ {
+			for _, wk := range []int{workers(n), DefaultReduceWorkers(n, 16)} {
+				w := Workload{Coll: AllReduce, Groups: ContiguousGroups(n, n), Bytes: 256 << 20, ReduceThreads: n * wk}
+				got, err := m.ResolveGPUShare("auto", w)
+				require.NoError(t, err)
+				require.Zero(t, got, "%d ranks, %d workers each, machine %+v", n, wk, m)
+			}
+		}
+	}
 }

@@ -18,11 +18,9 @@ type ReduceOn string
 
 // The modes. A split may carry the devices' fraction: "split:0.25".
 const (
-	// ReduceOnAuto: the cost model's share (Machine.GPUShare): 0 where
-	// the link binds already (on the H200 figures, 2 and 7 ranks on one
-	// GPU); where the CPU binds, the split that balances it against the
-	// link, or all of it with 2 ranks (their devices' reads cost the link
-	// nothing).
+	// ReduceOnAuto: the cost model's share (Machine.GPUShare): 0 on the
+	// H200 figures for 2 to 8 ranks on one GPU (measured 2026-12-01: the
+	// CPU won every row); a split only on a host that reduces far slower.
 	ReduceOnAuto ReduceOn = "auto"
 	// ReduceOnCPU: every rank's CPU threads reduce one part of each chunk
 	// (share 0).
