@@ -189,7 +189,8 @@ class Hier:
             elif (rank, size) != (h.rank, h.size):
                 raise NotImplementedError(
                     f"migctl backend: a group of rank {rank} of {size} in a process that is rank {h.rank} of "
-                    f"{h.size}: the migctl backend has one group per process")
+                    f"{h.size}: the migctl backend has one group per process (new_group with a subset of ranks "
+                    "is not supported)")
             return h
 
     def __init__(self, store, rank, size, timeout):

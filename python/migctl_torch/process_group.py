@@ -594,22 +594,43 @@ class _Several(dist._Work):
         return self._result
 
 
+class _Refused:
+    """The collectives of a group the backend cannot run (a subset of the
+    job's ranks): every one raises the NotImplementedError that forming it
+    gave."""
+
+    def __init__(self, err):
+        self._err = err
+
+    def __getattr__(self, name):
+        raise NotImplementedError(str(self._err))
+
+
 class ProcessGroupMigctl(dist.ProcessGroup):
     """torch.distributed ProcessGroup over libmigctl.so. Created by
     dist.init_process_group("migctl") in a process started by `migctl run`."""
 
     def __init__(self, store, rank, size, timeout=None):
         super().__init__(rank, size)
-        if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
-            self._comm = multinode.Hier.get(store, rank, size, timeout)
-        else:
-            self._comm = _Comm.get(rank, size)
+        self._rank, self._size = rank, size
+        try:
+            if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
+                self._comm = multinode.Hier.get(store, rank, size, timeout)
+            else:
+                self._comm = _Comm.get(rank, size)
+        except NotImplementedError as e:
+            # A group of some of the job's ranks (dist.new_group(ranks=[...])).
+            # torch forms a group on every rank together and then waits on a
+            # store barrier for all of them: raising here would leave the
+            # ranks outside this one waiting in new_group until its timeout.
+            # The group is formed; its first collective raises.
+            self._comm = _Refused(e)
+            return
         if self._comm.rank != rank or self._comm.size != size:
             raise RuntimeError(
                 f"migctl backend: torch says rank {rank} of {size}, the migctl group rank {self._comm.rank} of "
                 f"{self._comm.size}: start the ranks with `migctl run` and let init_process_group read "
                 "RANK and WORLD_SIZE from the environment")
-        self._rank, self._size = rank, size
 
     def getBackendName(self):
         return "migctl"

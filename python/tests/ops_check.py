@@ -220,6 +220,19 @@ def run(device, sizes):
                 failures.append(f"{name}: NotImplementedError does not name the call: {e}")
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__} instead of NotImplementedError: {e}")
+    # A group of some of the ranks: every rank forms it (torch then waits for all of
+    # them on its store: forming it must not fail, or the others would wait there), and
+    # its first collective raises on its members.
+    if world > 1:
+        sub = dist.new_group(ranks=[0])
+        if rank == 0:
+            checks += 1
+            try:
+                dist.all_reduce(torch.ones(2, device=dev), group=sub)
+                failures.append("new_group(ranks=[0]): all_reduce raised no NotImplementedError")
+            except NotImplementedError as e:
+                if "new_group" not in str(e):
+                    failures.append(f"new_group(ranks=[0]): the error does not name new_group: {e}")
     dist.barrier()
 
 
