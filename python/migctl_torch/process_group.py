@@ -41,7 +41,8 @@ _SUM = dist.ReduceOp.SUM
 
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
              "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier", "allreduce_coalesced",
-             "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
+             "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce",
+             "gather", "scatter")
 
 
 def _unsupported(call):
@@ -558,14 +559,23 @@ class _Several(dist._Work):
 
     _recent = collections.deque(maxlen=1024)  # alive while C++ may hold them (see Work)
 
-    def __init__(self, works, result):
+    def __init__(self, works, result, post=None):
         super().__init__()
         self._works, self._result = works, result
+        self._post = post  # run once, after every work has finished (a copy out of a temporary)
+        self._mu = threading.Lock()
         _Several._recent.append(self)
+
+    def _finish(self):
+        with self._mu:
+            post, self._post = self._post, None
+        if post is not None:
+            post()
 
     def wait(self, timeout=None):
         for w in self._works:
             w.wait(timeout)
+        self._finish()
         return True
 
     def get_future(self):
@@ -574,6 +584,7 @@ class _Several(dist._Work):
         def done(f):
             for x in f.value():
                 x.value()  # raises the first error
+            self._finish()
             return result
         return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
 
@@ -702,6 +713,64 @@ class ProcessGroupMigctl(dist.ProcessGroup):
                  for o, i in zip(outputs, inputs)]
         return _Several(works, list(outputs))
 
+    # reduce, gather and scatter through the collectives above (evaluation code
+    # reduces metrics and gathers predictions with them): every rank computes
+    # the reduction, all-gathers, or receives the whole scatter list, and keeps
+    # what the call defines. They move up to Size() times the data a dedicated
+    # algorithm would; fine for the small tensors they are used on.
+
+    def _root(self, opts, call):
+        root = getattr(opts, "rootRank", 0) if opts is not None else 0
+        if not 0 <= root < self._size:
+            raise ValueError(f"migctl {call}: root {root} of {self._size} ranks")
+        return root
+
+    def reduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root, op = self._root(opts, "reduce"), _op(opts, "reduce")
+        if self._rank == root:
+            return self._comm.allreduce(list(tensors), op, name="reduce")
+        # The others' tensors keep their values, as with gloo and NCCL.
+        return _Several([self._comm.allreduce([t.clone() for t in tensors], op, name="reduce")], list(tensors))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = self._root(opts, "gather")
+        if len(input_tensors) != 1:
+            raise ValueError(f"migctl gather: {len(input_tensors)} input tensors, want 1")
+        inp = input_tensors[0]
+        if self._rank == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self._size:
+                raise ValueError(f"migctl gather: the root needs one list of {self._size} output tensors")
+            outs = output_tensors[0]
+        else:
+            outs = [torch.empty_like(inp) for _ in range(self._size)]
+        return self._comm.allgather([outs], [inp], name="gather")
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = self._root(opts, "scatter")
+        if len(output_tensors) != 1:
+            raise ValueError(f"migctl scatter: {len(output_tensors)} output tensors, want 1")
+        out = output_tensors[0]
+        n = out.numel()
+        if self._rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+                raise ValueError(f"migctl scatter: the root needs one list of {self._size} input tensors")
+            parts = input_tensors[0]
+            for p in parts:
+                if p.numel() != n or p.dtype != out.dtype:
+                    raise ValueError(f"migctl scatter: every input must be {n} {out.dtype} like the output, "
+                                     f"got {p.numel()} {p.dtype}")
+            flat = torch.cat([p.reshape(-1).to(out.device) for p in parts])
+        else:
+            flat = torch.empty(self._size * n, dtype=out.dtype, device=out.device)
+        w = self._comm.broadcast([flat], root, name="scatter")
+        lo = self._rank * n
+
+        def post():
+            out.copy_(flat[lo:lo + n].view_as(out))
+        return _Several([w], [out], post)
+
     # Asked of a group by parts of torch 2.x (flight recorder, debug info).
 
     def _get_backend_name(self):
@@ -724,14 +793,6 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def all_to_all_single(self, *a, **k):
         raise _unsupported("all_to_all_single")
 
-    def reduce(self, *a, **k):
-        raise _unsupported("reduce")
-
-    def gather(self, *a, **k):
-        raise _unsupported("gather")
-
-    def scatter(self, *a, **k):
-        raise _unsupported("scatter")
 
     def alltoall(self, *a, **k):
         raise _unsupported("alltoall")

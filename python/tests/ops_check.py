@@ -202,11 +202,32 @@ def run(device, sizes):
     expect("future.then", fut.wait(), reduced(77, world, torch.float64, "sum") * 2)
     dist.barrier()
 
+    # reduce, gather and scatter (through all-reduce, all-gather and broadcast): the
+    # root gets the result, the others' tensors keep their values
+    for root in sorted({0, world - 1}):
+        for dtype in (torch.float32, torch.int64):
+            n = 13
+            t = values(n, rank, dtype, dev)
+            dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+            want = reduced(n, world, dtype, "sum") if rank == root else values(n, rank, dtype, "cpu")
+            expect(f"reduce {dtype} dst {root}", t, want)
+            outs = [torch.empty(n, dtype=dtype, device=dev) for _ in range(world)] if rank == root else None
+            dist.gather(values(n, rank, dtype, dev), outs, dst=root)
+            if rank == root:
+                for r in range(world):
+                    expect(f"gather {dtype} dst {root} block {r}", outs[r], values(n, r, dtype, "cpu"))
+            parts = [values(n, 100 + r, dtype, dev) for r in range(world)] if rank == root else None
+            out = torch.zeros(n, dtype=dtype, device=dev)
+            dist.scatter(out, parts, src=root)
+            expect(f"scatter {dtype} src {root}", out, values(n, 100 + rank, dtype, "cpu"))
+        m = torch.full((4,), float(rank), device=dev)
+        work = dist.reduce(m, dst=root, op=dist.ReduceOp.MAX, async_op=True)
+        work.wait()
+        expect(f"reduce max async dst {root}", m, torch.full((4,), float(world - 1 if rank == root else rank)))
+
     # unsupported calls name themselves
     global checks
     for name, call in [
-        ("reduce", lambda: dist.reduce(torch.ones(2, device=dev), dst=0)),
-        ("gather", lambda: dist.gather(torch.ones(2, device=dev), [torch.ones(2, device=dev) for _ in range(world)] if rank == 0 else None, dst=0)),
         ("all_to_all_single", lambda: pg.all_to_all_single(torch.ones(world, device=dev), torch.ones(world, device=dev), [], [], None)),
         ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world)),
         ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT)),
