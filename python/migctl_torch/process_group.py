@@ -42,7 +42,7 @@ _SUM = dist.ReduceOp.SUM
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
              "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier", "allreduce_coalesced",
              "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce",
-             "gather", "scatter")
+             "gather", "scatter", "alltoall", "alltoall_base")
 
 
 def _unsupported(call):
@@ -790,15 +790,50 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, *a, **k):
         raise _unsupported("reduce_scatter_single_coalesced")
 
-    def all_to_all_single(self, *a, **k):
-        raise _unsupported("all_to_all_single")
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):  # noqa: A002
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts,
+                                  name="all_to_all_single")
 
 
-    def alltoall(self, *a, **k):
-        raise _unsupported("alltoall")
+    # all-to-all through one all-gather of every rank's whole input, each rank
+    # keeping its blocks: Size() times the traffic of a real all-to-all, so for
+    # small exchanges; equal blocks only.
 
-    def alltoall_base(self, *a, **k):
-        raise _unsupported("alltoall_base")
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None,  # noqa: A002
+                      name="all_to_all_single (alltoall_base)"):
+        for sizes in (output_split_sizes, input_split_sizes):
+            if sizes and len(set(sizes)) > 1:
+                raise NotImplementedError(f"migctl backend: {name} with uneven splits {list(sizes)} is not "
+                                          "supported (equal blocks are); use a gloo group for it")
+        total = input.numel()
+        if total % self._size or output.numel() != total or output.dtype != input.dtype:
+            raise ValueError(f"migctl {name}: input of {total} {input.dtype} and output of {output.numel()} "
+                             f"{output.dtype}: want equal sizes, a multiple of {self._size}, one dtype")
+        return self._all_to_all(name, [output], [input.reshape(-1)], total // self._size)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = input_tensors[0].numel() if input_tensors else 0
+        if (len(input_tensors) != self._size or len(output_tensors) != self._size
+                or any(t.numel() != n or t.dtype != input_tensors[0].dtype for t in list(input_tensors) + list(output_tensors))):
+            raise NotImplementedError(f"migctl backend: all_to_all (alltoall) needs {self._size} inputs and outputs of one size "
+                                      "and dtype (uneven ones are not supported); use a gloo group for it")
+        return self._all_to_all("all_to_all (alltoall)", list(output_tensors), [t.reshape(-1) for t in input_tensors], n)
+
+    def _all_to_all(self, name, outputs, inputs, k):
+        """Rank r's output block j (k elements) = rank j's input block r."""
+        size, r = self._size, self._rank
+        flat = torch.cat(inputs) if len(inputs) > 1 else inputs[0].contiguous()
+        gathered = torch.empty(size * flat.numel(), dtype=flat.dtype, device=flat.device)
+        w = self._comm.allgather_base(gathered, flat, name=name)
+
+        def post():
+            mine = gathered.view(size, size, k)[:, r, :]
+            if len(outputs) == 1:
+                outputs[0].copy_(mine.reshape(outputs[0].shape))
+            else:
+                for j, o in enumerate(outputs):
+                    o.copy_(mine[j].reshape(o.shape))
+        return _Several([w], outputs if len(outputs) > 1 else outputs[0], post)
 
     def send(self, *a, **k):
         raise _unsupported("send")

@@ -225,10 +225,24 @@ def run(device, sizes):
         work.wait()
         expect(f"reduce max async dst {root}", m, torch.full((4,), float(world - 1 if rank == root else rank)))
 
+    # all-to-all (equal blocks): rank r's block j is rank j's block r
+    for dtype in (torch.float32, torch.int64):
+        k = 3
+        src = torch.cat([values(k, 10 * rank + j, dtype, "cpu") for j in range(world)]).to(dev)
+        out = torch.empty(world * k, dtype=dtype, device=dev)
+        dist.all_to_all_single(out, src)
+        expect(f"all_to_all_single {dtype}", out, torch.cat([values(k, 10 * j + rank, dtype, "cpu") for j in range(world)]))
+        outs = [torch.empty(k, dtype=dtype, device=dev) for _ in range(world)]
+        dist.all_to_all(outs, [values(k, 10 * rank + j, dtype, dev) for j in range(world)])
+        for j in range(world):
+            expect(f"all_to_all {dtype} block {j}", outs[j], values(k, 10 * j + rank, dtype, "cpu"))
+
     # unsupported calls name themselves
     global checks
-    for name, call in [
-        ("all_to_all_single", lambda: pg.all_to_all_single(torch.ones(world, device=dev), torch.ones(world, device=dev), [], [], None)),
+    uneven = [("all_to_all_single", lambda: dist.all_to_all_single(
+        torch.ones(world + 1, device=dev), torch.ones(world + 1, device=dev),
+        [2] + [1] * (world - 1), [2] + [1] * (world - 1)))] if world > 1 else []  # uneven splits
+    for name, call in uneven + [
         ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world)),
         ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT)),
     ]:
