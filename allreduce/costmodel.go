@@ -170,9 +170,11 @@ type Estimate struct {
 // Efficiency is the fraction of its Limit an algorithm reached on the
 // H200s (issue 9's table, 256 MiB): host-staged 0.85–0.95 (7 on 1 GPU,
 // 4 and 8 on 2), the shm ring 0.5–0.6 (its 2(n−1) dependent steps each
-// reduce from mapped host memory), the IPC ring ~0.7. Hierarchical is not
-// measured yet: 0.8 is a guess between the two schedules it is made of.
-var Efficiency = map[Algorithm]float64{HostStaged: 0.9, HostStagedSmall: 0.9, Ring: 0.55, RingIPC: 0.7, Hierarchical: 0.8}
+// reduce from mapped host memory), the IPC ring ~0.7. Hierarchical: the
+// lower of its two one-GPU rows of 2026-12-01 14:48 UTC (256 MiB, with its
+// kernels' reads of host memory at DeviceReadGiBs: 7 ranks 91.7 ms of floor
+// in 111.56 ms, 0.82; 2 ranks 15.3 in 26.32, 0.58); not measured on two GPUs.
+var Efficiency = map[Algorithm]float64{HostStaged: 0.9, HostStagedSmall: 0.9, Ring: 0.55, RingIPC: 0.7, Hierarchical: 0.58}
 
 // DeviceShareEfficiency replaces Efficiency[HostStaged] for a host-staged
 // all-reduce with a GPU share (on a device backend): the fraction of their
@@ -253,6 +255,11 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		}
 		if w.HostBackend {
 			e.HostRead += N * S // the group reductions run on the CPU too
+		} else if k := slices.Max(sizes); k > 1 {
+			// Rank j of a group of k reduces part j on its device from
+			// the k−1 peers' staged copies: the GPU's kernels read
+			// (k−1)·S of mapped host memory (part of LinkIn).
+			e.DeviceRead = float64(k-1) * S
 		}
 	case w.Coll == ReduceScatter:
 		link(func(int) (float64, float64) { return N * S, S })
