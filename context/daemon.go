@@ -109,6 +109,10 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 	so.OnSwapStart = func(r Result) { d.publish(Event{Type: EventSwapStarted, Job: r.Job, Time: time.Now(), Swap: &r}) }
 	so.OnSwapDone = func(r Result) { d.publish(Event{Type: EventSwapDone, Job: r.Job, Time: time.Now(), Swap: &r}) }
 	d.m = NewManager(so)
+	d.metrics.SetProcesses(func(ctx context.Context) ([]Process, error) {
+		ps, _, err := d.m.Status(ctx)
+		return ps, err
+	})
 
 	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers, WithLogger(log))
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,8 +25,12 @@ import (
 //	migctl_collective_calls_total{job,op}      counter: collective calls the SDK reported
 //	migctl_collective_bytes_total{job,op}      counter: their bytes
 //	migctl_collective_seconds_total{job,op}    counter: their time
+//	migctl_gate_holds_total{job,pid,class}          counter: a shimmed process's launches held by priority gating
+//	migctl_gate_held_seconds_total{job,pid,class}   counter: how long they waited
+//	migctl_gate_busy_seconds_total{job,pid,class}   counter: how long it had work in flight while it held others
 //
-// Leases and instances are read when scraped. Safe for concurrent use.
+// Leases, instances and processes are read when scraped. Safe for
+// concurrent use.
 type Metrics struct {
 	reg         *prometheus.Registry
 	leaseEvents *prometheus.CounterVec
@@ -35,6 +40,7 @@ type Metrics struct {
 	collCalls   *prometheus.CounterVec
 	collBytes   *prometheus.CounterVec
 	collSeconds *prometheus.CounterVec
+	procs       *processCollector
 }
 
 // NewMetrics returns the metrics; leases (nil: none) are read at scrape time,
@@ -57,10 +63,59 @@ func NewMetrics(leases *Leases, discover func(context.Context) (*mig.Node, error
 			Help: "Bytes of the collective calls reported by the SDK."}, []string{"job", "op"}),
 		collSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "migctl_collective_seconds_total",
 			Help: "Time spent in the collective calls reported by the SDK."}, []string{"job", "op"}),
+		procs: &processCollector{},
 	}
 	m.reg.MustRegister(m.leaseEvents, m.swaps, m.swapBytes, m.swapSeconds, m.collCalls, m.collBytes, m.collSeconds,
-		&stateCollector{leases: leases, discover: discover})
+		&stateCollector{leases: leases, discover: discover}, m.procs)
 	return m
+}
+
+// SetProcesses makes a scrape read the shimmed processes (their priority
+// launch gating counters) from f, e.g. the Manager's Status.
+func (m *Metrics) SetProcesses(f func(context.Context) ([]Process, error)) { m.procs.f.Store(&f) }
+
+// processCollector reads the shimmed processes when scraped.
+type processCollector struct {
+	f atomic.Pointer[func(context.Context) ([]Process, error)]
+}
+
+var (
+	gateLabels    = []string{"job", "pid", "class"}
+	gateHoldsDesc = prometheus.NewDesc("migctl_gate_holds_total",
+		"Launches, copies and memsets of a shimmed process that waited at the priority gate.", gateLabels, nil)
+	gateHeldDesc = prometheus.NewDesc("migctl_gate_held_seconds_total",
+		"Time a shimmed process's launches waited at the priority gate.", gateLabels, nil)
+	gateBusyDesc = prometheus.NewDesc("migctl_gate_busy_seconds_total",
+		"Time a shimmed process had work in flight while it held lower-priority ones.", gateLabels, nil)
+)
+
+func (c *processCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gateHoldsDesc
+	ch <- gateHeldDesc
+	ch <- gateBusyDesc
+}
+
+func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.f.Load()
+	if f == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	procs, err := (*f)(ctx)
+	if err != nil {
+		return
+	}
+	for _, p := range procs {
+		g := p.Gate
+		if g.Class == "" { // gating off for it
+			continue
+		}
+		l := []string{p.Job, strconv.Itoa(p.PID), g.Class}
+		ch <- prometheus.MustNewConstMetric(gateHoldsDesc, prometheus.CounterValue, float64(g.Holds), l...)
+		ch <- prometheus.MustNewConstMetric(gateHeldDesc, prometheus.CounterValue, g.HeldSeconds, l...)
+		ch <- prometheus.MustNewConstMetric(gateBusyDesc, prometheus.CounterValue, g.BusySeconds, l...)
+	}
 }
 
 // Registry is where the metrics live (tests gather from it).
