@@ -28,7 +28,7 @@ func TestGateMetrics(t *testing.T) {
 	require.Equal(t, map[string]float64{
 		"migctl_gate_holds_total/infer/11/high": 0, "migctl_gate_held_seconds_total/infer/11/high": 0,
 		"migctl_gate_busy_seconds_total/infer/11/high": 1.5,
-		"migctl_gate_holds_total/train/12/low": 300, "migctl_gate_held_seconds_total/train/12/low": 2.25,
+		"migctl_gate_holds_total/train/12/low":         300, "migctl_gate_held_seconds_total/train/12/low": 2.25,
 		"migctl_gate_busy_seconds_total/train/12/low": 0,
 	}, got)
 
