@@ -1,6 +1,10 @@
 // Package nccl is migctl's binding to NCCL, the library that carries the
 // inter-node stage of the trainer SDK's collectives, and the only package in
-// migctl that uses cgo for NCCL.
+// migctl that uses cgo for NCCL: cgo lives in one package per C library
+// (internal/cuda for libcuda.so.1, this one for libnccl.so.2) plus the C-ABI
+// export package cmd/libmigctl, and the Makefile's lint allows exactly
+// those three. NCCL is not folded into internal/cuda so that a process that
+// never goes across nodes neither links nor loads anything of NCCL's.
 //
 // The binding opens libnccl.so.2 with dlopen at run time (or the file that
 // MIGCTL_NCCL_LIB names) and resolves the few entry points it uses with
