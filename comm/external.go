@@ -1,6 +1,8 @@
 package comm
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"unsafe"
@@ -18,8 +20,12 @@ type ExternalDevice interface {
 	// The device does not own it: Free refuses it and Close leaves it.
 	WrapPointer(ptr uintptr, n int) (Buffer, error)
 	// RecordStream records an event on the caller's stream now and returns
-	// it: work queued later on that stream is not waited for. Safe to call
-	// from any goroutine while the device runs other work.
+	// it: work queued later on that stream is not waited for. When nothing
+	// is queued on the stream (it has finished its work) the event is
+	// complete already and records nothing: waiting for it needs no trip
+	// through the GPU. Safe to call from any goroutine, and from a thread
+	// that is not Go's (a cgo callback): the thread's current CUDA context
+	// is the same afterwards.
 	RecordStream(stream uintptr) (Event, error)
 }
 
@@ -47,10 +53,31 @@ func (d *CUDADevice) WrapPointer(ptr uintptr, n int) (Buffer, error) {
 
 // RecordStream implements ExternalDevice.
 func (d *CUDADevice) RecordStream(stream uintptr) (Event, error) {
-	if err := d.bind(); err != nil {
-		return nil, err
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("cuda device: %w", ErrClosed)
 	}
-	defer d.unbind()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prev, perr := d.api.CtxGetCurrent()
+	if perr != nil || prev != d.ctx {
+		if err := d.api.CtxSetCurrent(d.ctx); err != nil {
+			return nil, fmt.Errorf("making the CUDA context current: %w", err)
+		}
+		if perr == nil && prev != 0 {
+			defer func() { _ = d.api.CtxSetCurrent(prev) }()
+		}
+	}
+	// A stream with nothing queued needs no event (an 8 KiB collective
+	// issued after its input is ready would otherwise poll one through the
+	// GPU: tens of microseconds with several processes on it).
+	if err := d.api.StreamQuery(cuda.Stream(stream)); err == nil {
+		return completeEvent{}, nil
+	} else if !errors.Is(err, cuda.ErrNotReady) {
+		return nil, fmt.Errorf("querying the caller's stream: %w", err)
+	}
 	e, err := d.event()
 	if err != nil {
 		return nil, err
@@ -63,3 +90,9 @@ func (d *CUDADevice) RecordStream(stream uintptr) (Event, error) {
 	runtime.AddCleanup(ev, func(e cuda.Event) { d.recycle(e) }, e)
 	return ev, nil
 }
+
+// completeEvent is an Event that has completed (RecordStream on an idle stream).
+type completeEvent struct{}
+
+func (completeEvent) Done() (bool, error)        { return true, nil }
+func (completeEvent) Wait(context.Context) error { return nil }

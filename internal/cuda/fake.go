@@ -715,7 +715,7 @@ func (f *Fake) StreamQuery(s Stream) error {
 	if err := f.enter("StreamQuery", true); err != nil {
 		return err
 	}
-	st, ok := f.streams[s]
+	st, ok := f.streamLocked(s) // the legacy default stream (0) exists without being created
 	if !ok {
 		return ErrInvalidHandle
 	}
