@@ -49,6 +49,10 @@ type Buffer struct {
 	stream uintptr
 	own    comm.Buffer // set by Group.Alloc: the device buffer behind it
 	tail   int         // HostBytes: bytes past the last whole element (an error)
+	// ordered: DeviceBufferAfter, ready once after completes (nil: now);
+	// no event is recorded on stream.
+	ordered bool
+	after   comm.Event
 }
 
 // HostSlice is a Buffer over s (no copy: the collective reads and writes s).
@@ -88,6 +92,16 @@ func HostBytes(b []byte, dt DType) Buffer {
 // legacy default stream): a collective first waits for the work queued on it.
 func DeviceBuffer(ptr uintptr, count int, dt DType, stream uintptr) Buffer {
 	return Buffer{ptr: ptr, count: count, dtype: dt, stream: stream}
+}
+
+// DeviceBufferAfter is DeviceBuffer for memory whose contents are ready
+// once after has completed (nil: ready now): an event from
+// Group.RecordStream, taken when the caller made its call. A collective on
+// it waits for after instead of recording an event on a stream when it is
+// issued: for a binding that issues the collective later than its caller's
+// call (libmigctl's dispatcher does).
+func DeviceBufferAfter(ptr uintptr, count int, dt DType, after comm.Event) Buffer {
+	return Buffer{ptr: ptr, count: count, dtype: dt, ordered: true, after: after}
 }
 
 // Count is the number of elements.

@@ -50,8 +50,9 @@ func (g *Group) withOperands(ctx context.Context, send, recv Buffer, sendN, recv
 }
 
 // recordStreams records an event on each distinct stream of the device
-// buffers in bufs (buffers from Alloc on the group's own stream excepted):
-// the collective issued now waits for them (see submit).
+// buffers in bufs (buffers from Alloc on the group's own stream excepted;
+// those of DeviceBufferAfter bring theirs): the collective issued now waits
+// for them (see submit).
 func (g *Group) recordStreams(bufs ...Buffer) ([]comm.Event, error) {
 	var (
 		events  []comm.Event
@@ -61,6 +62,12 @@ func (g *Group) recordStreams(bufs ...Buffer) ([]comm.Event, error) {
 	)
 	for _, b := range bufs {
 		if !b.OnDevice() || b.own != nil && b.stream == 0 {
+			continue
+		}
+		if b.ordered {
+			if b.after != nil && (len(events) == 0 || events[len(events)-1] != b.after) {
+				events = append(events, b.after)
+			}
 			continue
 		}
 		dup := false
@@ -85,6 +92,24 @@ func (g *Group) recordStreams(bufs ...Buffer) ([]comm.Event, error) {
 		waited = append(waited, b.stream)
 	}
 	return events, nil
+}
+
+// RecordStream marks the work queued so far on the caller's CUDA stream
+// (0: the legacy default stream) of the group's device: the event completes
+// when that work has, and is complete already when nothing is queued there.
+// Pass it to DeviceBufferAfter. Safe for concurrent use, from any thread
+// (the calling thread's current CUDA context is left as it was); it fails
+// with ErrUnsupported on the host backend.
+func (g *Group) RecordStream(stream uintptr) (comm.Event, error) {
+	ext, ok := g.dev.(comm.ExternalDevice)
+	if !ok {
+		return nil, fmt.Errorf("device buffers need the gpu backend (this group runs on %s): %w", g.cfg.backend, ErrUnsupported)
+	}
+	e, err := ext.RecordStream(stream)
+	if err != nil {
+		return nil, fmt.Errorf("ordering after the caller's stream: %w", err)
+	}
+	return e, nil
 }
 
 // operand returns b as a buffer of the group's device of at least n bytes,
