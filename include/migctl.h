@@ -18,10 +18,14 @@
  * Buffers: host memory (device = 0) or CUDA device memory of the group's
  * device in its primary context (device = 1, what PyTorch allocates), with the
  * CUstream its contents are produced on (0: the legacy default stream). A
- * collective on device memory first waits for the work queued on that stream
- * (an event, never a device-wide sync); when it has finished, the result is in
- * place, so work queued afterwards on any stream sees it. The buffers belong
- * to the collective until migctl_wait() returns for it.
+ * collective on device memory waits for the work queued on that stream when
+ * it was issued (an event recorded by the issuing call, never a device-wide
+ * sync; none when the stream is idle), not for work queued there afterwards;
+ * when it has finished, the result is in place, so work queued afterwards on
+ * any stream sees it. The issuing call leaves the calling thread's current
+ * CUDA context as it was (a thread without one is left with the device's
+ * primary context, as the CUDA runtime would). The buffers belong to the
+ * collective until migctl_wait() returns for it.
  *
  * Errors: every function returns MIGCTL_OK or a negative MIGCTL_ERR_* code;
  * migctl_last_error() is the text of the last error on the calling thread.
@@ -48,8 +52,10 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 3 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
-                              3: migctl_serve, migctl_init_group (a group per node of a multi-node job) */
+#define MIGCTL_ABI_VERSION 4 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+                              3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
+                              4: device collectives are ordered after the stream's work at the call
+                                 (not when they start); migctl_stats */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -181,6 +187,22 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms);
 /* MIGCTL_PENDING while work runs, else its result (work stays valid: wait
  * for it to free it). */
 int migctl_test(migctl_work_t work);
+
+/* Counters of the library's work since it was loaded, for diagnosis
+ * (times in nanoseconds, summed over the collectives): migctl_stats copies
+ * the first n of them (MIGCTL_STAT_COUNT in this version) to out and returns
+ * how many it keeps. */
+#define MIGCTL_STAT_DONE 0            /* collectives finished */
+#define MIGCTL_STAT_QUEUE_NS 1        /* from the issue to the dispatcher taking it (in issue order) */
+#define MIGCTL_STAT_RUN_NS 2          /* from then to its end (the trainer SDK's call, with its waits) */
+#define MIGCTL_STAT_WAITS 3           /* migctl_wait calls that returned a result */
+#define MIGCTL_STAT_WAKE_NS 4         /* from the end (or the wait's start, if later) to the wait returning */
+#define MIGCTL_STAT_WAIT_SLEEPS 5     /* waits that slept on the futex after spinning */
+#define MIGCTL_STAT_DISPATCH_SLEEPS 6 /* times the dispatcher slept before an issue woke it */
+#define MIGCTL_STAT_MARKS 7           /* device collectives issued with work queued on their stream (an event) */
+#define MIGCTL_STAT_IDLE_MARKS 8      /* device collectives issued with their stream idle (nothing to wait for) */
+#define MIGCTL_STAT_COUNT 9
+int migctl_stats(uint64_t *out, size_t n);
 
 /* Fails the group's collectives on every rank with reason (a rank that cannot
  * go on releases the others at once instead of at their deadline). */

@@ -10,6 +10,10 @@
 // slot done; migctl_wait sleeps on the slot's futex word. A cgo callback that
 // blocks on a Go channel costs a hand-off of its locked thread both ways
 // (~40 us per collective); this path costs a futex wake each way at most.
+// The one call into Go on the caller's thread is for device buffers on the
+// gpu backend: it marks the caller's stream at the call (nothing when the
+// stream is idle, else an event; it never blocks), so that the collective
+// waits for the work queued before the call and not for later work.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -80,22 +84,46 @@ static inline void relax(void) {
 // small collective finishes within it, and a sleeper costs a futex wake and
 // a context switch, ~10-30 us); 0 on fewer CPUs, where a spinning thread
 // takes the core a peer needs (2 ranks on 2 CPUs: an 8 KiB all-reduce took
-// 155 us with the spin, 80-110 us without). MIGCTL_LIB_SPIN_US overrides it.
+// 155 us with the spin, 80-110 us without). MIGCTL_LIB_SPIN_US overrides
+// it, MIGCTL_LIB_DISPATCH_SPIN_US the dispatcher's. With
+// MIGCTL_LIB_SPIN_MAX_US=M (an experiment, off by default) a waiter spins
+// until the collective's expected end (issued + 5/4 of the recent
+// collectives' mean run time + spin_ns), at most M us: a small collective
+// longer than spin_ns (7 ranks through a GPU) could end while its waiter
+// still spins, without a futex wake; on a 2-CPU machine with one rank it
+// made an 8 KiB all-reduce 2-5x slower (the spinner took the CPU the
+// collective's own threads needed).
 static int64_t spin_ns = 20000;
+static int64_t spin_max_ns = 0;
+static int64_t disp_spin_ns = 20000;
+static int adaptive = 0;
+static int64_t run_ewma_ns; // mean run time of recent collectives (the dispatcher's)
+
+static int env_us(const char *name, int64_t *ns) {
+	const char *env = getenv(name);
+	if (env == NULL || *env == 0) return 0;
+	*ns = strtol(env, NULL, 10) * 1000L;
+	if (*ns < 0) *ns = 0;
+	return 1;
+}
 
 static void choose_spin(int local_size) {
-	const char *env = getenv("MIGCTL_LIB_SPIN_US");
-	if (env != NULL && *env != 0) {
-		spin_ns = strtol(env, NULL, 10) * 1000L;
-		if (spin_ns < 0) spin_ns = 0;
-		return;
-	}
 	cpu_set_t set;
 	int cpus = 0;
 	if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
 	if (local_size < 1) local_size = 1;
 	spin_ns = cpus >= 2 * local_size ? 20000 : 0;
+	env_us("MIGCTL_LIB_SPIN_US", &spin_ns);
+	adaptive = env_us("MIGCTL_LIB_SPIN_MAX_US", &spin_max_ns) && spin_max_ns > spin_ns && spin_ns > 0;
+	disp_spin_ns = spin_ns;
+	env_us("MIGCTL_LIB_DISPATCH_SPIN_US", &disp_spin_ns);
 }
+
+// --- counters (migctl_stats) ---------------------------------------------------
+
+static uint64_t stats[MIGCTL_STAT_COUNT];
+
+static inline void stat_add(int i, uint64_t v) { __atomic_add_fetch(&stats[i], v, __ATOMIC_RELAXED); }
 
 static int64_t mono_ns(void) {
 	struct timespec t;
@@ -103,19 +131,24 @@ static int64_t mono_ns(void) {
 	return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
-// spin_u32 polls *w for up to spin_ns until it is v.
-static int spin_u32(uint32_t *w, uint32_t v) {
-	int64_t end = 0;
-	if (spin_ns == 0) return __atomic_load_n(w, __ATOMIC_ACQUIRE) == v;
+// spin_u32 polls *w until it is v or the clock passes end.
+static int spin_u32(uint32_t *w, uint32_t v, int64_t end) {
 	for (int i = 0;; i++) {
 		if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == v) return 1;
-		if ((i & 63) == 63) {
-			int64_t now = mono_ns();
-			if (end == 0) end = now + spin_ns;
-			else if (now >= end) return 0;
-		}
+		if ((i & 63) == 63 && mono_ns() >= end) return 0;
 		relax();
 	}
+}
+
+// spin_end is when a waiter for s that starts now stops spinning (see spin_ns).
+static int64_t spin_end(const migctl_slot_t *s, int64_t now) {
+	int64_t end = now + spin_ns;
+	if (adaptive) {
+		int64_t expect = s->t_issue + __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED) * 5 / 4 + spin_ns;
+		if (expect > end) end = expect;
+		if (end > now + spin_max_ns) end = now + spin_max_ns;
+	}
+	return end;
 }
 
 // --- the ring of collectives -------------------------------------------------
@@ -129,6 +162,7 @@ static uint64_t taken;       // the last handle the dispatcher took (dispatcher 
 static int stopping;         // finalize: the dispatcher returns once the ring is drained
 static int state;            // 0 not initialised, 1 ready, 2 finalized
 static int group_size;
+static int group_on_gpu;     // the group runs on CUDA device memory
 
 static void wake_dispatcher(void) {
 	__atomic_add_fetch(&issued_seq, 1, __ATOMIC_SEQ_CST);
@@ -154,15 +188,28 @@ static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, 
 		if (count > (size_t)INT64_MAX / 8)
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
 	}
+	// Device memory: mark the caller's stream now, at the call (the
+	// dispatcher reaches the collective later). On the host backend the
+	// collective fails when it runs, as before.
+	uint64_t order = 0;
+	if (device != MIGCTL_HOST && group_on_gpu && kind != MIGCTL_KIND_BARRIER && count > 0) {
+		int64_t o = migctlGoOrder(stream);
+		if (o < 0) return o; // the text is set
+		order = (uint64_t)o;
+		stat_add(order != 0 ? MIGCTL_STAT_MARKS : MIGCTL_STAT_IDLE_MARKS, 1);
+	}
+	int64_t now = mono_ns();
 	pthread_mutex_lock(&issue_mu);
 	if (state != 1) { // finalized meanwhile
 		pthread_mutex_unlock(&issue_mu);
+		if (order != 0) migctlGoDropOrder(order);
 		return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
 	}
 	uint64_t h = issued + 1;
 	migctl_slot_t *s = &ring[h % MIGCTL_SLOTS];
 	if (__atomic_load_n(&s->id, __ATOMIC_ACQUIRE) != 0) {
 		pthread_mutex_unlock(&issue_mu);
+		if (order != 0) migctlGoDropOrder(order);
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: too many collectives in flight (4096 issued and not "
 		                                     "waited for): migctl_wait for every handle");
 	}
@@ -175,6 +222,9 @@ static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, 
 	s->root = root;
 	s->device = device;
 	s->stream = stream;
+	s->order = order;
+	s->t_issue = now;
+	s->t_take = s->t_done = 0;
 	s->code = 0;
 	s->err = NULL;
 	s->word = 0;
@@ -194,7 +244,9 @@ migctl_slot_t *migctl_next(void) {
 	for (int spin = 0;; spin++) {
 		if (__atomic_load_n(&issued, __ATOMIC_ACQUIRE) >= want) {
 			taken = want;
-			return &ring[want % MIGCTL_SLOTS];
+			migctl_slot_t *s = &ring[want % MIGCTL_SLOTS];
+			s->t_take = mono_ns();
+			return s;
 		}
 		if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) return NULL;
 		if ((spin & 63) != 63) {
@@ -202,12 +254,14 @@ migctl_slot_t *migctl_next(void) {
 			continue;
 		}
 		int64_t now = mono_ns();
-		if (end == 0) end = now + spin_ns;
+		if (end == 0) end = now + disp_spin_ns;
 		if (now < end) continue;
 		uint32_t seq = __atomic_load_n(&issued_seq, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&disp_asleep, 1, __ATOMIC_SEQ_CST);
-		if (__atomic_load_n(&issued, __ATOMIC_SEQ_CST) < want && !__atomic_load_n(&stopping, __ATOMIC_SEQ_CST))
+		if (__atomic_load_n(&issued, __ATOMIC_SEQ_CST) < want && !__atomic_load_n(&stopping, __ATOMIC_SEQ_CST)) {
+			stat_add(MIGCTL_STAT_DISPATCH_SLEEPS, 1);
 			futex(&issued_seq, FUTEX_WAIT, seq, NULL);
+		}
 		__atomic_store_n(&disp_asleep, 0, __ATOMIC_SEQ_CST);
 		end = 0;
 	}
@@ -224,6 +278,12 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 		s->err = e;
 	}
 	s->code = code;
+	s->t_done = mono_ns();
+	int64_t run = s->t_done - s->t_take, ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
+	stat_add(MIGCTL_STAT_DONE, 1);
+	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
+	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
 	if (__atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
@@ -242,12 +302,19 @@ static migctl_slot_t *lookup(migctl_work_t h) {
 	return s;
 }
 
-// wait_word waits until *w is 1 (done), up to timeout_ms (negative: no
-// limit); 0 when the time ran out first. It polls for spin_ns first.
-static int wait_word(uint32_t *w, int64_t timeout_ms) {
+// wait_word waits until s is done, up to timeout_ms (negative: no limit);
+// 0 when the time ran out first. It polls first (spin_end).
+static int wait_word(migctl_slot_t *s, int64_t timeout_ms) {
+	uint32_t *w = &s->word;
 	struct timespec end = {0, 0}, now, rel;
-	if (spin_u32(w, 1)) return 1;
+	if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == 1) return 1;
+	if (spin_ns > 0 && timeout_ms != 0) {
+		int64_t t = mono_ns(), e = spin_end(s, t);
+		if (timeout_ms > 0 && e > t + timeout_ms * 1000000L) e = t + timeout_ms * 1000000L;
+		if (spin_u32(w, 1, e)) return 1;
+	}
 	if (timeout_ms == 0) return 0;
+	stat_add(MIGCTL_STAT_WAIT_SLEEPS, 1);
 	if (timeout_ms > 0) {
 		clock_gettime(CLOCK_MONOTONIC, &end);
 		end.tv_sec += timeout_ms / 1000;
@@ -302,12 +369,20 @@ static int result(migctl_slot_t *s, migctl_work_t h, int free_it) {
 // --- entry points ------------------------------------------------------------
 
 int migctl_abi_version(void) { return MIGCTL_ABI_VERSION; }
+
+int migctl_stats(uint64_t *out, size_t n) {
+	GUARD(MIGCTL_ERR_FORKED);
+	if (out == NULL && n > 0) return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_stats: NULL buffer");
+	for (size_t i = 0; i < n && i < MIGCTL_STAT_COUNT; i++) out[i] = __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
+	return MIGCTL_STAT_COUNT;
+}
 const char *migctl_last_error(void) { return last_error; }
 
 static int init(int rank, int size, const char *rdzv, const char *job) {
 	int rc = migctlGoInit(rank, size, (char *)rdzv, (char *)job);
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
 		group_size = migctlGoInfo(1);
+		group_on_gpu = migctlGoInfo(4) == 1;
 		choose_spin(migctlGoInfo(3));
 		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
 	}
@@ -391,7 +466,11 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
 	GUARD(MIGCTL_ERR_FORKED);
 	migctl_slot_t *s = lookup(work);
 	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
-	if (!wait_word(&s->word, timeout_ms)) return MIGCTL_PENDING;
+	int64_t start = mono_ns();
+	if (!wait_word(s, timeout_ms)) return MIGCTL_PENDING;
+	int64_t now = mono_ns(), done = s->t_done;
+	stat_add(MIGCTL_STAT_WAITS, 1);
+	stat_add(MIGCTL_STAT_WAKE_NS, (uint64_t)(now - (done > start ? done : start)));
 	return result(s, work, 1);
 }
 

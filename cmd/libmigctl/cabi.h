@@ -14,6 +14,8 @@ typedef struct {
 	void *send, *recv;
 	size_t count;
 	uintptr_t stream;
+	uint64_t order;   // device buffers: the mark of the caller's stream taken at the issue (0: none needed)
+	int64_t t_issue, t_take, t_done; // CLOCK_MONOTONIC ns: issued, taken by the dispatcher, finished
 	uint32_t word;    // 0 queued or running, 1 done, 2 running with a waiter asleep on it
 	int code;         // the result once done
 	char *err;        // its text (malloc'd) when code != MIGCTL_OK

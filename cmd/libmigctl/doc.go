@@ -9,9 +9,16 @@
 // (cabi.c): issuing one checks its arguments and fills a slot without
 // entering the Go runtime (~2 us); one dispatcher goroutine takes the slots
 // in order, runs each through the trainer and marks it done; migctl_wait
-// polls the slot's word for 20 us, then sleeps on its futex. A cgo callback
-// that blocked on a channel instead (the first version) cost ~40 us per
-// collective in hand-offs of the caller's locked thread.
+// polls the slot's word (20 us, or until the collective's expected end when
+// the CPUs allow), then sleeps on its futex. A cgo callback that blocked on a
+// channel instead (the first version) cost ~40 us per collective in
+// hand-offs of the caller's locked thread. A collective on device memory of
+// the gpu backend calls into Go once on the issuing thread, without
+// blocking: it marks the caller's stream then (an event, or nothing when the
+// stream is idle), and the dispatcher hands the mark to the trainer
+// (trainer.DeviceBufferAfter), so the collective waits for the work queued
+// before the call only. migctl_stats counts where a collective's time goes
+// (queued, run, the waiter's wake).
 //
 // Across nodes there are two ways. migctl_init in a job whose ranks are on
 // several hosts makes the trainer SDK's group across nodes, whose inter-node

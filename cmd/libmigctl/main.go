@@ -205,11 +205,66 @@ func migctlGoInfo(what C.int) C.int {
 	return -1
 }
 
+// The marks of callers' streams taken at the issue (migctlGoOrder), until
+// the dispatcher hands them to the collective.
+var marks = struct {
+	sync.Mutex
+	next uint64
+	m    map[uint64]comm.Event
+}{m: map[uint64]comm.Event{}}
+
+// migctlGoOrder marks the work queued on the caller's stream now (cabi.c
+// calls it on the issuing thread, for device buffers on the gpu backend):
+// 0 when the stream is idle (nothing to wait for), else the mark's id, or a
+// negative MIGCTL_ERR_* code. It never blocks.
+//
+//export migctlGoOrder
+func migctlGoOrder(stream C.uintptr_t) C.int64_t {
+	g, err := current()
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	ev, err := g.RecordStream(uintptr(stream))
+	if err != nil {
+		return C.int64_t(fail(fmt.Errorf("libmigctl: %w", err)))
+	}
+	if done, err := ev.Done(); err == nil && done {
+		return 0
+	}
+	marks.Lock()
+	marks.next++
+	id := marks.next
+	marks.m[id] = ev
+	marks.Unlock()
+	return C.int64_t(id)
+}
+
+// takeMark returns and forgets mark id (nil for 0 or an unknown id).
+func takeMark(id uint64) comm.Event {
+	if id == 0 {
+		return nil
+	}
+	marks.Lock()
+	defer marks.Unlock()
+	ev := marks.m[id]
+	delete(marks.m, id)
+	return ev
+}
+
+// migctlGoDropOrder forgets a mark whose collective was not issued after all.
+//
+//export migctlGoDropOrder
+func migctlGoDropOrder(id C.uint64_t) { takeMark(uint64(id)) }
+
 // buffer is count elements of dt at p: host memory, or device memory with
-// the stream its contents are produced on.
-func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream uintptr) trainer.Buffer {
+// the stream its contents are produced on, or (ordered) with the mark of
+// that stream taken at the issue.
+func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream uintptr, ordered bool, mark comm.Event) trainer.Buffer {
 	if p == nil {
 		return trainer.Buffer{}
+	}
+	if device && ordered {
+		return trainer.DeviceBufferAfter(uintptr(p), count, dt, mark)
 	}
 	if device {
 		return trainer.DeviceBuffer(uintptr(p), count, dt, stream)
@@ -227,29 +282,36 @@ func run(g *trainer.Group, s *C.migctl_slot_t) error {
 	n, size := int(s.count), g.Size()
 	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)
 	onDev, st := s.device != 0, uintptr(s.stream)
+	// On the gpu backend the issue marked the stream (cabi.c); on the host
+	// backend device memory fails in the trainer, as the header says.
+	ordered := onDev && g.Backend() == trainer.BackendGPU
+	mark := takeMark(uint64(s.order))
+	buf := func(p unsafe.Pointer, count int) trainer.Buffer {
+		return buffer(p, count, dt, onDev, st, ordered, mark)
+	}
 	inPlace := send == recv
 	ctx := context.Background()
 	switch s.kind {
 	case kindAllReduce:
-		return g.AllReduce(ctx, buffer(send, n, dt, onDev, st), buffer(recv, n, dt, onDev, st), o)
+		return g.AllReduce(ctx, buf(send, n), buf(recv, n), o)
 	case kindReduceScatter:
 		sn, rn := n*size, n
 		if inPlace {
 			rn = sn
 		}
-		return g.ReduceScatter(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, rn, dt, onDev, st), o)
+		return g.ReduceScatter(ctx, buf(send, sn), buf(recv, rn), o)
 	case kindAllGather:
 		sn := n
 		if inPlace {
 			sn = n * size
 		}
-		return g.AllGather(ctx, buffer(send, sn, dt, onDev, st), buffer(recv, n*size, dt, onDev, st))
+		return g.AllGather(ctx, buf(send, sn), buf(recv, n*size))
 	case kindBroadcast:
 		snd := trainer.Buffer{}
 		if send != nil {
-			snd = buffer(send, n, dt, onDev, st)
+			snd = buf(send, n)
 		}
-		return g.Broadcast(ctx, snd, buffer(recv, n, dt, onDev, st), int(s.root))
+		return g.Broadcast(ctx, snd, buf(recv, n), int(s.root))
 	case kindBarrier:
 		return g.Barrier(ctx)
 	}

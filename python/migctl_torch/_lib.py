@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 OK = 0
 PENDING = 1
@@ -25,6 +25,10 @@ FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32, INT64, UINT8 = range(7)
 SUM, AVG, MIN, MAX = range(4)
 HOST, DEVICE = 0, 1
 KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRIER = range(5)
+
+# migctl_stats's counters, in order (include/migctl.h, MIGCTL_STAT_*).
+STATS = ("done", "queue_ns", "run_ns", "waits", "wake_ns", "wait_sleeps", "dispatch_sleeps", "marks",
+         "idle_marks")
 
 _NAMES = {
     ERR_INVALID: "invalid argument",
@@ -94,6 +98,7 @@ class Library:
             "migctl_abort": ([ctypes.c_char_p], c_int),
             "migctl_finalize": ([], c_int),
             "migctl_last_error": ([], ctypes.c_char_p),
+            "migctl_stats": ([ctypes.POINTER(ctypes.c_uint64), c_size], c_int),
         }
         for name, (args, res) in proto.items():
             f = getattr(lib, name)
@@ -114,6 +119,14 @@ class Library:
     def check(self, code, what):
         if code != OK:
             raise self.error(code, what)
+
+    def stats(self):
+        """The library's counters (STATS) as a dict: where collectives' time went."""
+        buf = (ctypes.c_uint64 * len(STATS))()
+        n = self.lib.migctl_stats(buf, len(STATS))
+        if n < 0:
+            raise self.error(n, "stats")
+        return dict(zip(STATS, buf[:min(n, len(STATS))]))
 
     def serve(self, size):
         """Hosts the rendezvous of a node's group of size ranks; returns its address."""

@@ -39,6 +39,16 @@ _OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("
 
 _SUM = dist.ReduceOp.SUM
 
+# The current CUDA stream's CUstream on a device: torch's raw accessor where
+# it has one (no Stream object per call), else through torch.cuda.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device):
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
              "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier", "allreduce_coalesced",
              "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce",
@@ -134,7 +144,7 @@ class Work(dist._Work):
     get_future() has been called, or, unconsumed, until KEEP later ones have
     finished."""
 
-    def __init__(self, comm, name, handles, result, keep=None, post=None, devices=None, slots=None):
+    def __init__(self, comm, name, handles, result, keep=None, post=None, devices=None):
         super().__init__()
         self._comm = comm
         self._name = name
@@ -143,7 +153,6 @@ class Work(dist._Work):
         self._keep = keep  # tensors the library reads or writes until the end
         self._post = post
         self._devices = devices
-        self._slots = slots  # CUDA side streams lent to the collective
         self._exc = None
         self._state = _ISSUED
         self._consumed = False
@@ -164,9 +173,6 @@ class Work(dist._Work):
             except Exception as e:  # noqa: BLE001 - handed to the waiter
                 err = e
         self._keep = self._post = None
-        if self._slots is not None:
-            c._slots.extend(self._slots)
-            self._slots = None
         with c._mu:
             self._exc = err
             self._state = _DONE
@@ -311,7 +317,6 @@ class _Comm:
         self._waiters = 0
         self._unclaimed = collections.deque()  # the last Works issued, oldest first
         self._live = {}  # id -> Work not yet finished and consumed (insertion ordered)
-        self._slots = []  # free CUDA side streams: (stream, event)
         atexit.register(self._finalize)
 
     def _finalize(self):
@@ -352,15 +357,11 @@ class _Comm:
     def _fail(self, code, name):
         raise self.lib.error(int(code), name)
 
-    def _where(self, t, name, slots):
-        """(device flag, CUstream) of a tensor for the library. A CUDA tensor's
-        collective is ordered after the work queued on the current stream
-        now, at the call. The library records its event on the stream it is
-        given when the collective starts: that can be much later, when the
-        current stream has more work queued (DDP: the rest of the backward
-        pass, so no overlap). So a side stream of ours waits for an event
-        recorded now and goes to the library instead (lent to the collective
-        until it finishes; ~3 torch calls)."""
+    def _where(self, t, name):
+        """(device flag, CUstream) of a tensor for the library. A CUDA
+        tensor's collective waits for the work queued on the current stream
+        at the call and not for later work: the library marks the stream when
+        it is issued (an event, or nothing when the stream is idle)."""
         if not t.is_cuda:
             if t.device.type != "cpu":
                 raise NotImplementedError(f"migctl backend: tensors on {t.device} are not supported (cpu and cuda are)")
@@ -370,27 +371,12 @@ class _Comm:
                 f"migctl {name}: a CUDA tensor, but this process's migctl group runs on host memory "
                 "(MIGCTL_BACKEND=host): start the job with `migctl run --profile ...` or `--gpus ...` "
                 "(MIGCTL_BACKEND=gpu), or use CPU tensors")
-        cur = torch.cuda.current_stream(t.device)
-        try:
-            slot = self._slots.pop()
-        except IndexError:
-            slot = (torch.cuda.Stream(t.device), torch.cuda.Event())
-        side, ev = slot
-        if side.device != t.device:
-            self._slots.append(slot)
-            slot = (torch.cuda.Stream(t.device), torch.cuda.Event())
-            side, ev = slot
-        ev.record(cur)
-        side.wait_event(ev)
-        slots.append(slot)
-        return _lib.DEVICE, side.cuda_stream
+        return _lib.DEVICE, _current_stream(t.device)
 
-    def _issue(self, kind, name, t, send, recv, count, dt, op, root, slots):
-        dev, stream = self._where(t, name, slots)
+    def _issue(self, kind, name, t, send, recv, count, dt, op, root):
+        dev, stream = self._where(t, name)
         h = self.cissue(kind, send, recv, count, dt, op, root, dev, stream)
         if h < 0:
-            if dev == _lib.DEVICE:  # this call's side stream only: earlier ones of the Work are in use
-                self._slots.append(slots.pop())
             self._fail(h, name)
         return h
 
@@ -428,17 +414,19 @@ class _Comm:
             t = tensors[0]
             dt = _DTYPES.get(t.dtype)
             if dt is not None and t.is_contiguous():
+                p = t.data_ptr()
                 if t.is_cpu:
-                    p = t.data_ptr()
                     h = self.cissue(_lib.KIND_ALLREDUCE, p, p, t.numel(), dt, op, 0, _lib.HOST, 0)
                     if h < 0:
                         self._fail(h, name)
                     return Work(self, name, (h,), tensors, t)
-                slots = []
-                p = t.data_ptr()
-                h = self._issue(_lib.KIND_ALLREDUCE, name, t, p, p, t.numel(), dt, op, 0, slots)
-                return Work(self, name, (h,), tensors, t, None, [t.device], slots or None)
-        handles, keep, back, slots = [], [], [], []
+                if t.is_cuda and self.on_gpu:
+                    d = t.device
+                    h = self.cissue(_lib.KIND_ALLREDUCE, p, p, t.numel(), dt, op, 0, _lib.DEVICE, _current_stream(d))
+                    if h < 0:
+                        self._fail(h, name)
+                    return Work(self, name, (h,), tensors, t, None, [d])
+        handles, keep, back = [], [], []
         for t in tensors:
             dt = _reduce_dtype(t, name, op)
             buf = t if t.is_contiguous() else t.contiguous()
@@ -446,14 +434,13 @@ class _Comm:
                 back.append((t, buf))
             keep.append(buf)
             p = buf.data_ptr()
-            handles.append(self._issue(_lib.KIND_ALLREDUCE, name, buf, p, p, buf.numel(), dt, op, 0, slots))
-        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors),
-                    slots or None)
+            handles.append(self._issue(_lib.KIND_ALLREDUCE, name, buf, p, p, buf.numel(), dt, op, 0))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
 
     def allgather(self, output_lists, inputs, name="allgather"):
         if len(output_lists) != len(inputs):
             raise ValueError(f"migctl {name}: {len(output_lists)} output lists for {len(inputs)} inputs")
-        handles, keep, back, results, slots = [], [], [], [], []
+        handles, keep, back, results = [], [], [], []
         for outs, inp in zip(output_lists, inputs):
             if len(outs) != self.size:
                 raise ValueError(f"migctl {name}: {len(outs)} output tensors, want one per rank ({self.size})")
@@ -466,16 +453,15 @@ class _Comm:
             keep += [src, flat]
             back += [(o, flat[k * inp.numel():(k + 1) * inp.numel()]) for k, o in enumerate(outs)]
             dt, n = _move_dtype(src)
-            handles.append(self._issue(_lib.KIND_ALL_GATHER, name, src, src.data_ptr(), flat.data_ptr(), n, dt, 0, 0,
-                                       slots))
+            handles.append(self._issue(_lib.KIND_ALL_GATHER, name, src, src.data_ptr(), flat.data_ptr(), n, dt, 0, 0))
             results.append(outs)
-        return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs), slots or None)
+        return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs))
 
     def allgather_base(self, output, inp, name="_allgather_base"):
         if output.numel() != self.size * inp.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: output has {output.numel()} {output.dtype} on {output.device}, "
                              f"want {self.size} x the input's {inp.numel()} {inp.dtype} on {inp.device}")
-        back, slots = [], []
+        back = []
         out = output if output.is_contiguous() else output.contiguous()
         if out is not output:
             back.append((output, out))
@@ -483,14 +469,13 @@ class _Comm:
         in_place = out is output and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + self.rank * block
         src = out if in_place else (inp if inp.is_contiguous() else inp.contiguous())
         dt, n = _move_dtype(inp)
-        h = self._issue(_lib.KIND_ALL_GATHER, name, out, src.data_ptr(), out.data_ptr(), n, dt, 0, 0, slots)
-        return Work(self, name, (h,), [output], (src, out), self._copy_back(back), self._devices([output]),
-                    slots or None)
+        h = self._issue(_lib.KIND_ALL_GATHER, name, out, src.data_ptr(), out.data_ptr(), n, dt, 0, 0)
+        return Work(self, name, (h,), [output], (src, out), self._copy_back(back), self._devices([output]))
 
     def reduce_scatter(self, outputs, input_lists, op, name="reduce_scatter"):
         if len(outputs) != len(input_lists):
             raise ValueError(f"migctl {name}: {len(outputs)} outputs for {len(input_lists)} input lists")
-        handles, keep, back, slots = [], [], [], []
+        handles, keep, back = [], [], []
         for out, ins in zip(outputs, input_lists):
             if len(ins) != self.size:
                 raise ValueError(f"migctl {name}: {len(ins)} input tensors, want one per rank ({self.size})")
@@ -505,16 +490,15 @@ class _Comm:
                 back.append((out, dst))
             keep += [flat, dst]
             handles.append(self._issue(_lib.KIND_REDUCE_SCATTER, name, flat, flat.data_ptr(), dst.data_ptr(),
-                                       out.numel(), dt, op, 0, slots))
-        return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs),
-                    slots or None)
+                                       out.numel(), dt, op, 0))
+        return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs))
 
     def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
         if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
                              f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
         dt = _reduce_dtype(output, name, op)
-        back, slots = [], []
+        back = []
         block = output.numel() * output.element_size()
         in_place = (inp.is_contiguous() and output.is_contiguous()
                     and output.data_ptr() == inp.data_ptr() + self.rank * block)
@@ -527,14 +511,13 @@ class _Comm:
             if dst is not output:
                 back.append((output, dst))
         h = self._issue(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
-                        0, slots)
-        return Work(self, name, (h,), [output], (src, dst), self._copy_back(back), self._devices([output]),
-                    slots or None)
+                        0)
+        return Work(self, name, (h,), [output], (src, dst), self._copy_back(back), self._devices([output]))
 
     def broadcast(self, tensors, root, name="broadcast"):
         if not 0 <= root < self.size:
             raise ValueError(f"migctl {name}: root {root} of {self.size} ranks")
-        handles, keep, back, slots = [], [], [], []
+        handles, keep, back = [], [], []
         for t in tensors:
             buf = t if t.is_contiguous() else t.contiguous()
             if buf is not t:
@@ -542,9 +525,8 @@ class _Comm:
             keep.append(buf)
             dt, n = _move_dtype(buf)
             p = buf.data_ptr()
-            handles.append(self._issue(_lib.KIND_BROADCAST, name, buf, p, p, n, dt, 0, root, slots))
-        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors),
-                    slots or None)
+            handles.append(self._issue(_lib.KIND_BROADCAST, name, buf, p, p, n, dt, 0, root))
+        return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
 
     def barrier(self, name="barrier"):
         h = self.cissue(_lib.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0)

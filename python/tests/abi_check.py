@@ -1,6 +1,7 @@
 """The C ABI of libmigctl.so (include/migctl.h) through ctypes, without
 torch: init, rank/size, every collective on host memory, handles (wait, test,
-bad handle), error codes with their text, the fork guard, finalize. Run under
+bad handle), error codes with their text, the counters (migctl_stats), the
+fork guard, finalize. Run under
 `migctl run --backend host --np 3`. Prints one JSON line; exits 1 on failure."""
 
 import ctypes
@@ -94,6 +95,13 @@ def main():
     check(c.migctl_allreduce(a, b, n, L.FLOAT64, L.SUM, L.DEVICE, 0, ctypes.byref(h)) == L.OK, "issue device")
     check(c.migctl_wait(h.value, -1) == L.ERR_UNSUPPORTED and "gpu backend" in err(), f"device on host: {err()}")
     check(c.migctl_wait(987654, -1) == L.ERR_BAD_HANDLE, "unknown handle")
+    # the counters: every collective so far finished and was waited for; host memory needs no stream marks
+    st = lib.stats()
+    check(set(st) == set(L.STATS), f"stats keys {sorted(st)}")
+    check(st["done"] >= 6 and st["waits"] == st["done"], f"stats done/waits: {st}")
+    check(st["run_ns"] > 0 and st["queue_ns"] >= 0 and st["marks"] == 0 and st["idle_marks"] == 0, f"stats: {st}")
+    check(c.migctl_stats(None, 0) == len(L.STATS), "stats count")
+    check(c.migctl_stats(None, 3) == L.ERR_INVALID, "stats into NULL")
     # a forked child is refused without entering the Go runtime
     pid = os.fork()
     if pid == 0:
