@@ -6,10 +6,10 @@
 #  (3) dist.all_reduce on a CUDA tensor through the migctl ProcessGroup (each call waits);
 # with the library's counters for (2) and (3) (queue: issue -> dispatcher, run: the SDK's call,
 # wake: its end -> the waiter returns; futex sleeps per call; device calls whose stream was idle)
-# and a breakdown of (3) (torch's wrapper, our issue and wait, the C calls). Then the same 7-rank
-# probe with the waiters' spin changed (MIGCTL_LIB_SPIN_US=60; MIGCTL_LIB_SPIN_MAX_US=250, the
-# adaptive spin), and python/tests/gpu_checks.py (stream order, two all-reduces in flight: the
-# library now marks the caller's stream at the call instead of the Python side stream).
+# and a breakdown of (3) (torch's wrapper, our issue and wait, the C calls); python/tests/gpu_checks.py
+# (stream order, two all-reduces in flight: the library now marks the caller's stream at the call,
+# no Python side stream); then, time permitting, the 7-rank probe with the library's waits
+# spinning longer (see the variants below).
 # Needs from bin/: migctl, libmigctl.so (make build lib). python3 with torch (CUDA).
 # Logs under $OUT/torch-overhead/; a table and PASS/FAIL lines at the end. About 2-3 minutes.
 set -uo pipefail
@@ -21,7 +21,7 @@ J=$O/results.jsonl; : >"$J"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$O/gpu.txt" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.version.cuda)" >>"$O/gpu.txt" 2>&1
 bench() { # np
-  timeout 60 $M bench allreduce --backend gpu --transport shm --gpu 0 --np "$1" -b 8KiB -e 8KiB \
+  timeout 40 $M bench allreduce --backend gpu --transport shm --gpu 0 --np "$1" -b 8KiB -e 8KiB \
     -n 2000 -w 200 -c 1 -q -o json >"$O/bench-np$1.json" 2>"$O/bench-np$1.err"
   echo "bench np=$1 rc=$?"
   python3 - "$O/bench-np$1.json" "$1" >>"$J" <<'PY' || echo "bench np=$2: no result"
@@ -33,7 +33,7 @@ PY
 }
 probe() { # tag np [env...]
   local tag=$1 np=$2; shift 2
-  env "$@" N=${N:-1000} ROUNDS=${ROUNDS:-5} timeout 100 $M run --gpus 0 --np "$np" -q --timeout 60s -- \
+  env "$@" N=${N:-1000} ROUNDS=${ROUNDS:-5} timeout 60 $M run --gpus 0 --np "$np" -q --timeout 60s -- \
     python3 python/tests/overhead_check.py --device cuda --breakdown >"$O/$tag.out" 2>"$O/$tag.err"
   echo "$tag rc=$?"
   sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$O/$tag.out" | TAG=$tag python3 -c '
@@ -46,13 +46,19 @@ bench 7
 bench 1
 probe probe-np7 7
 probe probe-np1 1
-probe probe-np7-spin60 7 MIGCTL_LIB_SPIN_US=60
-probe probe-np7-adaptive 7 MIGCTL_LIB_SPIN_MAX_US=250
 echo "== gpu_checks.py, 7 ranks (stream order with the library's marks)"
-timeout 120 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/gpu_checks.py >"$O/gpu_checks.out" 2>&1
+timeout 60 $M run --gpus 0 --np 7 -q --timeout 50s -- python3 python/tests/gpu_checks.py >"$O/gpu_checks.out" 2>&1
 rc=$?
 grep -h '"failures"' "$O/gpu_checks.out" | head -1 | cut -c 1-600
 echo "$([ $rc = 0 ] && echo PASS || echo FAIL) gpu_checks.py 7 ranks: stream order, async/future order, two in flight (rc $rc)"
+# variants, while the time lasts (the whole script stays under 3 minutes): the waiter spinning
+# until the collective's expected end (at most 250 us) instead of 20 us; with the dispatcher
+# spinning 60 us for the next issue; and with GOMAXPROCS=4 in every rank (7 Go runtimes of 16 Ps
+# each on 16 cores: their idle threads spin and wake each other)
+A=MIGCTL_LIB_SPIN_MAX_US=250 D=MIGCTL_LIB_DISPATCH_SPIN_US=60
+[ $SECONDS -lt 95 ] && probe probe-np7-adaptive 7 $A
+[ $SECONDS -lt 110 ] && probe probe-np7-adapt-disp60 7 $A $D
+[ $SECONDS -lt 125 ] && probe probe-np7-adapt-disp60-gmp4 7 $A $D GOMAXPROCS=4
 python3 - "$J" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
