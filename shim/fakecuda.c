@@ -252,10 +252,14 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d)
 }
 static void sleep_until(double t);
 static double all_done_at;
+static CUresult capture_check_on(CUstream s, int whole);
 EXPORT CUresult cuCtxSynchronize(void)
 {
 	if (!current_ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	CUresult cr = capture_check_on(NULL, 1);
+	if (cr != CUDA_SUCCESS)
+		return cr;
 	pthread_mutex_lock(&mu);
 	double t = all_done_at;
 	pthread_mutex_unlock(&mu);
@@ -488,6 +492,42 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstre
  * stream, as the legacy default stream does. */
 
 struct stream_obj { int magic; double done_at; };
+
+/* Stream capture, as far as the shim's tests need it: one capture at a time;
+ * launches into the capturing stream are recorded, not run; in the global mode
+ * (0) a call from another thread that would touch the capture (an event
+ * recorded on the capturing stream or on the legacy stream, which waits for
+ * every stream; a context synchronize) invalidates it, as the real driver
+ * does: the call fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and the capture
+ * ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUstream cap_stream;
+static int cap_mode, cap_invalid;
+static pthread_t cap_thread;
+
+static int is_legacy(CUstream s);
+/* capture_check: CUDA_SUCCESS, or the error a call touching s (NULL with
+ * whole == 1: the whole context) gets while a capture is in progress. */
+static CUresult capture_check_on(CUstream s, int whole)
+{
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&cap_mu);
+	if (cap_stream && cap_mode == 0 &&
+	    (whole || is_legacy(s) || (s == cap_stream && !pthread_equal(cap_thread, pthread_self())))) {
+		cap_invalid = 1;
+		r = 906; /* CUDA_ERROR_STREAM_CAPTURE_IMPLICIT */
+	}
+	pthread_mutex_unlock(&cap_mu);
+	return r;
+}
+static CUresult capture_check(CUstream s) { return capture_check_on(s, 0); }
+static int captured(CUstream s)
+{
+	pthread_mutex_lock(&cap_mu);
+	int c = cap_stream && s == cap_stream;
+	pthread_mutex_unlock(&cap_mu);
+	return c;
+}
 static double legacy_done_at; /* and all_done_at: under mu */
 
 static double fnow(void)
@@ -563,6 +603,9 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	CUresult cr = capture_check(s);
+	if (cr != CUDA_SUCCESS)
+		return cr;
 	pthread_mutex_lock(&mu);
 	((struct event_obj *)e)->t = stream_done_at(s);
 	__atomic_add_fetch(&st->event_records, 1, __ATOMIC_SEQ_CST);
@@ -588,8 +631,59 @@ EXPORT CUresult cuEventQuery(CUevent e)
 	pthread_mutex_unlock(&mu);
 	return fnow() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)s, (void)mode; return CUDA_ERROR_NOT_SUPPORTED; }
-EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { (void)s, (void)g; return CUDA_ERROR_NOT_SUPPORTED; }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+	if (is_legacy(s))
+		return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+	pthread_mutex_lock(&cap_mu);
+	CUresult r = CUDA_SUCCESS;
+	if (cap_stream)
+		r = 905; /* one capture at a time in this fake (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) */
+	else
+		cap_stream = s, cap_mode = mode, cap_thread = pthread_self(), cap_invalid = 0;
+	pthread_mutex_unlock(&cap_mu);
+	return r;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&cap_mu);
+	CUresult r = CUDA_SUCCESS;
+	*status = 0;
+	if (cap_stream && s == cap_stream)
+		*status = 1; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+	else if (cap_stream && is_legacy(s) && cap_mode == 0)
+		r = 906; /* the legacy stream would join the capture: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT */
+	pthread_mutex_unlock(&cap_mu);
+	return r;
+}
+static __thread int thread_cap_mode; /* cuThreadExchangeStreamCaptureMode: 0 global (default) */
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+	if (!mode)
+		return CUDA_ERROR_INVALID_VALUE;
+	int old = thread_cap_mode;
+	thread_cap_mode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	pthread_mutex_lock(&cap_mu);
+	if (!cap_stream || s != cap_stream || !pthread_equal(cap_thread, pthread_self())) {
+		pthread_mutex_unlock(&cap_mu);
+		return 903; /* CUDA_ERROR_STREAM_CAPTURE_UNMATCHED */
+	}
+	int bad = cap_invalid;
+	cap_stream = NULL;
+	pthread_mutex_unlock(&cap_mu);
+	if (g)
+		*g = bad ? NULL : (CUgraph)calloc(1, 64); /* an empty graph: enough for the shim's tests */
+	if (bad)
+		__atomic_add_fetch(&st->captures_invalidated, 1, __ATOMIC_SEQ_CST);
+	return bad ? 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */ : CUDA_SUCCESS;
+}
 
 /* fakecuda_inflight reports this process's timed kernels in flight now and
  * the most there were at any launch since the last reset (reset != 0 clears it). */
@@ -754,6 +848,8 @@ static CUresult run_kernel_on(CUfunction f, void **params, CUstream s)
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (k->nparams && !params)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (captured(s)) /* recorded into the capture's graph, not run */
+		return CUDA_SUCCESS;
 	if (k->fn == k_sleep_us)
 		timed_launch(s, *(unsigned long long *)params[0]);
 	else
@@ -872,6 +968,7 @@ static const struct proc procs[] = {
 	E(cuMemsetD8Async), E(cuMemsetD32Async), E(cuStreamCreate), V2(cuStreamDestroy, 4000),
 	E(cuStreamSynchronize), E(cuStreamQuery), E(cuEventCreate), V2(cuEventDestroy, 4000), E(cuEventRecord),
 	E(cuEventSynchronize), E(cuEventQuery), V2(cuStreamBeginCapture, 10010), E(cuStreamEndCapture),
+	E(cuStreamIsCapturing), E(cuThreadExchangeStreamCaptureMode),
 	E(cuModuleLoadData), E(cuModuleUnload), E(cuModuleGetFunction),
 	{ "cuLaunchKernel", 0, (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz },
 	E(cuLaunchKernelEx), E(cuGraphCreate), V2(cuGraphAddKernelNode, 12000), E(cuGraphInstantiateWithFlags),

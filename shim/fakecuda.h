@@ -38,6 +38,7 @@ struct fakecuda_stats {
 	uint64_t event_records; /* cuEventRecord calls (all processes on the device) */
 	uint64_t device_done_ns; /* FAKECUDA_SHARED_DEVICE=1: CLOCK_MONOTONIC ns when the device's
 				  * queued timed kernels (every process's) end */
+	uint64_t captures_invalidated; /* stream captures another thread's call invalidated */
 };
 
 uint64_t fakecuda_bytes_in_use(void);

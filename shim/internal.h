@@ -40,6 +40,8 @@ struct drv {
 	CUresult (*cuEventRecord)(CUevent, CUstream);
 	CUresult (*cuEventQuery)(CUevent);
 	CUresult (*cuEventSynchronize)(CUevent);
+	CUresult (*cuStreamIsCapturing)(CUstream, int *);           /* optional */
+	CUresult (*cuThreadExchangeStreamCaptureMode)(int *);      /* optional */
 	CUresult (*cuGetErrorString)(CUresult, const char **);
 	CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
 	CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, int *);
@@ -200,6 +202,9 @@ struct ms_prio_cfg {
 	uint64_t mask;
 };
 MS_HIDDEN int ms_prio_apply(const struct ms_prio_cfg *c, int page_fd, char *err, size_t errlen);
+/* ms_prio_quiesce waits until the watcher is not inside an event call (a
+ * capture is about to begin; ms_captures is already raised). */
+MS_HIDDEN void ms_prio_quiesce(void);
 MS_HIDDEN void ms_prio_detach(void); /* the daemon went away: never hold, never signal */
 MS_HIDDEN int ms_prio_stats_dirty(void);
 MS_HIDDEN void ms_prio_get_stats(struct migswap_stats *s);

@@ -187,6 +187,8 @@ static void load_driver(void)
 	LOAD(cuEventRecord, "cuEventRecord");
 	LOAD(cuEventQuery, "cuEventQuery");
 	LOAD(cuEventSynchronize, "cuEventSynchronize");
+	LOAD(cuStreamIsCapturing, "cuStreamIsCapturing");
+	LOAD(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
 	LOAD(cuGetErrorString, "cuGetErrorString");
 	LOAD(cuGetProcAddress, "cuGetProcAddress");
 	LOAD(cuGetProcAddress_v2, "cuGetProcAddress_v2");
@@ -1127,9 +1129,15 @@ static CUresult memrelease_body(memrelease_t real, CUmemGenericAllocationHandle 
 static CUresult begincap_common(CUresult (*real)(CUstream, int), CUstream s, int mode)
 {
 	gate_enter();
+	/* counted before the capture starts, and the priority watcher let out of
+	 * any event call it is in the middle of (ms_prio_quiesce), so that it
+	 * never records or queries an event while a capture is in progress */
+	atomic_fetch_add(&ms_captures, 1);
+	ms_prio_quiesce();
 	CUresult r = real ? real(s, mode) : CUDA_ERROR_NOT_FOUND;
-	if (r == CUDA_SUCCESS)
-		atomic_fetch_add(&ms_captures, 1);
+	if (r != CUDA_SUCCESS)
+		atomic_fetch_sub(&ms_captures, 1);
+	ms_log("capture: begin on stream %p mode %d: %s", (void *)s, mode, ms_errstr(r));
 	gate_exit();
 	return r;
 }
@@ -1142,6 +1150,7 @@ static CUresult endcap_common(CUresult (*real)(CUstream, CUgraph *), CUstream s,
 	long c = atomic_load(&ms_captures);
 	while (c > 0 && !atomic_compare_exchange_weak(&ms_captures, &c, c - 1))
 		;
+	ms_log("capture: end on stream %p: %s", (void *)s, ms_errstr(r));
 	return r;
 }
 static CUresult endcap_body(endcap_t real, CUstream s, CUgraph *g) { return endcap_common(real, s, g); }

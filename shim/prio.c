@@ -25,6 +25,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -228,17 +229,50 @@ static int pending_launches(void)
 	return atomic_load(&ovf_seq) > ovf_covered;
 }
 
+/* The watcher is inside poll_streams (its event calls). A capture's begin
+ * raises ms_captures, then waits for this to drop (ms_prio_quiesce); the
+ * watcher raises it, then reads ms_captures: with both sequentially
+ * consistent, one of the two always sees the other. */
+static atomic_int polling;
+
+void ms_prio_quiesce(void)
+{
+	while (atomic_load(&polling))
+		sched_yield();
+}
+
+/* capturing: the driver says s is being captured (or cannot say: the legacy
+ * stream while another stream is captured in global mode). A capture the
+ * shim's hook did not see (a path into the driver it does not wrap) is still
+ * not touched. */
+static int capturing(CUstream s)
+{
+	if (!drv.cuStreamIsCapturing)
+		return 0;
+	int st = 0;
+	CUresult r = drv.cuStreamIsCapturing(s, &st);
+	return r != CUDA_SUCCESS || st != 0;
+}
+
+static int poll_streams_locked(void);
+
 /* poll_streams records an event on every stream with new launches and queries
  * the ones recorded before; returns 1 while some are not complete. */
 static int poll_streams(void)
 {
-	int pending = 0;
-	CUcontext cur = NULL;
 	/* no event calls while a stream capture is in progress (a global-mode
 	 * capture forbids calls from other threads that could touch it): the
 	 * bit stays set until the capture ends */
-	if (atomic_load(&ms_captures) > 0)
-		return 1;
+	atomic_store(&polling, 1);
+	int pending = atomic_load(&ms_captures) > 0 ? 1 : poll_streams_locked();
+	atomic_store(&polling, 0);
+	return pending;
+}
+
+static int poll_streams_locked(void)
+{
+	int pending = 0;
+	CUcontext cur = NULL;
 	pthread_mutex_lock(&tbl_mu);
 	for (unsigned i = 0; i < NSTRM; i++) {
 		struct strm *e = &tbl[i];
@@ -252,10 +286,19 @@ static int poll_streams(void)
 			if (!e->ev && drv.cuEventCreate(&e->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
 				e->ev = NULL;
 			CUstream h = k == LEGACY_KEY ? NULL : (CUstream)k;
-			if (e->ev && drv.cuEventRecord(e->ev, h) == CUDA_SUCCESS) {
+			CUresult rr = CUDA_ERROR_NOT_READY;
+			if (e->ev && capturing(h)) {
+				pending = 1; /* look again once the capture is over */
+				continue;
+			}
+			if (e->ev && (rr = drv.cuEventRecord(e->ev, h)) == CUDA_SUCCESS) {
 				e->recorded = s;
 				e->waiting = 1;
 			} else {
+				static atomic_int said;
+				if (e->ev && !atomic_exchange(&said, 1))
+					ms_log("gate: cannot record an event on stream %p (%s): its launches count as done",
+					       (void *)h, ms_errstr(rr));
 				e->recorded = e->covered = s; /* cannot track: treat as done */
 				e->waiting = 0;
 			}
@@ -287,6 +330,12 @@ static int poll_streams(void)
 static void *watcher_main(void *arg)
 {
 	(void)arg;
+	/* this thread's calls must never count as "unsafe" for another thread's
+	 * global-mode capture (cudaStreamCaptureModeRelaxed = 2) */
+	if (drv.cuThreadExchangeStreamCaptureMode) {
+		int m = 2;
+		drv.cuThreadExchangeStreamCaptureMode(&m);
+	}
 	for (;;) {
 		while (!atomic_load(&ms_pg_local_busy)) {
 			uint32_t w = atomic_load(&watcher_wake);

@@ -19,7 +19,8 @@
  *                                       (GPU) preemption delay: a best-effort thread launches
  *                                       long spin kernels, a high-priority one tiny kernels;
  *                                       DELAY line with percentiles (see do_gpu_delay);
- *                                       MODE alone | be | be-prio | beonly
+ *                                       MODE alone | be | be-prio | beonly; XDELAY_GAP_US=N
+ *                                       makes the best-effort thread idle N us between kernels
  */
 #define _GNU_SOURCE
 #include "cudadrv.h"
@@ -795,6 +796,7 @@ struct be_arg {
 	CUdeviceptr out;
 	volatile int stop;
 	unsigned long long kernels;
+	unsigned gap_us; /* idle time between two best-effort kernels (env XDELAY_GAP_US) */
 };
 
 static void *be_main(void *p)
@@ -805,6 +807,8 @@ static void *be_main(void *p)
 		CHECK(cu.LaunchKernel(a->spin, a->blocks, 1, 1, 128, 1, 1, 0, a->s, params, NULL));
 		CHECK(cu.StreamSynchronize(a->s));
 		a->kernels++;
+		if (a->gap_us)
+			usleep(a->gap_us);
 	}
 	return NULL;
 }
@@ -841,7 +845,9 @@ static int do_gpu_delay(const char *kpath, const char *mode, double seconds, uns
 	CUstream sbe, shp;
 	CHECK(cu.StreamCreateWithPriority(&sbe, CU_STREAM_NON_BLOCKING, lo));
 	CHECK(cu.StreamCreateWithPriority(&shp, CU_STREAM_NON_BLOCKING, prio ? hi : lo));
-	struct be_arg a = { spin, sbe, blocks, (unsigned long long)spin_us * 1000ULL, dalloc((size_t)blocks * 4), 0, 0 };
+	const char *gap = getenv("XDELAY_GAP_US");
+	struct be_arg a = { spin, sbe, blocks, (unsigned long long)spin_us * 1000ULL, dalloc((size_t)blocks * 4), 0, 0,
+			    gap ? (unsigned)strtoul(gap, NULL, 0) : 0 };
 	CUdeviceptr t = dalloc(8);
 	void *tp[] = { &t };
 	/* warm up both kernels */

@@ -22,8 +22,11 @@
  *                                     "launch USEC N" queues N timed kernels (sleep_us)
  *                                     on its stream and prints LAUNCHED (how long the
  *                                     calls took, the most kernels in flight meanwhile);
- *                                     "sync" waits for them; "stats" (answered at once,
- *                                     even while a launch is held); "stop"
+ *                                     "sync" waits for them; "capture N [direct]": N stream
+ *                                     captures (global mode) while its stream is busy, begun
+ *                                     and ended through the shim or past it, prints CAPTURED
+ *                                     with how many the driver invalidated; "stats" (answered
+ *                                     at once, even while a launch is held); "stop"
  * RESOLVE: direct | dlsym | gpa | gpa1 | ptsz
  */
 #define _GNU_SOURCE
@@ -67,7 +70,9 @@
 	FN(MemFreeAsync, cuMemFreeAsync, "cuMemFreeAsync", 11020)                                \
 	FN(MemAllocManaged, cuMemAllocManaged, "cuMemAllocManaged", 6000)                         \
 	FN(StreamCreate, cuStreamCreate, "cuStreamCreate", 2000)                                 \
-	FN(StreamSynchronize, cuStreamSynchronize, "cuStreamSynchronize", 2000)
+	FN(StreamSynchronize, cuStreamSynchronize, "cuStreamSynchronize", 2000)                  \
+	FN(StreamBeginCapture, cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010)           \
+	FN(StreamEndCapture, cuStreamEndCapture, "cuStreamEndCapture", 10000)
 
 static struct {
 	CUresult (*Init)(unsigned);
@@ -96,6 +101,8 @@ static struct {
 	CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
 	CUresult (*StreamCreate)(CUstream *, unsigned);
 	CUresult (*StreamSynchronize)(CUstream);
+	CUresult (*StreamBeginCapture)(CUstream, int);
+	CUresult (*StreamEndCapture)(CUstream, CUgraph *);
 } cu;
 
 #ifdef LINKED
@@ -681,6 +688,46 @@ static int prio(void)
 				inflight(&now_n, &max_n, 0);
 			printf("LAUNCHED n=%ld elapsed_us=%.0f maxinflight=%llu inflight=%llu\n", n, el * 1e6,
 			       (unsigned long long)max_n, (unsigned long long)now_n);
+		} else if (sscanf(line, "capture %ld", &n) == 1) {
+			/* "capture N direct": begin and end through the fake's own
+			 * entry points, past the shim, as a driver path it does not
+			 * wrap would */
+			CUresult (*begin)(CUstream, int) = cu.StreamBeginCapture;
+			CUresult (*end)(CUstream, CUgraph *) = cu.StreamEndCapture;
+			if (strstr(line, "direct")) {
+				void *(*direct)(const char *) = (void *(*)(const char *))dlsym(lib, "fakecuda_direct");
+				if (!direct || !(begin = direct("cuStreamBeginCapture")) || !(end = direct("cuStreamEndCapture")))
+					die("fakecuda_direct", 0);
+			}
+			/* n rounds of: a timed kernel on st (keeps this process busy, so
+			 * a signalling shim's watcher polls), then a global-mode capture
+			 * of 3 kernels on a second stream, as torch.cuda.graph does */
+			CUstream cs;
+			CHECK(cu.StreamCreate(&cs, 0));
+			long bad = 0, ok = 0;
+			CUresult last = CUDA_SUCCESS;
+			for (long i = 0; i < n; i++) {
+				unsigned long long u = 50;
+				void *args[] = { &u };
+				CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, st, args, NULL));
+				CUresult r = begin(cs, 0);
+				if (r != CUDA_SUCCESS)
+					die("cuStreamBeginCapture", r);
+				for (int j = 0; j < 3; j++) { /* a capture takes a while (torch: ms) */
+					CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, cs, args, NULL));
+					usleep(100);
+				}
+				CUgraph g = NULL;
+				r = end(cs, &g);
+				if (r == CUDA_SUCCESS)
+					ok++, free(g);
+				else
+					bad++, last = r;
+				if (i % 8 == 0)
+					usleep(100);
+			}
+			CHECK(cu.StreamSynchronize(st));
+			printf("CAPTURED ok=%ld invalidated=%ld last=%d\n", ok, bad, last);
 		} else if (strncmp(line, "sync", 4) == 0) {
 			double t0 = now();
 			CHECK(cu.StreamSynchronize(st));
