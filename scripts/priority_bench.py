@@ -273,16 +273,35 @@ def role_infer(a):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
         model = build_model(torch, a.model, "infer").eval().to(dev, dtype=dtype)
         res = 224 if a.model == "resnet" else 64
-        x_host = torch.randn(1, 3, res, res, dtype=dtype)
+        x_host = torch.randn(a.batch, 3, res, res, dtype=dtype)
         if dev.type == "cuda":
             x_host = x_host.pin_memory()
         x_dev = torch.empty_like(x_host, device=dev)
         ctx, stream = stream_ctx(torch, dev, a.stream_priority)
+        graph = None
+        if a.graph and dev.type == "cuda":
+            # the model replayed as one CUDA graph: no per-kernel launches from Python, so the request
+            # is bound by the GPU, not by the CPU (how inference servers run small batches)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.inference_mode():
+                for _ in range(3):
+                    model(x_dev)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                y_static = model(x_dev)
+            torch.cuda.synchronize()
 
         def request():
             with ctx, torch.inference_mode():
                 x_dev.copy_(x_host, non_blocking=True)
-                out = model(x_dev).float().cpu()  # pageable destination: returns when the logits are here
+                if graph is not None:
+                    graph.replay()
+                    out = y_static.float().cpu()
+                else:
+                    out = model(x_dev).float().cpu()  # pageable destination: returns when the logits are here
                 if stream is not None:
                     stream.synchronize()
                 return out
@@ -318,7 +337,7 @@ def role_infer(a):
     lat_due = [d - u for u, _, d in recs]
     slip = [i - u for u, i, _ in recs]
     out = {"role": "infer", "model": "resnet50" if a.model == "resnet" else a.model, "dtype": a.dtype,
-           "batch": 1, "interval_ms": a.interval_ms, "duration_s": a.duration,
+           "batch": a.batch, "graph": bool(a.graph), "interval_ms": a.interval_ms, "duration_s": a.duration,
            "stream_priority": a.stream_priority, "stream_priority_value": getattr(stream, "priority", None),
            "count": len(recs),
            "expected": int(round(a.duration / iv)), "truncated": truncated,
@@ -568,7 +587,9 @@ class Driver:
               "--json", os.path.join(cdir, f"{role}.json")]
         if role == "infer":
             me += ["--interval-ms", str(a.interval_ms), "--dtype", a.dtype, "--warmup", str(a.infer_warmup),
-                   "--samples", os.path.join(cdir, "infer.samples")]
+                   "--samples", os.path.join(cdir, "infer.samples"), "--batch", str(a.infer_batch)]
+            if a.infer_graph:
+                me += ["--graph"]
             if mode == "streams":
                 me += ["--stream-priority", "high"]
         else:
@@ -754,7 +775,8 @@ class Driver:
     def table(self):
         a = self.a
         dev = "fake libcuda.so" if a.model == "fake" else a.device
-        L = [f"Priority benchmark, {dev}, ResNet-50 batch 1 {a.dtype} every {a.interval_ms:g} ms (high) vs "
+        L = [f"Priority benchmark, {dev}, ResNet-50 batch {a.infer_batch} {a.dtype}"
+             f"{' replayed as a CUDA graph' if a.infer_graph else ''} every {a.interval_ms:g} ms (high) vs "
              f"ResNet-18 batch {a.batch} 224x224 SGD fp32 (best effort), {a.duration:g} s window per case"
              + (f" [model {a.model}: plumbing test, not a measurement]" if a.model != "resnet" else ""), "",
              "| case | what | p50 ms | p99 ms | p99.9 ms | max ms | p99 / alone | train steps/s | % of alone | notes |",
@@ -932,6 +954,9 @@ def build_parser():
             p.add_argument("--interval-ms", type=float, default=10)
             p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
             p.add_argument("--warmup", type=int, default=100, help="requests back to back before ready")
+            p.add_argument("--batch", type=int, default=1, help="images per request")
+            p.add_argument("--graph", action="store_true",
+                           help="replay the model as one CUDA graph (GPU-bound requests instead of launch-bound)")
             p.add_argument("--max-overrun", type=float, default=10,
                            help="stop if the requests finish this many seconds behind the window's end")
             p.add_argument("--samples", default="", help="write 'due_ms slip_ms latency_ms' per request here")
@@ -951,6 +976,9 @@ def build_parser():
     d.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     d.add_argument("--batch", type=int, default=32)
     d.add_argument("--infer-warmup", type=int, default=100)
+    d.add_argument("--infer-batch", type=int, default=1, help="images per inference request")
+    d.add_argument("--infer-graph", action="store_true",
+                   help="the inference job replays ResNet-50 as one CUDA graph (GPU-bound requests)")
     d.add_argument("--train-warmup", type=int, default=20)
     d.add_argument("--tail", type=float, default=1.0)
     d.add_argument("--max-overrun", type=float, default=10)
