@@ -70,7 +70,7 @@ def mean(ranks, f):
     v = [f(r) for r in ranks]
     return statistics.mean(v) if v else float("nan")
 print()
-print(f"{'probe':22} {'np':>2} {'bench(1)':>9} {'C ABI(2)':>9} {'PG(3)':>8} {'(3)-(1)':>8} {'(2)-(1)':>8} {'(3)-(2)':>8} "
+print(f"{'probe':28} {'np':>2} {'bench(1)':>9} {'C ABI(2)':>9} {'PG(3)':>8} {'(3)-(1)':>8} {'(2)-(1)':>8} {'(3)-(2)':>8} "
       f"{'async':>6} {'py-only':>7} {'after-k':>8} {'k+sync':>7}")
 fails = 0
 for r in rows:
@@ -79,7 +79,7 @@ for r in rows:
     k, np_ = r["ranks"], r["np"]
     b = bench.get(np_, float("nan"))
     pg, ca = worst(k, "process_group_us"), worst(k, "c_abi_us")
-    print(f"{r['tag']:22} {np_:>2} {b:9.1f} {ca:9.1f} {pg:8.1f} {pg - b:8.1f} {ca - b:8.1f} {pg - ca:8.1f} "
+    print(f"{r['tag']:28} {np_:>2} {b:9.1f} {ca:9.1f} {pg:8.1f} {pg - b:8.1f} {ca - b:8.1f} {pg - ca:8.1f} "
           f"{worst(k, 'async_issue_us'):6.1f} {worst(k, 'python_only_us'):7.1f} {worst(k, 'after_kernel_us'):8.1f} "
           f"{worst(k, 'kernel_sync_us'):7.1f}")
 print("(us per call, slowest rank; bench = migctl bench's timeUs; after-k = dist.all_reduce after a kernel writing "
@@ -93,7 +93,7 @@ for r in rows:
             continue
         k = r["ranks"]
         f = lambda key: mean(k, lambda x: x["lib"][m][key])
-        print(f"  {r['tag']:22} {m:14} queue {f('queue_us'):7.1f} run {f('run_us'):7.1f} wake {f('wake_us'):7.1f} "
+        print(f"  {r['tag']:28} {m:14} queue {f('queue_us'):7.1f} run {f('run_us'):7.1f} wake {f('wake_us'):7.1f} "
               f"wait-sleeps {f('wait_sleeps'):5.2f} dispatch-sleeps {f('dispatch_sleeps'):5.2f} "
               f"marks {f('marks'):7.0f} idle {f('idle_marks'):7.0f}")
 print()
@@ -102,7 +102,7 @@ for r in rows:
     if "ranks" in r and "breakdown" in r["ranks"][0]:
         k = r["ranks"]
         f = lambda key: mean(k, lambda x: x["breakdown"][key])
-        print(f"  {r['tag']:22} total {f('total_us'):7.1f} = torch {f('torch_us'):5.1f} + pg.allreduce "
+        print(f"  {r['tag']:28} total {f('total_us'):7.1f} = torch {f('torch_us'):5.1f} + pg.allreduce "
               f"{f('pg_issue_us'):5.1f} (C issue {f('c_issue_us'):5.1f}) + Work.wait {f('wait_us'):6.1f} "
               f"(C wait {f('c_wait_us'):6.1f})")
 print()
