@@ -67,9 +67,11 @@
 // any DType (Float16 and BFloat16 too), DeviceBuffer a CUDA device pointer in
 // the device's primary context with the stream its contents were produced on.
 // A collective on a device buffer first waits for the work queued so far on
-// that stream (an event, never a device-wide sync); when the call returns the
-// result is in the receive buffer, so work the caller queues afterwards sees
-// it. Alloc gives a Buffer on the group's device for programs that own no
+// that stream (an event, never a device-wide sync; none when the stream is
+// idle); when the call returns the result is in the receive buffer, so work
+// the caller queues afterwards sees it. A binding that issues a collective
+// later than its caller's call (libmigctl) marks the stream at the call with
+// RecordStream and passes the mark with DeviceBufferAfter. Alloc gives a Buffer on the group's device for programs that own no
 // CUDA memory; Write and Read copy to and from it.
 //
 // Every rank must issue the same collectives in the same order with the same
