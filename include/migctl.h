@@ -11,7 +11,8 @@
  * is then in the receive buffer) and frees the handle, migctl_test() polls
  * it. Every handle must be waited for exactly once, by one thread; at most
  * 4096 may be issued and not yet waited for. Bad arguments (dtype, op, root,
- * NULL buffers) fail the issuing call; what fails while the collective runs
+ * NULL buffers) and a CUDA error marking the caller's stream fail the issuing
+ * call; what fails while the collective runs
  * (a dead peer, device memory on the host backend, too small a buffer) is
  * the result of migctl_wait.
  *
