@@ -12,9 +12,8 @@
  * it. Every handle must be waited for exactly once, by one thread; at most
  * 4096 may be issued and not yet waited for. Bad arguments (dtype, op, root,
  * NULL buffers) and a CUDA error marking the caller's stream fail the issuing
- * call; what fails while the collective runs
- * (a dead peer, device memory on the host backend, too small a buffer) is
- * the result of migctl_wait.
+ * call; what fails while the collective runs (a dead peer, device memory on
+ * the host backend, too small a buffer) is the result of migctl_wait.
  *
  * Buffers: host memory (device = 0) or CUDA device memory of the group's
  * device in its primary context (device = 1, what PyTorch allocates), with the
