@@ -49,6 +49,13 @@ type DaemonConfig struct {
 	MetricsAddr        string
 	MetricsAllowRemote bool
 
+	// MPS runs an MPS control daemon for the shimmed processes (mps.go):
+	// their kernels share one GPU context and the driver dispatches the
+	// higher-priority process's blocks first. MPSControl is its program
+	// (default nvidia-cuda-mps-control in PATH).
+	MPS        bool
+	MPSControl string
+
 	// Logger receives the daemon's log; nil discards it.
 	Logger *slog.Logger
 }
@@ -67,6 +74,7 @@ type Daemon struct {
 	ctl     *ControlServer
 	httpSrv *http.Server
 	metAddr string
+	mps     *MPS
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -132,6 +140,16 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 		}
 		d.metAddr = metLn.Addr().String()
 	}
+	if cfg.MPS {
+		if d.mps, err = StartMPS(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), log.Info); err != nil {
+			swapLn.Close()
+			ctlLn.Close()
+			if metLn != nil {
+				metLn.Close()
+			}
+			return nil, fmt.Errorf("starting the daemon: %w", err)
+		}
+	}
 	// Re-adopt leases once the sockets are ours (a second daemon fails
 	// above without touching the state file), before anyone is served.
 	if d.leases != nil {
@@ -141,6 +159,9 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 			ctlLn.Close()
 			if metLn != nil {
 				metLn.Close()
+			}
+			if d.mps != nil {
+				_ = d.mps.Stop()
 			}
 			return nil, fmt.Errorf("starting the daemon: %w", err)
 		}
@@ -162,7 +183,9 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
-		if err := d.srv.Serve(ctlLn); err != nil {
+		// ErrServerStopped: Close came before Serve (a daemon stopped as
+		// soon as it started), not a failure
+		if err := d.srv.Serve(ctlLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			d.fail(fmt.Errorf("control server: %w", err))
 		}
 	}()
@@ -278,6 +301,11 @@ func (d *Daemon) Close() error {
 			cancel()
 		}
 		d.wg.Wait()
+		if d.mps != nil {
+			if err := d.mps.Stop(); err != nil {
+				d.log.Warn("stopping MPS", "err", err)
+			}
+		}
 		close(d.done)
 	})
 	return d.Err()
@@ -298,6 +326,15 @@ func (d *Daemon) ControlSocket() string { return d.cfg.ControlSocket }
 
 // SwapSocket is the shims' socket (MIGSWAP_SOCKET).
 func (d *Daemon) SwapSocket() string { return d.cfg.SwapSocket }
+
+// MPSPipeDir is the pipe directory of the daemon's MPS control daemon ("" when
+// it runs none).
+func (d *Daemon) MPSPipeDir() string {
+	if d.mps == nil {
+		return ""
+	}
+	return d.mps.PipeDir()
+}
 
 // MetricsAddr is the address the metrics listen on ("" if off), with the
 // port chosen when the configured one was 0.

@@ -437,13 +437,17 @@ CASES = {
     "e2": ("infer + train under the shim, policy budget=N", ["infer", "train"], "budget"),
     "e3": ("infer + train under the shim, policy gate,depth=M", ["infer", "train"], "depth"),
     "f": ("infer + train under the shim, gate,depth=M + slicing (MIGSWAP_SLICE_BLOCKS)", ["infer", "train"], "slice"),
+    "g": ("infer + train under the shim, `migctl daemon --mps`: one MPS server, training at below-normal client "
+          "priority", ["infer", "train"], "mps"),
+    "g1": ("infer + train under the shim, `migctl daemon --mps --gate gate`", ["infer", "train"], "mps-gate"),
 }
 # Most wanted first: a tight budget drops the last (the shim's own cost and stream priorities are
 # diagnostics). A case's start is bounded by --startup-timeout and by what the budget leaves, so a
 # slow one (slicing rewrites and JIT-compiles the PTX it finds at module load) cannot eat the run.
-RUN_ORDER = ["a", "b", "c", "e1", "e3", "e2", "f", "e0", "d"]
-TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "e3", "f"]
-GATED = ("gate", "budget", "depth", "slice")  # the modes that need the daemon's --gate
+RUN_ORDER = ["a", "b", "c", "g", "e1", "g1", "e3", "e2", "f", "e0", "d"]
+TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "e3", "f", "g", "g1"]
+GATED = ("gate", "budget", "depth", "slice", "mps-gate")  # the modes that need the daemon's --gate
+MPS_MODES = ("mps", "mps-gate")  # the modes that need the daemon's --mps
 
 
 class Features:
@@ -494,6 +498,8 @@ class Features:
         if mode in GATED and not self.gate_flag:
             return ("migctl daemon has no launch-gating policy flag (issue 10 D2, helper H1: not in this build; "
                     "looked for --*gate*/--*launch-policy* in `migctl daemon --help`, or --gate-flag)")
+        if mode in MPS_MODES and "--mps" not in self.help:
+            return "migctl daemon has no --mps in this build"
         if mode == "slice" and self.a.slice_env not in self.shim_env:
             return f"libmigswap.so does not read {self.a.slice_env} (issue 10 D3, helper H2: not in this build)"
         if mode == "depth" and not self.depth_ok():
@@ -508,6 +514,11 @@ class Features:
         return f"{self.a.gate_value},depth={self.a.depth}" if self.depth_ok() else self.a.gate_value
 
     def daemon_args(self, mode):
+        mps = ["--mps"] + (["--mps-control", self.a.mps_control] if self.a.mps_control else [])
+        if mode == "mps":
+            return mps + ([f"--{self.gate_flag}", "off"] if self.gate_flag else [])
+        if mode == "mps-gate":
+            return mps + [f"--{self.gate_flag}", self.a.gate_value]
         if mode == "gate":
             return [f"--{self.gate_flag}", self.a.gate_value]
         if mode == "budget":
@@ -572,7 +583,7 @@ class Driver:
         e.update({"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": e.get("PRIO_CUDA_VISIBLE_DEVICES", "0")})
         if self.a.model == "fake":
             e["LD_LIBRARY_PATH"] = os.path.join(self.a.bin, "fakecuda") + ":" + e.get("LD_LIBRARY_PATH", "")
-        if mode == "shim" or mode in GATED:
+        if mode == "shim" or mode in GATED or mode in MPS_MODES:
             e.update({"LD_PRELOAD": os.path.abspath(self.feat.shim), "MIGSWAP_SOCKET": sock, "MIGSWAP_JOB": role,
                       "MIGSWAP_PRIORITY": str(self.a.infer_priority if role == "infer" else 0), "MIGSWAP_LOG": "1"})
             if mode == "slice" and role == "train":
@@ -877,7 +888,9 @@ def run_selftest(a):
     trainer's launches must have been held). Exits non-zero unless every check holds."""
     fails = []
     common = ["--bin", a.bin, "--python", a.python, "--duration", str(a.duration), "--infer-warmup", "5",
-              "--train-warmup", "2", "--tail", "0.3", "--gpu-memory", "80GiB", "--budget", "400"]
+              "--train-warmup", "2", "--tail", "0.3", "--gpu-memory", "80GiB", "--budget", "400",
+              "--mps-control", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "context", "testdata",
+                                            "fake-mps-control")]
     runs = []
     if not a.no_torch:
         runs.append(("torch-cpu", ["--device", "cpu", "--model", "tiny", "--cases", "a,b,c,d"]))
@@ -991,6 +1004,9 @@ def build_parser():
                    help="M of case e3 and f: gate,depth=M (a gated process keeps at most M launches in flight; 0: no e3)")
     d.add_argument("--slice-env", default="MIGSWAP_SLICE_BLOCKS", help="the shim's slicing variable (case f)")
     d.add_argument("--slice-blocks", type=int, default=64, help="its value, set for the training process only")
+    d.add_argument("--mps-control", default="",
+                   help="the daemon's --mps-control for cases g, g1 (default: nvidia-cuda-mps-control in PATH; the "
+                        "selftest gives the fake of context/testdata)")
     d.add_argument("--gpu-memory", default="", help="the daemon's --gpu-memory (default NVML; the CPU test sets it)")
     t = sub.add_parser("selftest")
     t.add_argument("--out", required=True)

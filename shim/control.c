@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -479,6 +480,35 @@ static void *control_main(void *arg)
 		nanosleep(&ts, NULL);
 	}
 	return NULL;
+}
+
+/* ms_mps_env (constructor time, before the driver reads its environment):
+ * when the daemon runs an MPS control daemon (`migctl daemon --mps`: its
+ * control pipe is in SOCKET.mps), join it and set this process's MPS client
+ * priority from MIGSWAP_PRIORITY (> 0: normal; otherwise below normal), unless
+ * the program set either variable itself or MIGSWAP_MPS=0. */
+void ms_mps_env(void)
+{
+	const char *off = getenv("MIGSWAP_MPS");
+	if (off && strcmp(off, "0") == 0)
+		return;
+	const char *path = getenv("MIGSWAP_SOCKET");
+	if (!path || !*path)
+		path = "/run/migctl/migswap.sock";
+	char dir[1024], ctl[1100];
+	if ((size_t)snprintf(dir, sizeof dir, "%s.mps", path) >= sizeof dir)
+		return;
+	snprintf(ctl, sizeof ctl, "%s/control", dir);
+	struct stat st;
+	if (stat(ctl, &st) != 0 || !S_ISFIFO(st.st_mode))
+		return;
+	const char *pr = getenv("MIGSWAP_PRIORITY");
+	long prio = pr ? strtol(pr, NULL, 10) : 0;
+	setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 0);
+	setenv("CUDA_MPS_CLIENT_PRIORITY", prio > 0 ? "0" : "1", 0);
+	if (getenv("MIGSWAP_LOG") && strcmp(getenv("MIGSWAP_LOG"), "1") == 0)
+		fprintf(stderr, "migswap[%d]: mps: CUDA_MPS_PIPE_DIRECTORY=%s CUDA_MPS_CLIENT_PRIORITY=%s\n", (int)getpid(),
+			getenv("CUDA_MPS_PIPE_DIRECTORY"), getenv("CUDA_MPS_CLIENT_PRIORITY"));
 }
 
 int ms_control_connect(void)

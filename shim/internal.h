@@ -103,6 +103,7 @@ MS_HIDDEN uint64_t ms_swap_arena_bytes(void);
 
 /* Control connection (control.c). */
 MS_HIDDEN int ms_control_connect(void); /* 1 when registered with a daemon */
+MS_HIDDEN void ms_mps_env(void);        /* constructor: join the daemon's MPS control daemon */
 MS_HIDDEN int ms_control_need(uint64_t bytes); /* 1 when the daemon granted */
 MS_HIDDEN int ms_control_connected(void);
 MS_HIDDEN void ms_control_usage_changed(void);

@@ -1261,5 +1261,6 @@ __attribute__((constructor)) static void migswap_ctor(void)
 {
 	init_hook_table();
 	real_dlsym(NULL, "dlsym"); /* resolve the real dlsym early */
+	ms_mps_env();
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

@@ -666,7 +666,8 @@ static int prio(void)
 	void (*inflight)(uint64_t *, uint64_t *, int) = (void (*)(uint64_t *, uint64_t *, int))dlsym(lib, "fakecuda_inflight");
 	if (pipe(cmd_pipe) != 0)
 		die("pipe", 0);
-	printf("READY pid=%d\n", (int)getpid());
+	const char *mp = getenv("CUDA_MPS_PIPE_DIRECTORY"), *mc = getenv("CUDA_MPS_CLIENT_PRIORITY");
+	printf("READY pid=%d mps_pipe=%s mps_prio=%s\n", (int)getpid(), mp && *mp ? mp : "-", mc && *mc ? mc : "-");
 	pthread_t rd;
 	pthread_create(&rd, NULL, prio_reader, NULL);
 	FILE *in = fdopen(cmd_pipe[0], "r");

@@ -48,6 +48,8 @@ type daemonOptions struct {
 	policy             string
 	quantum            time.Duration
 	swapBandwidth      string
+	mps                bool
+	mpsControl         string
 
 	capacity    int64
 	bandwidth   int64
@@ -105,6 +107,14 @@ Run a job under the shim (build it with 'make shim'; it lands in bin/):
 With --gate gate (or budget=N), MIGSWAP_PRIORITY also orders compute: while a process has
 launches in flight on a device, the launches of lower-priority processes there wait (or at
 most N of theirs stay in flight); 'migctl swap status' shows each one's class and held time.
+Separate processes are separate GPU contexts, which the driver time-slices: a high-priority
+kernel still waits for the other context's slice (~1.4 ms on an H200) or, at best, a context
+switch (~150 us). --mps runs an MPS control daemon for the shimmed processes (pipes in
+SWAP-SOCKET.mps; the shim finds it and sets CUDA_MPS_PIPE_DIRECTORY, and
+CUDA_MPS_CLIENT_PRIORITY=1, below normal, for processes of priority 0 or less, unless the
+process set them; MIGSWAP_MPS=0 opts a process out): their kernels share one context and
+the driver dispatches a higher-priority process's blocks first. Whole GPUs only (a MIG
+instance needs a control daemon of its own); no GPU setting is changed.
   MIGSWAP_LOG=1     log the shim's decisions to stderr
 
 Free memory comes from NVML (the GPU driver). On a machine without a GPU, or to declare a
@@ -193,6 +203,8 @@ the simulated job completion times of the three on a recorded 40-job mix (contex
 		defaultLeaseState+" for root, $XDG_STATE_HOME/migctl/leases.json for others)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
+	f.BoolVar(&o.mps, "mps", false, "run an MPS control daemon for the shimmed processes, so that their kernels share one GPU context and a higher-priority process's blocks are dispatched first (needs nvidia-cuda-mps-control; whole GPUs, not MIG instances)")
+	f.StringVar(&o.mpsControl, "mps-control", ctxmgr.DefaultMPSControl, "the MPS control program --mps runs")
 	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile); add ,depth=M to keep at most M of a lower-priority process's launches in flight at any time (e.g. gate,depth=8)")
 	f.StringVar(&o.policy, "policy", sched.NamePriority, "who is resident when shimmed processes do not all fit: "+strings.Join(sched.Names(), "|")+" (see above)")
 	f.DurationVar(&o.quantum, "quantum", 10*time.Second, "fair: the shortest turn a process keeps the device (a turn is also at least 20 x its priority's largest swap out and in)")
@@ -305,6 +317,8 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 			RebalanceEvery: o.rebalanceEvery, Gate: o.gatePolicy},
 		MetricsAddr:        o.metricsAddr,
 		MetricsAllowRemote: o.metricsAllowRemote,
+		MPS:                o.mps,
+		MPSControl:         o.mpsControl,
 		Logger:             log,
 	}
 	if o.rebalanceEvery == 0 {
@@ -363,6 +377,9 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 	}
 	if a := d.MetricsAddr(); a != "" {
 		args = append(args, "metrics", "http://"+a+"/metrics")
+	}
+	if p := d.MPSPipeDir(); p != "" {
+		args = append(args, "mps", p)
 	}
 	log.Info("migctl daemon ready", args...)
 	select {

@@ -368,3 +368,50 @@ func TestGateWatcherLeavesCapturesAlone(t *testing.T) {
 		})
 	}
 }
+
+// With the daemon's MPS control daemon present (its control pipe in
+// SOCKET.mps, as `migctl daemon --mps` makes it), the shim joins it before
+// the driver starts: CUDA_MPS_PIPE_DIRECTORY, and the client priority from
+// MIGSWAP_PRIORITY (> 0: normal, 0; otherwise below normal, 1). A program's
+// own settings and MIGSWAP_MPS=0 win.
+func TestShimJoinsDaemonMPS(t *testing.T) {
+	needBin(t)
+	e := newEnv(t)
+	startGateDaemon(t, e, ctxmgr.GatePolicy{Mode: ctxmgr.GateOff})
+	ready := func(job string, prio int, extra ...string) map[string]string {
+		saved := e.extra
+		e.extra = append(append([]string(nil), saved...), "MIGSWAP_JOB="+job, "MIGSWAP_PRIORITY="+strconv.Itoa(prio))
+		e.extra = append(e.extra, extra...)
+		p := e.start(t, "gpa", "prio")
+		e.extra = saved
+		r := p.waitLine(t, "READY", 20*time.Second)
+		p.tell(t, "stop")
+		p.finish(t, 10*time.Second)
+		return r
+	}
+	// no MPS: nothing set
+	r := ready("plain", 10)
+	require.Equal(t, "-", r["mps_pipe"])
+	require.Equal(t, "-", r["mps_prio"])
+
+	dir := ctxmgr.MPSPipeDir(e.socket)
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, ctxmgr.MPSControlPipe), 0o600))
+	for _, tc := range []struct {
+		name        string
+		prio        int
+		extra       []string
+		pipe, mprio string
+	}{
+		{"high", 10, nil, dir, "0"},
+		{"best effort", 0, nil, dir, "1"},
+		{"negative", -3, nil, dir, "1"},
+		{"own priority kept", 0, []string{"CUDA_MPS_CLIENT_PRIORITY=0"}, dir, "0"},
+		{"own pipe kept", 10, []string{"CUDA_MPS_PIPE_DIRECTORY=/elsewhere"}, "/elsewhere", "0"},
+		{"opted out", 0, []string{"MIGSWAP_MPS=0"}, "-", "-"},
+	} {
+		r := ready(tc.name, tc.prio, tc.extra...)
+		require.Equal(t, tc.pipe, r["mps_pipe"], tc.name)
+		require.Equal(t, tc.mprio, r["mps_prio"], tc.name)
+	}
+}

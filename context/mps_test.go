@@ -1,0 +1,68 @@
+package ctxmgr_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	ctxmgr "github.com/migctl/migctl/context"
+)
+
+func fakeMPS(t *testing.T) string {
+	t.Helper()
+	p, err := filepath.Abs("testdata/fake-mps-control")
+	require.NoError(t, err)
+	return p
+}
+
+// The daemon's MPS control daemon lives next to the shim socket (where the
+// shim looks), starts before shims are served and quits with the daemon.
+func TestDaemonMPSStartsAndStops(t *testing.T) {
+	dir := t.TempDir()
+	swap := filepath.Join(dir, "s.sock")
+	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
+		ControlSocket: filepath.Join(dir, "c.sock"), SwapSocket: swap,
+		Swap: ctxmgr.Options{GPUMemory: 1 << 30}, MPS: true, MPSControl: fakeMPS(t)})
+	require.NoError(t, err)
+	pipe := filepath.Join(ctxmgr.MPSPipeDir(swap), ctxmgr.MPSControlPipe)
+	require.Equal(t, swap+".mps", d.MPSPipeDir())
+	fi, err := os.Stat(pipe)
+	require.NoError(t, err)
+	require.Equal(t, os.ModeNamedPipe, fi.Mode()&os.ModeNamedPipe)
+	require.NoError(t, d.Close())
+	_, err = os.Stat(pipe)
+	require.ErrorIs(t, err, os.ErrNotExist, "the control daemon was not asked to quit")
+	log, err := os.ReadFile(filepath.Join(ctxmgr.MPSPipeDir(swap), "log", "control.log"))
+	require.NoError(t, err)
+	require.Equal(t, "started\nquit\n", string(log))
+}
+
+// A control pipe left by a daemon that was killed is asked to quit before a
+// new control daemon starts.
+func TestDaemonMPSStalePipe(t *testing.T) {
+	dir := t.TempDir()
+	pipeDir := filepath.Join(dir, "x.mps")
+	require.NoError(t, os.MkdirAll(filepath.Join(pipeDir, "log"), 0o700))
+	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, nil)
+	require.NoError(t, err)
+	// killed: nobody stops it; the next start finds its pipe
+	m2, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, nil)
+	require.NoError(t, err)
+	require.NoError(t, m2.Stop())
+	log, err := os.ReadFile(filepath.Join(pipeDir, "log", "control.log"))
+	require.NoError(t, err)
+	require.Equal(t, "started\nquit\nstarted\nquit\n", string(log))
+}
+
+func TestDaemonMPSMissingProgram(t *testing.T) {
+	dir := t.TempDir()
+	_, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
+		ControlSocket: filepath.Join(dir, "c.sock"), SwapSocket: filepath.Join(dir, "s.sock"),
+		Swap: ctxmgr.Options{GPUMemory: 1 << 30}, MPS: true, MPSControl: filepath.Join(dir, "no-such-mps-control")})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "MPS")
+	require.Contains(t, err.Error(), "no-such-mps-control")
+}
