@@ -55,6 +55,9 @@ type DaemonConfig struct {
 	// (default nvidia-cuda-mps-control in PATH).
 	MPS        bool
 	MPSControl string
+	// MPSLowSM, when in 1..99, caps a best-effort (priority <= 0) client's
+	// share of the SMs at that percentage (StartMPSWith).
+	MPSLowSM int
 
 	// Logger receives the daemon's log; nil discards it.
 	Logger *slog.Logger
@@ -122,33 +125,38 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 		return ps, err
 	})
 
-	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers, WithLogger(log))
-	if err != nil {
-		return nil, fmt.Errorf("shim socket: %w", err)
-	}
+	// The control socket first: a second daemon fails there, before it
+	// touches the MPS pipes; then MPS, so that its control pipe exists
+	// before the shim socket appears (a shim looks for it at process start).
 	ctlLn, err := ListenUnix(cfg.ControlSocket, cfg.Peers, WithLogger(log))
 	if err != nil {
-		swapLn.Close()
 		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if cfg.MPS {
+		if d.mps, err = StartMPSWith(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), cfg.MPSLowSM, log.Info); err != nil {
+			ctlLn.Close()
+			return nil, fmt.Errorf("starting the daemon: %w", err)
+		}
+	}
+	swapLn, err := ListenUnix(cfg.SwapSocket, cfg.Peers, WithLogger(log))
+	if err != nil {
+		ctlLn.Close()
+		if d.mps != nil {
+			_ = d.mps.Stop()
+		}
+		return nil, fmt.Errorf("shim socket: %w", err)
 	}
 	var metLn net.Listener
 	if cfg.MetricsAddr != "" {
 		if metLn, err = listenMetrics(cfg.MetricsAddr, cfg.MetricsAllowRemote); err != nil {
 			swapLn.Close()
 			ctlLn.Close()
+			if d.mps != nil {
+				_ = d.mps.Stop()
+			}
 			return nil, err
 		}
 		d.metAddr = metLn.Addr().String()
-	}
-	if cfg.MPS {
-		if d.mps, err = StartMPS(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), log.Info); err != nil {
-			swapLn.Close()
-			ctlLn.Close()
-			if metLn != nil {
-				metLn.Close()
-			}
-			return nil, fmt.Errorf("starting the daemon: %w", err)
-		}
 	}
 	// Re-adopt leases once the sockets are ours (a second daemon fails
 	// above without touching the state file), before anyone is served.

@@ -2,7 +2,6 @@ package ctxmgr
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,6 +39,13 @@ func MPSPipeDir(swapSocket string) string { return swapSocket + ".mps" }
 // directory; its presence is what the shim checks.
 const MPSControlPipe = "control"
 
+// MPSLowEnv is the file in the pipe directory whose KEY=VALUE lines the shim
+// adds to the environment of processes of priority 0 or less (best effort)
+// before the driver starts, unless they set the variable themselves: e.g.
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the share of the SMs such a client may
+// use (StartMPS's lowSM).
+const MPSLowEnv = "low.env"
+
 // DefaultMPSControl is the MPS control program looked up in PATH.
 const DefaultMPSControl = "nvidia-cuda-mps-control"
 
@@ -51,6 +57,17 @@ const mpsStartTimeout = 10 * time.Second
 // control pipe exists. A stale pipe directory (a previous daemon killed
 // without stopping MPS) is asked to quit first.
 func StartMPS(ctx context.Context, bin, pipeDir string, logf func(string, ...any)) (*MPS, error) {
+	return StartMPSWith(ctx, bin, pipeDir, 0, logf)
+}
+
+// StartMPSWith is StartMPS with lowSM, when in 1..99, the percentage of the
+// GPU's SMs a best-effort client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// through MPSLowEnv): the rest stay free for higher-priority clients, whose
+// kernels then start without waiting for best-effort blocks to drain.
+func StartMPSWith(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string, ...any)) (*MPS, error) {
+	if lowSM < 0 || lowSM > 100 {
+		return nil, fmt.Errorf("MPS: the best-effort SM share %d%% is not in 0..100", lowSM)
+	}
 	if bin == "" {
 		bin = DefaultMPSControl
 	}
@@ -67,6 +84,13 @@ func StartMPS(ctx context.Context, bin, pipeDir string, logf func(string, ...any
 		_ = m.quit(ctx)
 	}
 	if err := os.MkdirAll(m.logDir, 0o700); err != nil {
+		return nil, fmt.Errorf("MPS: %w", err)
+	}
+	low := ""
+	if lowSM > 0 && lowSM < 100 {
+		low = fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d\n", lowSM)
+	}
+	if err := os.WriteFile(filepath.Join(pipeDir, MPSLowEnv), []byte(low), 0o644); err != nil {
 		return nil, fmt.Errorf("MPS: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, path, "-d")
@@ -98,25 +122,18 @@ func StartMPS(ctx context.Context, bin, pipeDir string, logf func(string, ...any
 // PipeDir is where clients find the control daemon (CUDA_MPS_PIPE_DIRECTORY).
 func (m *MPS) PipeDir() string { return m.pipeDir }
 
-// Stop asks the control daemon (and its server) to quit and waits for its
-// control pipe to go, up to 10 s.
+// Stop asks the control daemon (and its server) to quit, within 10 s. The
+// control program answers once the daemon has taken the command; the real
+// one leaves its pipe files behind (the next start asks them to quit again,
+// which a stopped daemon does not answer: harmless).
 func (m *MPS) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := m.quit(ctx); err != nil {
 		return err
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(m.pipeDir, MPSControlPipe)); errors.Is(err, os.ErrNotExist) {
-			m.log("MPS control daemon stopped", "pipe_dir", m.pipeDir)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("MPS: the control daemon in %s did not quit: %w", m.pipeDir, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	m.log("MPS control daemon stopped", "pipe_dir", m.pipeDir)
+	return nil
 }
 
 func (m *MPS) quit(ctx context.Context) error {

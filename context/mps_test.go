@@ -32,8 +32,12 @@ func TestDaemonMPSStartsAndStops(t *testing.T) {
 	fi, err := os.Stat(pipe)
 	require.NoError(t, err)
 	require.Equal(t, os.ModeNamedPipe, fi.Mode()&os.ModeNamedPipe)
+	// the pipe is there before the shim socket: a shim finds it at process start
+	si, err := os.Stat(swap)
+	require.NoError(t, err)
+	require.False(t, fi.ModTime().After(si.ModTime()), "MPS pipe %v, shim socket %v", fi.ModTime(), si.ModTime())
 	require.NoError(t, d.Close())
-	_, err = os.Stat(pipe)
+	_, err = os.Stat(pipe) // the fake removes its pipe when it quits
 	require.ErrorIs(t, err, os.ErrNotExist, "the control daemon was not asked to quit")
 	log, err := os.ReadFile(filepath.Join(ctxmgr.MPSPipeDir(swap), "log", "control.log"))
 	require.NoError(t, err)
@@ -55,6 +59,24 @@ func TestDaemonMPSStalePipe(t *testing.T) {
 	log, err := os.ReadFile(filepath.Join(pipeDir, "log", "control.log"))
 	require.NoError(t, err)
 	require.Equal(t, "started\nquit\nstarted\nquit\n", string(log))
+}
+
+// --mps-low-sm: the cap the shim applies to best-effort clients.
+func TestDaemonMPSLowSM(t *testing.T) {
+	for _, tc := range []struct {
+		pct  int
+		want string
+	}{{0, ""}, {50, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"}, {100, ""}} {
+		dir := t.TempDir()
+		m, err := ctxmgr.StartMPSWith(context.Background(), fakeMPS(t), filepath.Join(dir, "p"), tc.pct, nil)
+		require.NoError(t, err)
+		b, err := os.ReadFile(filepath.Join(dir, "p", ctxmgr.MPSLowEnv))
+		require.NoError(t, err)
+		require.Equal(t, tc.want, string(b))
+		require.NoError(t, m.Stop())
+	}
+	_, err := ctxmgr.StartMPSWith(context.Background(), fakeMPS(t), t.TempDir(), 101, nil)
+	require.ErrorContains(t, err, "101")
 }
 
 func TestDaemonMPSMissingProgram(t *testing.T) {

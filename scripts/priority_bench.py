@@ -440,14 +440,16 @@ CASES = {
     "g": ("infer + train under the shim, `migctl daemon --mps`: one MPS server, training at below-normal client "
           "priority", ["infer", "train"], "mps"),
     "g1": ("infer + train under the shim, `migctl daemon --mps --gate gate`", ["infer", "train"], "mps-gate"),
+    "g2": ("infer + train under the shim, `migctl daemon --mps --mps-low-sm P`: training also capped at P% of "
+           "the SMs", ["infer", "train"], "mps-low"),
 }
 # Most wanted first: a tight budget drops the last (the shim's own cost and stream priorities are
 # diagnostics). A case's start is bounded by --startup-timeout and by what the budget leaves, so a
 # slow one (slicing rewrites and JIT-compiles the PTX it finds at module load) cannot eat the run.
-RUN_ORDER = ["a", "b", "c", "g", "e1", "g1", "e3", "e2", "f", "e0", "d"]
-TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "e3", "f", "g", "g1"]
+RUN_ORDER = ["a", "b", "c", "g", "g2", "e1", "g1", "e3", "e2", "f", "e0", "d"]
+TABLE_ORDER = ["a", "b", "c", "d", "e0", "e1", "e2", "e3", "f", "g", "g1", "g2"]
 GATED = ("gate", "budget", "depth", "slice", "mps-gate")  # the modes that need the daemon's --gate
-MPS_MODES = ("mps", "mps-gate")  # the modes that need the daemon's --mps
+MPS_MODES = ("mps", "mps-gate", "mps-low")  # the modes that need the daemon's --mps
 
 
 class Features:
@@ -519,6 +521,8 @@ class Features:
             return mps + ([f"--{self.gate_flag}", "off"] if self.gate_flag else [])
         if mode == "mps-gate":
             return mps + [f"--{self.gate_flag}", self.a.gate_value]
+        if mode == "mps-low":
+            return mps + ["--mps-low-sm", str(self.a.mps_low_sm)]
         if mode == "gate":
             return [f"--{self.gate_flag}", self.a.gate_value]
         if mode == "budget":
@@ -1004,6 +1008,7 @@ def build_parser():
                    help="M of case e3 and f: gate,depth=M (a gated process keeps at most M launches in flight; 0: no e3)")
     d.add_argument("--slice-env", default="MIGSWAP_SLICE_BLOCKS", help="the shim's slicing variable (case f)")
     d.add_argument("--slice-blocks", type=int, default=64, help="its value, set for the training process only")
+    d.add_argument("--mps-low-sm", type=int, default=50, help="case g2: the daemon's --mps-low-sm (percent of the SMs)")
     d.add_argument("--mps-control", default="",
                    help="the daemon's --mps-control for cases g, g1 (default: nvidia-cuda-mps-control in PATH; the "
                         "selftest gives the fake of context/testdata)")

@@ -500,12 +500,27 @@ void ms_mps_env(void)
 		return;
 	snprintf(ctl, sizeof ctl, "%s/control", dir);
 	struct stat st;
-	if (stat(ctl, &st) != 0 || !S_ISFIFO(st.st_mode))
+	if (stat(ctl, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 		return;
 	const char *pr = getenv("MIGSWAP_PRIORITY");
 	long prio = pr ? strtol(pr, NULL, 10) : 0;
 	setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 0);
 	setenv("CUDA_MPS_CLIENT_PRIORITY", prio > 0 ? "0" : "1", 0);
+	if (prio <= 0) { /* the daemon's settings for best-effort clients (ctxmgr.MPSLowEnv) */
+		char envf[1100], line[256];
+		snprintf(envf, sizeof envf, "%s/low.env", dir);
+		FILE *f = fopen(envf, "re");
+		while (f && fgets(line, sizeof line, f)) {
+			line[strcspn(line, "\r\n")] = 0;
+			char *eq = strchr(line, '=');
+			if (eq && eq != line && strncmp(line, "CUDA_MPS_", 9) == 0) {
+				*eq = 0;
+				setenv(line, eq + 1, 0);
+			}
+		}
+		if (f)
+			fclose(f);
+	}
 	if (getenv("MIGSWAP_LOG") && strcmp(getenv("MIGSWAP_LOG"), "1") == 0)
 		fprintf(stderr, "migswap[%d]: mps: CUDA_MPS_PIPE_DIRECTORY=%s CUDA_MPS_CLIENT_PRIORITY=%s\n", (int)getpid(),
 			getenv("CUDA_MPS_PIPE_DIRECTORY"), getenv("CUDA_MPS_CLIENT_PRIORITY"));

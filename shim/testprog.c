@@ -667,7 +667,9 @@ static int prio(void)
 	if (pipe(cmd_pipe) != 0)
 		die("pipe", 0);
 	const char *mp = getenv("CUDA_MPS_PIPE_DIRECTORY"), *mc = getenv("CUDA_MPS_CLIENT_PRIORITY");
-	printf("READY pid=%d mps_pipe=%s mps_prio=%s\n", (int)getpid(), mp && *mp ? mp : "-", mc && *mc ? mc : "-");
+	const char *ms = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+	printf("READY pid=%d mps_pipe=%s mps_prio=%s mps_sm=%s\n", (int)getpid(), mp && *mp ? mp : "-", mc && *mc ? mc : "-",
+	       ms && *ms ? ms : "-");
 	pthread_t rd;
 	pthread_create(&rd, NULL, prio_reader, NULL);
 	FILE *in = fdopen(cmd_pipe[0], "r");

@@ -50,6 +50,7 @@ type daemonOptions struct {
 	swapBandwidth      string
 	mps                bool
 	mpsControl         string
+	mpsLowSM           int
 
 	capacity    int64
 	bandwidth   int64
@@ -113,8 +114,10 @@ switch (~150 us). --mps runs an MPS control daemon for the shimmed processes (pi
 SWAP-SOCKET.mps; the shim finds it and sets CUDA_MPS_PIPE_DIRECTORY, and
 CUDA_MPS_CLIENT_PRIORITY=1, below normal, for processes of priority 0 or less, unless the
 process set them; MIGSWAP_MPS=0 opts a process out): their kernels share one context and
-the driver dispatches a higher-priority process's blocks first. Whole GPUs only (a MIG
-instance needs a control daemon of its own); no GPU setting is changed.
+the driver dispatches a higher-priority process's blocks first. --mps-low-sm P also caps a
+best-effort process at P% of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), so that a
+higher-priority process's kernels find SMs free. Whole GPUs only (a MIG instance needs a
+control daemon of its own); no GPU setting is changed.
   MIGSWAP_LOG=1     log the shim's decisions to stderr
 
 Free memory comes from NVML (the GPU driver). On a machine without a GPU, or to declare a
@@ -205,6 +208,7 @@ the simulated job completion times of the three on a recorded 40-job mix (contex
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
 	f.BoolVar(&o.mps, "mps", false, "run an MPS control daemon for the shimmed processes, so that their kernels share one GPU context and a higher-priority process's blocks are dispatched first (needs nvidia-cuda-mps-control; whole GPUs, not MIG instances)")
 	f.StringVar(&o.mpsControl, "mps-control", ctxmgr.DefaultMPSControl, "the MPS control program --mps runs")
+	f.IntVar(&o.mpsLowSM, "mps-low-sm", 0, "with --mps: the percentage (1-99) of the SMs a best-effort process (priority 0 or less) may use, so that a higher-priority process's kernels find SMs free (0: no cap)")
 	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile); add ,depth=M to keep at most M of a lower-priority process's launches in flight at any time (e.g. gate,depth=8)")
 	f.StringVar(&o.policy, "policy", sched.NamePriority, "who is resident when shimmed processes do not all fit: "+strings.Join(sched.Names(), "|")+" (see above)")
 	f.DurationVar(&o.quantum, "quantum", 10*time.Second, "fair: the shortest turn a process keeps the device (a turn is also at least 20 x its priority's largest swap out and in)")
@@ -254,6 +258,9 @@ func (o *daemonOptions) Complete() error {
 		return fmt.Errorf("--gate: %w", err)
 	}
 	o.gatePolicy = gp
+	if o.mpsLowSM != 0 && (!o.mps || o.mpsLowSM < 1 || o.mpsLowSM > 99) {
+		return fmt.Errorf("--mps-low-sm %d: want a percentage of 1 to 99, with --mps", o.mpsLowSM)
+	}
 	if o.stateFile == "" {
 		switch {
 		case o.node.sim != "":
@@ -319,6 +326,7 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 		MetricsAllowRemote: o.metricsAllowRemote,
 		MPS:                o.mps,
 		MPSControl:         o.mpsControl,
+		MPSLowSM:           o.mpsLowSM,
 		Logger:             log,
 	}
 	if o.rebalanceEvery == 0 {

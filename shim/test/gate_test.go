@@ -3,6 +3,7 @@ package shimtest
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -414,4 +415,21 @@ func TestShimJoinsDaemonMPS(t *testing.T) {
 		require.Equal(t, tc.pipe, r["mps_pipe"], tc.name)
 		require.Equal(t, tc.mprio, r["mps_prio"], tc.name)
 	}
+	// the daemon's cap on best-effort clients' SMs (migctl daemon --mps-low-sm)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ctxmgr.MPSLowEnv),
+		[]byte("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\nPATH=/not/this\n"), 0o644))
+	r = ready("capped", 0)
+	require.Equal(t, "40", r["mps_sm"])
+	r = ready("capped, own share", 0, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=70")
+	require.Equal(t, "70", r["mps_sm"])
+	r = ready("high, not capped", 10)
+	require.Equal(t, "-", r["mps_sm"])
+	// the real control daemon's "control" may be a socket rather than a FIFO
+	require.NoError(t, os.Remove(filepath.Join(dir, ctxmgr.MPSControlPipe)))
+	ln, err := net.Listen("unix", filepath.Join(dir, ctxmgr.MPSControlPipe))
+	require.NoError(t, err)
+	defer ln.Close()
+	r = ready("socket", 0)
+	require.Equal(t, dir, r["mps_pipe"])
+	require.Equal(t, "1", r["mps_prio"])
 }
