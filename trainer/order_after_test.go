@@ -46,22 +46,11 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 		f := fakes[g.Rank()]
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		dev, err := f.DeviceGet(0)
+		c, mod, releaseCtx, err := fakePrimaryModule(f)
 		if err != nil {
 			return err
 		}
-		c, err := f.DevicePrimaryCtxRetain(dev)
-		if err != nil {
-			return err
-		}
-		defer f.DevicePrimaryCtxRelease(dev)
-		if err := f.CtxSetCurrent(c); err != nil {
-			return err
-		}
-		mod, err := f.ModuleLoadData([]byte("test"))
-		if err != nil {
-			return err
-		}
+		defer releaseCtx()
 		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
 		if err != nil {
 			return err

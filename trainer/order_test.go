@@ -44,22 +44,11 @@ func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
 		f := fakes[g.Rank()]
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		dev, err := f.DeviceGet(0)
+		_, mod, release, err := fakePrimaryModule(f)
 		if err != nil {
 			return err
 		}
-		c, err := f.DevicePrimaryCtxRetain(dev)
-		if err != nil {
-			return err
-		}
-		defer f.DevicePrimaryCtxRelease(dev)
-		if err := f.CtxSetCurrent(c); err != nil {
-			return err
-		}
-		mod, err := f.ModuleLoadData([]byte("test"))
-		if err != nil {
-			return err
-		}
+		defer release()
 		block, err := f.ModuleGetFunction(mod, "test_block")
 		if err != nil {
 			return err
@@ -109,4 +98,29 @@ func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
 	})
 	close(unblock)
 	requireAll(t, errs)
+}
+
+// fakePrimaryModule makes the fake's primary context current on this (locked)
+// thread and loads its test module: the state a program such as PyTorch is in
+// when it calls a collective on its own stream. release undoes the retain.
+func fakePrimaryModule(f *cuda.Fake) (cuda.Context, cuda.Module, func(), error) {
+	dev, err := f.DeviceGet(0)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	c, err := f.DevicePrimaryCtxRetain(dev)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	release := func() { _ = f.DevicePrimaryCtxRelease(dev) }
+	if err := f.CtxSetCurrent(c); err != nil {
+		release()
+		return 0, 0, nil, err
+	}
+	mod, err := f.ModuleLoadData([]byte("test"))
+	if err != nil {
+		release()
+		return 0, 0, nil, err
+	}
+	return c, mod, release, nil
 }

@@ -23,23 +23,7 @@ T=bin/migswap_ptxslicetest
 SHIM=$PWD/bin/libmigswap.so
 SECS=${SECS:-3}
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-cat >"$O/k.cu" <<'CU'
-__device__ __forceinline__ unsigned long long gtimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-extern "C" __global__ void spin(unsigned *out, unsigned long long ns) {
-    unsigned long long t0 = gtimer();
-    while (gtimer() - t0 < ns) {
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x ^ gridDim.x;
-}
-extern "C" __global__ void tiny(unsigned long long *t) {
-    if (threadIdx.x == 0) *t = gtimer();
-}
-CU
-"$NVCC" -ptx -arch=compute_90 -O3 -o "$O/k.ptx" "$O/k.cu" 2>"$O/nvcc.err" || cp shim/test/testdata/ptxslice/slicekern.ptx "$O/k.ptx"
+"$NVCC" -ptx -arch=compute_90 -O3 -o "$O/k.ptx" shim/test/testdata/ptxslice/slicekern.cu 2>"$O/nvcc.err" || cp shim/test/testdata/ptxslice/slicekern.ptx "$O/k.ptx"
 SMS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && echo 132 || echo 132)
 WAVE=$((SMS * 16))
 
