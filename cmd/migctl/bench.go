@@ -14,51 +14,13 @@ import (
 
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 )
 
-// benchSpec is everything a rank needs to run its part of a benchmark; the
-// launcher hands it to the workers it starts as JSON.
-type benchSpec struct {
-	Coll      string        `json:"coll"`
-	NP        int           `json:"np"`
-	Backend   string        `json:"backend"`
-	Transport string        `json:"transport"`
-	Algorithm string        `json:"algorithm"`
-	DType     string        `json:"dtype"`
-	Op        string        `json:"op"`
-	MinBytes  int64         `json:"minBytes"`
-	MaxBytes  int64         `json:"maxBytes"`
-	Factor    int           `json:"factor"`
-	Iters     int           `json:"iters"`
-	Warmup    int           `json:"warmup"`
-	Check     bool          `json:"check"`
-	InPlace   bool          `json:"inPlace"`
-	Root      int           `json:"root"`
-	GPUs      []int         `json:"gpus"`
-	Timeout   time.Duration `json:"timeout"`
-	Chunk     int           `json:"chunk"`
-	Slots     int           `json:"slots"`
-	Depth     int           `json:"depth"`
-	Workers   int           `json:"workers"`
-	Spin      time.Duration `json:"spin"`
-	// Small is the largest all-reduce that takes the small-message
-	// schedule (0: never); Trace is MIGCTL_TRACE ("": off, "all": every rank,
-	// anything else: rank 0).
-	Small   int    `json:"small"`
-	Trace   string `json:"trace,omitempty"`
-	ShmRoot string `json:"shmRoot"`
-	Job     string `json:"job"`
-	Quiet   bool   `json:"quiet"`
-	// Limits: measure (once, cached) and print each row's floor.
-	Limits bool `json:"limits"`
-	// ReduceOn is where host-staged all-reduces reduce (trainer.WithReduceOn).
-	ReduceOn string `json:"reduceOn,omitempty"`
-}
-
 type benchOptions struct {
-	spec      benchSpec
+	spec      benchrank.Config
 	dtype     string
 	sizeMin   string
 	sizeMax   string
@@ -202,11 +164,11 @@ func (o *benchOptions) Complete() error {
 	if o.format, err = o.output(); err != nil {
 		return err
 	}
-	if o.dt, err = parseDType(o.dtype); err != nil {
+	if o.dt, err = benchrank.ParseDType(o.dtype); err != nil {
 		return err
 	}
-	o.spec.DType = dtypeName(o.dt)
-	if _, err = parseOp(o.spec.Op); err != nil {
+	o.spec.DType = benchrank.DTypeName(o.dt)
+	if _, err = benchrank.ParseOp(o.spec.Op); err != nil {
 		return err
 	}
 	if o.sizeMin == "" {
@@ -362,41 +324,3 @@ func (o *benchOptions) Run(ctx context.Context) error {
 
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
-
-func parseDType(s string) (comm.DType, error) {
-	switch strings.ToLower(s) {
-	case "float", "float32", "fp32", "f32":
-		return comm.Float32, nil
-	case "half", "float16", "fp16", "f16":
-		return comm.Float16, nil
-	case "bfloat16", "bf16":
-		return comm.BFloat16, nil
-	case "double", "float64", "fp64", "f64":
-		return comm.Float64, nil
-	case "int32", "int":
-		return comm.Int32, nil
-	case "int64":
-		return comm.Int64, nil
-	case "uint8", "u8", "byte":
-		return comm.Uint8, nil
-	}
-	return 0, fmt.Errorf("--dtype %q: want float, half, bfloat16, double, int32, int64 or uint8", s)
-}
-
-func dtypeName(d comm.DType) string {
-	return [...]string{"float", "half", "bfloat16", "double", "int32", "int64", "uint8"}[d]
-}
-
-func parseOp(s string) (comm.Op, error) {
-	switch strings.ToLower(s) {
-	case "sum":
-		return comm.Sum, nil
-	case "avg":
-		return comm.Avg, nil
-	case "min":
-		return comm.Min, nil
-	case "max":
-		return comm.Max, nil
-	}
-	return 0, fmt.Errorf("--op %q: want sum, avg, min or max", s)
-}

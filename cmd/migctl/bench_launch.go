@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/trainer"
 )
@@ -40,7 +41,7 @@ func listenRendezvous(addr string) (lis net.Listener, dial string, err error) {
 
 // hostBench hosts the rendezvous only (--local 0) and waits until the ranks
 // that joined it finish.
-func hostBench(ctx context.Context, spec benchSpec, listen, token string, s streams) error {
+func hostBench(ctx context.Context, spec benchrank.Config, listen, token string, s streams) error {
 	srv, err := rendezvous.NewServer(token, spec.NP)
 	if err != nil {
 		return err
@@ -54,14 +55,14 @@ func hostBench(ctx context.Context, spec benchSpec, listen, token string, s stre
 	if !spec.Quiet {
 		fmt.Fprintf(s.ErrOut, "bench: rendezvous at %s, token %s, %d ranks (0 started here)\n", addr, token, spec.NP)
 	}
-	return srv.WaitBarrier(ctx, trainer.StorePrefix+benchDone)
+	return srv.WaitBarrier(ctx, trainer.StorePrefix+benchrank.DoneBarrier)
 }
 
 // launchBench starts local ranks (this binary's hidden `bench worker`)
 // through the launcher, which hosts the rendezvous (a private socket, or
 // --listen so that other ranks can join) and hands each rank the job token
 // in its environment. It returns rank 0's report.
-func launchBench(ctx context.Context, spec benchSpec, listen, token string, local int, s streams) (*benchReport, error) {
+func launchBench(ctx context.Context, spec benchrank.Config, listen, token string, local int, s streams) (*benchReport, error) {
 	if local == 0 {
 		return nil, hostBench(ctx, spec, listen, token, s)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/limits"
 )
 
@@ -26,7 +27,7 @@ func TestBenchAlgoFlag(t *testing.T) {
 // The LIMIT column of issue 9's rows on the H200 figures: the floor of the
 // algorithm each row ran, and the fraction of it reached.
 func TestBenchReportLimits(t *testing.T) {
-	spec := benchSpec{Small: 64 << 10, Chunk: 4 << 20, Slots: 8}
+	spec := benchrank.Config{Small: 64 << 10, Chunk: 4 << 20, Slots: 8}
 	tests := []struct {
 		desc    string
 		np      int
@@ -70,7 +71,7 @@ func TestBenchReportLimits(t *testing.T) {
 	// Reduce-scatter rows: the floor of one rank's block.
 	rep := &benchReport{Coll: "reducescatter", NP: 2, Backend: "host", Algorithm: "hoststaged",
 		Results: []benchRow{{Bytes: 2 << 30, TimeUS: 1e6}, {Bytes: 0}}}
-	require.NoError(t, rep.setLimits(benchSpec{Workers: 1}, allreduce.Machine{ReduceThreadGiBs: 1}, "test", []int{0, 0}))
+	require.NoError(t, rep.setLimits(benchrank.Config{Workers: 1}, allreduce.Machine{ReduceThreadGiBs: 1}, "test", []int{0, 0}))
 	require.InDelta(t, 2e6, rep.Results[0].LimitUS, 1) // 2² · 1 GiB read by 2 threads at 1 GiB/s
 	require.Zero(t, rep.Results[1].LimitUS)
 	require.Equal(t, []string{"-", "-"}, rep.Rows()[1][9:])

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/internal/benchrank"
 )
 
 // benchRow is one message size of a benchmark.
@@ -128,7 +129,7 @@ func busFactor(coll string, n int) float64 {
 
 // setLimits fills every row's floor for the algorithm that ran, on machine
 // m (figures from source), with rank r on GPU group groups[r].
-func (r *benchReport) setLimits(spec benchSpec, m allreduce.Machine, source string, groups []int) error {
+func (r *benchReport) setLimits(spec benchrank.Config, m allreduce.Machine, source string, groups []int) error {
 	g, err := allreduce.NewGrouping(groups)
 	if err != nil {
 		return err

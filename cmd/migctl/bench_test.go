@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -10,16 +11,26 @@ import (
 	"github.com/migctl/migctl/internal/bytesize"
 )
 
-func TestBenchSizesAndBusFactor(t *testing.T) {
-	s := benchSpec{Coll: "allreduce", MinBytes: 8, MaxBytes: 256 << 20, Factor: 2}
-	sizes := benchSizes(s)
-	require.Len(t, sizes, 26)
-	require.Equal(t, int64(8), sizes[0])
-	require.Equal(t, int64(256<<20), sizes[25])
-	require.Equal(t, []int64{0}, benchSizes(benchSpec{Coll: "barrier"}))
-	require.InDelta(t, 2*6.0/7, busFactor("allreduce", 7), 1e-12)
-	require.InDelta(t, 6.0/7, busFactor("allgather", 7), 1e-12)
-	require.InDelta(t, 1, busFactor("broadcast", 7), 1e-12)
+// TestBusFactor: nccl-tests' bus bandwidth factors.
+func TestBusFactor(t *testing.T) {
+	tests := []struct {
+		coll string
+		n    int
+		want float64
+	}{
+		{"allreduce", 7, 2 * 6.0 / 7},
+		{"allgather", 7, 6.0 / 7},
+		{"reducescatter", 7, 6.0 / 7},
+		{"broadcast", 7, 1},
+		{"broadcast", 1, 1},
+		{"allreduce", 1, 0},
+		{"barrier", 7, 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s on %d", tc.coll, tc.n), func(t *testing.T) {
+			require.InDelta(t, tc.want, busFactor(tc.coll, tc.n), 1e-12)
+		})
+	}
 }
 
 // benchValidate parses args into the options of `migctl bench COLL` and

@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/migctl/migctl/internal/benchrank"
 )
 
 // benchWorkerOptions are one launched rank's: the spec from the launcher and
@@ -15,7 +17,7 @@ import (
 // line.
 type benchWorkerOptions struct {
 	specJSON string
-	spec     benchSpec
+	spec     benchrank.Config
 	report   string
 	streams  streams
 }
