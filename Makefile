@@ -36,7 +36,7 @@ test: lint build shim lib
 	MIGCTL_BIN=$(abspath $(BIN))/migctl MIGSWAP_BIN=$(abspath $(BIN)) MIGCTL_LIB=$(abspath $(BIN))/libmigctl.so \
 	  $(GOC) test -race -count=1 -timeout 45m $(PKGS)
 	# tests the race detector cannot follow (ranks synchronised through shared memory): see trainer/ipc_test.go
-	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge' ./trainer/
+	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge|RunChecksInPlace' ./trainer/ ./internal/benchrank/
 
 test-short:
 	$(GOC) test -short -count=1 $(PKGS)

@@ -92,19 +92,24 @@ func Run(ctx context.Context, cfg Config, join Join, stderr io.Writer) (*Report,
 	if join.Addr != "" {
 		opts = append(opts, trainer.WithRendezvous(join.Addr, join.Token), trainer.WithRank(rank, cfg.NP))
 	}
-	setup, cancel := context.WithTimeout(ctx, cfg.Timeout+10*time.Second)
+	setup, cancel := context.WithTimeout(ctx, cfg.Timeout+slack)
 	defer cancel()
 	g, err := trainer.Init(setup, opts...)
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
-	return run(ctx, setup, g, cfg, coll, dt, op, progress)
+	return run(ctx, g, cfg, coll, dt, op, progress)
 }
 
-// run runs the sweep on a joined group and merges the results under
-// mergeCtx.
-func run(ctx, mergeCtx context.Context, g *trainer.Group, cfg Config, coll allreduce.Coll, dt comm.DType, op comm.Op,
+// slack is what joining, and merging the results, may take beyond the
+// collectives' own deadline (a variable for the tests).
+var slack = 10 * time.Second
+
+// run runs the sweep on a joined group and merges the results, within
+// cfg.Timeout+slack of the sweep's end (not of the join: a sweep may take
+// longer than any deadline).
+func run(ctx context.Context, g *trainer.Group, cfg Config, coll allreduce.Coll, dt comm.DType, op comm.Op,
 	progress io.Writer) (*Report, error) {
 	r, err := newRunner(g, cfg, coll, dt, op)
 	if err != nil {
@@ -126,7 +131,9 @@ func run(ctx, mergeCtx context.Context, g *trainer.Group, cfg Config, coll allre
 				cfg.Coll, i+1, len(sizes), size, results[i].Seconds*1e6, time.Since(start).Seconds())
 		}
 	}
-	return merge(mergeCtx, g, cfg, coll, dt, sizes, results)
+	mctx, cancel := context.WithTimeout(ctx, cfg.Timeout+slack)
+	defer cancel()
+	return merge(mctx, g, cfg, coll, dt, sizes, results)
 }
 
 // merge gathers every rank's results through the group's store; rank 0

@@ -2,7 +2,10 @@ package benchrank
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/trainer"
 )
 
@@ -48,7 +52,7 @@ func checkSweep(t *testing.T, c sweepCase) {
 	var mu sync.Mutex
 	reports := map[int]*Report{}
 	err = trainer.RunLocal(ctx, n, func(g *trainer.Group) error {
-		rep, err := run(ctx, ctx, g, cfg, coll, dt, op, io.Discard)
+		rep, err := run(ctx, g, cfg, coll, dt, op, io.Discard)
 		mu.Lock()
 		reports[g.Rank()] = rep
 		mu.Unlock()
@@ -104,4 +108,53 @@ func TestRunRefusesBadConfig(t *testing.T) {
 			require.Nil(t, rep)
 		})
 	}
+}
+
+// A sweep that lasts longer than the collectives' deadline plus the join's
+// slack still merges its results: the merge's deadline starts when the sweep
+// ends (it used to run under the join's deadline, so `migctl bench` failed at
+// the end of any sweep over ~70 s with "putting bench/result/0: context
+// deadline exceeded"). Two ranks through Run and a real rendezvous server,
+// whose store calls honour their deadlines.
+func TestRunLongSweepMerges(t *testing.T) {
+	saved := slack
+	slack = 50 * time.Millisecond
+	defer func() { slack = saved }()
+	const n, token = 2, "0123456789abcdef0123456789abcdef"
+	dir := t.TempDir()
+	cfg := Config{Coll: "allreduce", NP: n, Backend: "host", Transport: "auto", Algorithm: "auto",
+		DType: "float", Op: "sum", MinBytes: 8, MaxBytes: 8, Factor: 2, Iters: 1, Warmup: 0,
+		Check: true, Timeout: 2 * time.Second, Chunk: 64 << 10, Slots: 4, Depth: 2,
+		Small: 1 << 10, ShmRoot: dir, Job: "benchrank-long"}
+	// iterations enough to outlast Timeout+slack: about 4 s on a 2-core box
+	// (the host backend's 8-byte all-reduce between two goroutines: ~20 us)
+	cfg.Iters = 200000
+	srv, err := rendezvous.NewServer(token, n)
+	require.NoError(t, err)
+	lis, err := net.Listen("unix", filepath.Join(dir, "rdzv.sock"))
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	var wg sync.WaitGroup
+	reps := make([]*Report, n)
+	errs := make([]error, n)
+	start := time.Now()
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reps[r], errs[r] = Run(context.Background(), cfg, Join{Addr: "unix://" + filepath.Join(dir, "rdzv.sock"),
+				Token: token, Rank: r}, io.Discard)
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	require.NoError(t, errors.Join(errs...), "a %v sweep", el)
+	if el < cfg.Timeout+slack {
+		t.Skipf("the sweep took %v, not longer than the deadline %v: nothing shown", el, cfg.Timeout+slack)
+	}
+	require.NotNil(t, reps[0])
+	require.Nil(t, reps[1])
+	require.Len(t, reps[0].Rows, 1)
+	require.Zero(t, reps[0].Rows[0].Wrong)
 }
