@@ -17,8 +17,10 @@ const garbage = uint64(1) << 63
 // send buffer (bits 16 to 55) and the set of ranks whose input it contains
 // (a bit mask in the low 16 bits). Steps run in a random order that respects
 // lanes and flags; copies move tags, reductions merge them and fail on a
-// contribution counted twice, on mixed positions or calls, or on garbage. It
-// returns every rank's receive buffer.
+// contribution counted twice, on mixed positions or calls, or on garbage.
+// Before every step it also fails if two steps that can run at that moment
+// (the executor runs them concurrently) touch overlapping memory and one of
+// them writes it. It returns every rank's receive buffer.
 func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 	out, err := simulateSeq([]Schedule{s}, rng)
 	if err != nil {
@@ -36,9 +38,10 @@ func tag(call, pos, mask int) uint64 { return uint64(call)<<56 | uint64(pos)<<16
 func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 	n := calls[0].Params.World
 	type rankMem struct {
-		send, recv []uint64
-		sendBase   int
-		recvBase   int
+		send, recv     []uint64
+		sendBase       int
+		recvBase       int
+		sendID, recvID int // which memory (equal when in place), for the hazard check
 	}
 	// mem[call][rank]
 	mem := make([][]rankMem, len(calls))
@@ -60,7 +63,9 @@ func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 			for i := range m.send {
 				m.send[i] = tag(ci, i, 1<<r)
 			}
+			m.sendID, m.recvID = 2*(ci*n+r), 2*(ci*n+r)+1
 			if p.InPlace {
+				m.recvID = m.sendID
 				switch p.Coll {
 				case ReduceScatter:
 					m.recv, m.recvBase = m.send, r*p.Bytes
@@ -287,6 +292,24 @@ func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 		if len(cand) == 0 {
 			return nil, fmt.Errorf("deadlock: no step can run (calls %v, heads %v)", cur, head)
 		}
+		// The executor runs the steps that can run now at the same time
+		// (one per lane of every rank): none may write memory another of
+		// them reads or writes.
+		var acc [][]access
+		for _, c := range cand {
+			acc = append(acc, accesses(lanes[c.r][c.l][head[c.r][c.l]], mem[cur[c.r]][c.r].sendID,
+				mem[cur[c.r]][c.r].recvID, mem[cur[c.r]][c.r].sendBase, mem[cur[c.r]][c.r].recvBase,
+				mem[cur[c.r]][(c.r+n-1)%n].sendID, mem[cur[c.r]][(c.r+n-1)%n].recvID,
+				mem[cur[c.r]][(c.r+n-1)%n].sendBase, mem[cur[c.r]][(c.r+n-1)%n].recvBase))
+		}
+		for i := range cand {
+			for j := i + 1; j < len(cand); j++ {
+				if a, b, ok := conflict(acc[i], acc[j]); ok {
+					return nil, fmt.Errorf("hazard: rank %d lane %d (call %d) %s and rank %d lane %d (call %d) %s can run together and touch the same memory",
+						cand[i].r, cand[i].l, cur[cand[i].r], a, cand[j].r, cand[j].l, cur[cand[j].r], b)
+				}
+			}
+		}
 		c := cand[rng.IntN(len(cand))]
 		r, ci = c.r, cur[c.r]
 		p = calls[ci].Params
@@ -320,6 +343,75 @@ func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 		}
 	}
 	return out, nil
+}
+
+// access is a byte range of one memory a step reads or writes: mem -1 is the
+// shared arena, others a user buffer (in-place buffers share one id).
+type access struct {
+	mem, lo, hi int
+	write       bool
+}
+
+func (a access) String() string {
+	w := "reads"
+	if a.write {
+		w = "writes"
+	}
+	return fmt.Sprintf("%s mem %d [%d,%d)", w, a.mem, a.lo, a.hi)
+}
+
+// accesses lists what st touches, for a rank whose send/recv buffers are
+// sid/rid at bases sb/rb, and whose ring predecessor's are psid/prid at psb/prb.
+func accesses(st Step, sid, rid, sb, rb, psid, prid, psb, prb int) []access {
+	user := func(id BufID, off, ln int, w bool) access {
+		if id == Recv {
+			return access{rid, rb + off, rb + off + ln, w}
+		}
+		return access{sid, sb + off, sb + off + ln, w}
+	}
+	peer := func(id BufID, off, ln int) access {
+		if id == Recv {
+			return access{prid, prb + off, prb + off + ln, false}
+		}
+		return access{psid, psb + off, psb + off + ln, false}
+	}
+	host := func(sp Span, ln int, w bool) access { return access{-1, sp.Off, sp.Off + ln, w} }
+	var out []access
+	switch st.Kind {
+	case CopyOut:
+		out = append(out, user(st.Buf, st.Off, st.Len, false), host(st.Host, st.Host.Len, true))
+	case CopyIn:
+		out = append(out, host(st.Host, st.Host.Len, false), user(st.Buf, st.Off, st.Len, true))
+	case ReduceIn:
+		out = append(out, user(st.Src, st.SrcOff, st.Len, false), user(st.Buf, st.Off, st.Len, true))
+		for _, h := range st.Hosts {
+			out = append(out, host(h, st.Len, false))
+		}
+	case ReducePeer, CopyPeer:
+		out = append(out, peer(st.Peer, st.Off, st.Len), user(st.Buf, st.Off, st.Len, true))
+		if st.Kind == ReducePeer {
+			out = append(out, user(st.Src, st.SrcOff, st.Len, false))
+		}
+	case HostReduce:
+		out = append(out, host(st.Host, st.Host.Len, true))
+		for _, h := range st.Hosts {
+			out = append(out, host(h, h.Len, false))
+		}
+	}
+	return out
+}
+
+// conflict reports two accesses of a and b to overlapping bytes of one
+// memory, at least one a write.
+func conflict(a, b []access) (access, access, bool) {
+	for _, x := range a {
+		for _, y := range b {
+			if x.mem == y.mem && (x.write || y.write) && x.lo < y.hi && y.lo < x.hi && x.lo < x.hi && y.lo < y.hi {
+				return x, y, true
+			}
+		}
+	}
+	return access{}, access{}, false
 }
 
 // wantTag is what byte i of rank r's receive buffer must hold after call ci.
