@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/migctl/migctl/comm"
@@ -318,7 +319,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		// One lane (the small-message all-reduce, barriers): run it here.
 		for l := range lanes {
 			if len(lanes[l]) > 0 {
-				return e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World)
+				return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
 			}
 		}
 	}
@@ -326,6 +327,8 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 	defer cancel(nil)
 	var wg sync.WaitGroup
 	errs := make([]error, NumLanes)
+	order := make([]uint64, NumLanes)
+	var failed atomic.Uint64
 	for l := range lanes {
 		if len(lanes[l]) == 0 {
 			continue
@@ -334,31 +337,57 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		go func() {
 			defer wg.Done()
 			if err := e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World); err != nil {
-				errs[l] = err
+				errs[l], order[l] = err, failed.Add(1)
 				e.tr.Abort()
 				cancel(err)
 			}
 		}()
 	}
 	wg.Wait()
-	// Report the root cause: the first lane error that is not a mere
-	// cancellation caused by another lane.
+	// Report the root cause: the error of a lane that waited for another
+	// rank (it names the rank at fault), else of the lane that failed first
+	// (the others fail after it, through the abort flag or the cancellation
+	// it caused, and say less).
+	// A wait for another rank's flag names the rank at fault: it goes first.
 	var first error
-	for _, err := range errs {
+	var at uint64
+	peerWait := func(err error) bool {
+		var we *waitError
+		return errors.As(err, &we) && we.peer != e.tr.Rank()
+	}
+	for l, err := range errs {
 		if err == nil {
 			continue
 		}
-		if first == nil || (errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled)) {
-			first = err
+		if first == nil || peerWait(err) && !peerWait(first) || peerWait(err) == peerWait(first) && order[l] < at {
+			first, at = err, order[l]
 		}
 	}
-	if first != nil {
-		if c := context.Cause(ctx); c != nil && errors.Is(first, context.Canceled) && !errors.Is(c, context.Canceled) {
-			return c
-		}
-		return first
+	return withCause(ctx, first)
+}
+
+// waitError is a lane's failure while it waited for a flag of rank peer.
+type waitError struct {
+	peer int
+	err  error
+}
+
+func (w *waitError) Error() string { return w.err.Error() }
+func (w *waitError) Unwrap() error { return w.err }
+
+// withCause adds ctx's cause to err when err only says the context was
+// cancelled (a caller that cancels with a cause, as the trainer's
+// collective deadline does, gets it back matchable with errors.Is) and does
+// not carry it already.
+func withCause(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	if c := context.Cause(ctx); c != nil && errors.Is(err, context.Canceled) && !errors.Is(c, context.Canceled) &&
+		!errors.Is(err, c) {
+		return fmt.Errorf("%w: %w", c, err)
+	}
+	return err
 }
 
 type inflight struct {
@@ -383,8 +412,8 @@ func (e *Executor) wait(ctx context.Context, conds []Cond, epoch uint64, st *ste
 	}
 	for _, c := range conds {
 		if err := e.tr.Wait(ctx, c.Flag, epoch|c.Value); err != nil {
-			return fmt.Errorf("rank %d waiting for flag %d (rank %d) to reach %d: %w",
-				e.tr.Rank(), c.Flag, c.Flag/FlagsPerRank, c.Value, err)
+			return &waitError{peer: c.Flag / FlagsPerRank, err: fmt.Errorf("rank %d waiting for flag %d (rank %d) to reach %d: %w",
+				e.tr.Rank(), c.Flag, c.Flag/FlagsPerRank, c.Value, err)}
 		}
 		if st != nil {
 			// Waits run in flag order: the longest one marks the rank

@@ -3,6 +3,8 @@ package allreduce
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +69,46 @@ func TestAbortPropagates(t *testing.T) {
 func TestCallWithoutDeadlineIsRefused(t *testing.T) {
 	g := newGroup(t, 1, HostStaged, Options{})
 	require.ErrorIs(t, g.comms[0].Barrier(context.Background()), comm.ErrInvalid)
+}
+
+// A collective ended by its context's cause (the trainer's collective
+// deadline cancels with ErrTimeout as the cause rather than letting a
+// deadline pass) says whom it waited for: the executor used to report the
+// bare cause, or a lane that only waited for its own rank, and lost the rank
+// at fault (`migctl bench` with a stopped rank then, at times, failed without
+// naming it: internal/reliability's SIGSTOP row).
+func TestCauseKeepsTheWait(t *testing.T) {
+	// which lane of a rank notices first is timing: several rounds
+	for round := range 6 {
+		t.Run(fmt.Sprint(round), testCauseKeepsTheWait)
+	}
+}
+
+func testCauseKeepsTheWait(t *testing.T) {
+	g := newGroup(t, 3, HostStaged, Options{Chunk: 16 << 10, Slots: 2})
+	causes := []error{errors.New("deadline of rank 0"), errors.New("deadline of rank 1")}
+	errs := g.run(func(r int, c *Communicator) error {
+		if r == 2 {
+			return nil // stopped: never enters
+		}
+		buf, _ := g.devs[r].Alloc(1 << 20)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		dctx, dcancel := context.WithTimeout(ctx, time.Minute)
+		defer dcancel()
+		tm := time.AfterFunc(300*time.Millisecond, func() { cancel(causes[r]) })
+		defer tm.Stop()
+		return c.AllReduce(dctx, buf, buf, 1<<18, comm.Float32, comm.Sum)
+	})
+	named := 0
+	for r := range 2 {
+		require.Error(t, errs[r], "rank %d", r)
+		if strings.Contains(errs[r].Error(), "(rank 2)") {
+			named++
+		}
+		if errors.Is(errs[r], causes[r]) { // its own deadline ended it: it names the peer it waited for
+			require.Regexp(t, fmt.Sprintf(`\(rank [^%d)]\)`, r), errs[r].Error(), "rank %d", r)
+		}
+	}
+	require.Positive(t, named, "no rank named the stopped rank 2: %v", errs)
 }

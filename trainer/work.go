@@ -111,7 +111,7 @@ func (g *Group) runWork(w *Work) error {
 		}
 		return nil
 	}
-	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, ErrTimeout) {
+	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		return fmt.Errorf("%s on rank %d: %w: %w", w.name, g.rank, cause, err)
 	}
 	return fmt.Errorf("%s on rank %d: %w", w.name, g.rank, err)
