@@ -97,18 +97,8 @@ func TestHierarchicalOnFakeMIG(t *testing.T) {
 			send[i] = input(r, i)
 		}
 		for _, op := range []Op{Sum, Avg} {
-			dev, err := g.Alloc(count, Float32)
+			recv, err := deviceAllReduce(ctx, g, send, op)
 			if err != nil {
-				return err
-			}
-			if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
-				return err
-			}
-			if err := g.AllReduce(ctx, dev, dev, op); err != nil {
-				return err
-			}
-			recv := make([]float32, count)
-			if err := g.Read(ctx, HostSlice(recv).Host(), dev); err != nil {
 				return err
 			}
 			for i := range recv {
@@ -122,9 +112,6 @@ func TestHierarchicalOnFakeMIG(t *testing.T) {
 				if recv[i] != want {
 					return fmt.Errorf("%v element %d = %v, want %v", op, i, recv[i], want)
 				}
-			}
-			if err := g.Free(dev); err != nil {
-				return err
 			}
 		}
 		return g.Barrier(ctx)

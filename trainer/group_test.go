@@ -40,6 +40,26 @@ func requireAll(t *testing.T, err error) {
 // rank and position.
 func input(r, i int) float32 { return float32((r+1)*1000 + i%997) }
 
+// deviceAllReduce all-reduces send in place in a device buffer of g (Alloc,
+// Write, AllReduce, Read, Free) and returns the result.
+func deviceAllReduce(ctx context.Context, g *Group, send []float32, op Op) ([]float32, error) {
+	dev, err := g.Alloc(len(send), Float32)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
+		return nil, err
+	}
+	if err := g.AllReduce(ctx, dev, dev, op); err != nil {
+		return nil, err
+	}
+	got := make([]float32, len(send))
+	if err := g.Read(ctx, HostSlice(got).Host(), dev); err != nil {
+		return nil, err
+	}
+	return got, g.Free(dev)
+}
+
 func TestSingleRankWithoutLauncher(t *testing.T) {
 	ctx := context.Background()
 	g, err := Init(ctx, WithBackend(BackendHost), WithShmRoot(t.TempDir()))

@@ -56,21 +56,8 @@ func TestReduceOnFakeGPU(t *testing.T) {
 					if err := g.AllReduce(ctx, HostSlice(send), HostSlice(recv), Sum); err != nil {
 						return err
 					}
-					dev, err := g.Alloc(count, Float32)
+					avg, err := deviceAllReduce(ctx, g, send, Avg)
 					if err != nil {
-						return err
-					}
-					if err := g.Write(ctx, dev, HostSlice(send).Host()); err != nil {
-						return err
-					}
-					if err := g.AllReduce(ctx, dev, dev, Avg); err != nil {
-						return err
-					}
-					avg := make([]float32, count)
-					if err := g.Read(ctx, HostSlice(avg).Host(), dev); err != nil {
-						return err
-					}
-					if err := g.Free(dev); err != nil {
 						return err
 					}
 					for i := range recv {
