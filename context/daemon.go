@@ -56,7 +56,7 @@ type DaemonConfig struct {
 	MPS        bool
 	MPSControl string
 	// MPSLowSM, when in 1..99, caps a best-effort (priority <= 0) client's
-	// share of the SMs at that percentage (StartMPSWith).
+	// share of the SMs at that percentage (StartMPS).
 	MPSLowSM int
 
 	// Logger receives the daemon's log; nil discards it.
@@ -133,7 +133,7 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	if cfg.MPS {
-		if d.mps, err = StartMPSWith(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), cfg.MPSLowSM, log.Info); err != nil {
+		if d.mps, err = StartMPS(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), cfg.MPSLowSM, log.Info); err != nil {
 			ctlLn.Close()
 			return nil, fmt.Errorf("starting the daemon: %w", err)
 		}

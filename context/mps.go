@@ -55,16 +55,12 @@ const mpsStartTimeout = 10 * time.Second
 // StartMPS starts the MPS control daemon bin (DefaultMPSControl when "")
 // with its pipes in pipeDir and its log in pipeDir/log, and returns once its
 // control pipe exists. A stale pipe directory (a previous daemon killed
-// without stopping MPS) is asked to quit first.
-func StartMPS(ctx context.Context, bin, pipeDir string, logf func(string, ...any)) (*MPS, error) {
-	return StartMPSWith(ctx, bin, pipeDir, 0, logf)
-}
-
-// StartMPSWith is StartMPS with lowSM, when in 1..99, the percentage of the
-// GPU's SMs a best-effort client may use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-// through MPSLowEnv): the rest stay free for higher-priority clients, whose
-// kernels then start without waiting for best-effort blocks to drain.
-func StartMPSWith(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string, ...any)) (*MPS, error) {
+// without stopping MPS) is asked to quit first. lowSM, when in 1..99, is the
+// percentage of the GPU's SMs a best-effort client may use
+// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE through MPSLowEnv): the rest stay free
+// for higher-priority clients, whose kernels then start without waiting for
+// best-effort blocks to drain; 0 (or 100) caps nothing.
+func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string, ...any)) (*MPS, error) {
 	if lowSM < 0 || lowSM > 100 {
 		return nil, fmt.Errorf("MPS: the best-effort SM share %d%% is not in 0..100", lowSM)
 	}

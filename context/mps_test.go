@@ -50,10 +50,10 @@ func TestDaemonMPSStalePipe(t *testing.T) {
 	dir := t.TempDir()
 	pipeDir := filepath.Join(dir, "x.mps")
 	require.NoError(t, os.MkdirAll(filepath.Join(pipeDir, "log"), 0o700))
-	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, nil)
+	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, 0, nil)
 	require.NoError(t, err)
 	// killed: nobody stops it; the next start finds its pipe
-	m2, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, nil)
+	m2, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, 0, nil)
 	require.NoError(t, err)
 	require.NoError(t, m2.Stop())
 	log, err := os.ReadFile(filepath.Join(pipeDir, "log", "control.log"))
@@ -68,14 +68,14 @@ func TestDaemonMPSLowSM(t *testing.T) {
 		want string
 	}{{0, ""}, {50, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"}, {100, ""}} {
 		dir := t.TempDir()
-		m, err := ctxmgr.StartMPSWith(context.Background(), fakeMPS(t), filepath.Join(dir, "p"), tc.pct, nil)
+		m, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), filepath.Join(dir, "p"), tc.pct, nil)
 		require.NoError(t, err)
 		b, err := os.ReadFile(filepath.Join(dir, "p", ctxmgr.MPSLowEnv))
 		require.NoError(t, err)
 		require.Equal(t, tc.want, string(b))
 		require.NoError(t, m.Stop())
 	}
-	_, err := ctxmgr.StartMPSWith(context.Background(), fakeMPS(t), t.TempDir(), 101, nil)
+	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), t.TempDir(), 101, nil)
 	require.ErrorContains(t, err, "101")
 }
 
