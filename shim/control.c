@@ -482,6 +482,13 @@ static void *control_main(void *arg)
 	return NULL;
 }
 
+/* socket_path: the daemon's shim socket, $MIGSWAP_SOCKET or the default. */
+static const char *socket_path(void)
+{
+	const char *path = getenv("MIGSWAP_SOCKET");
+	return path && *path ? path : "/run/migctl/migswap.sock";
+}
+
 /* ms_mps_env (constructor time, before the driver reads its environment):
  * when the daemon runs an MPS control daemon (`migctl daemon --mps`: its
  * control pipe is in SOCKET.mps), join it and set this process's MPS client
@@ -492,9 +499,7 @@ void ms_mps_env(void)
 	const char *off = getenv("MIGSWAP_MPS");
 	if (off && strcmp(off, "0") == 0)
 		return;
-	const char *path = getenv("MIGSWAP_SOCKET");
-	if (!path || !*path)
-		path = "/run/migctl/migswap.sock";
+	const char *path = socket_path();
 	char dir[1024], ctl[1100];
 	if ((size_t)snprintf(dir, sizeof dir, "%s.mps", path) >= sizeof dir)
 		return;
@@ -528,9 +533,7 @@ void ms_mps_env(void)
 
 int ms_control_connect(void)
 {
-	const char *path = getenv("MIGSWAP_SOCKET");
-	if (!path || !*path)
-		path = "/run/migctl/migswap.sock";
+	const char *path = socket_path();
 	struct sockaddr_un sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;
