@@ -31,18 +31,20 @@ func simulate(s Schedule, rng *rand.Rand) ([][]uint64, error) {
 
 func tag(call, pos, mask int) uint64 { return uint64(call)<<56 | uint64(pos)<<16 | uint64(mask) }
 
+// rankMem is one rank's user buffers in a simulated call.
+type rankMem struct {
+	send, recv     []uint64
+	sendBase       int
+	recvBase       int
+	sendID, recvID int // which memory (equal when in place), for the hazard check
+}
+
 // simulateSeq runs several calls back to back on one arena, like an
 // Executor: flags carry the call number in their upper half, a rank starts
 // its next call when it finished its previous one, and waits for every rank
 // to finish it only when needsFence says so.
 func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 	n := calls[0].Params.World
-	type rankMem struct {
-		send, recv     []uint64
-		sendBase       int
-		recvBase       int
-		sendID, recvID int // which memory (equal when in place), for the hazard check
-	}
 	// mem[call][rank]
 	mem := make([][]rankMem, len(calls))
 	arenaLen := 0
@@ -297,10 +299,7 @@ func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 		// them reads or writes.
 		var acc [][]access
 		for _, c := range cand {
-			acc = append(acc, accesses(lanes[c.r][c.l][head[c.r][c.l]], mem[cur[c.r]][c.r].sendID,
-				mem[cur[c.r]][c.r].recvID, mem[cur[c.r]][c.r].sendBase, mem[cur[c.r]][c.r].recvBase,
-				mem[cur[c.r]][(c.r+n-1)%n].sendID, mem[cur[c.r]][(c.r+n-1)%n].recvID,
-				mem[cur[c.r]][(c.r+n-1)%n].sendBase, mem[cur[c.r]][(c.r+n-1)%n].recvBase))
+			acc = append(acc, accesses(lanes[c.r][c.l][head[c.r][c.l]], mem[cur[c.r]][c.r], mem[cur[c.r]][(c.r+n-1)%n]))
 		}
 		for i := range cand {
 			for j := i + 1; j < len(cand); j++ {
@@ -360,21 +359,17 @@ func (a access) String() string {
 	return fmt.Sprintf("%s mem %d [%d,%d)", w, a.mem, a.lo, a.hi)
 }
 
-// accesses lists what st touches, for a rank whose send/recv buffers are
-// sid/rid at bases sb/rb, and whose ring predecessor's are psid/prid at psb/prb.
-func accesses(st Step, sid, rid, sb, rb, psid, prid, psb, prb int) []access {
-	user := func(id BufID, off, ln int, w bool) access {
+// accesses lists what st touches, for a rank with buffers me whose ring
+// predecessor has buffers prev.
+func accesses(st Step, me, prev rankMem) []access {
+	span := func(m rankMem, id BufID, off, ln int, w bool) access {
 		if id == Recv {
-			return access{rid, rb + off, rb + off + ln, w}
+			return access{m.recvID, m.recvBase + off, m.recvBase + off + ln, w}
 		}
-		return access{sid, sb + off, sb + off + ln, w}
+		return access{m.sendID, m.sendBase + off, m.sendBase + off + ln, w}
 	}
-	peer := func(id BufID, off, ln int) access {
-		if id == Recv {
-			return access{prid, prb + off, prb + off + ln, false}
-		}
-		return access{psid, psb + off, psb + off + ln, false}
-	}
+	user := func(id BufID, off, ln int, w bool) access { return span(me, id, off, ln, w) }
+	peer := func(id BufID, off, ln int) access { return span(prev, id, off, ln, false) }
 	host := func(sp Span, ln int, w bool) access { return access{-1, sp.Off, sp.Off + ln, w} }
 	var out []access
 	switch st.Kind {
