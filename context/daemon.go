@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 
+	"github.com/migctl/migctl/internal/mps"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -49,14 +50,14 @@ type DaemonConfig struct {
 	MetricsAddr        string
 	MetricsAllowRemote bool
 
-	// MPS runs an MPS control daemon for the shimmed processes (mps.go):
+	// MPS runs an MPS control daemon for the shimmed processes (internal/mps):
 	// their kernels share one GPU context and the driver dispatches the
 	// higher-priority process's blocks first. MPSControl is its program
 	// (default nvidia-cuda-mps-control in PATH).
 	MPS        bool
 	MPSControl string
 	// MPSLowSM, when in 1..99, caps a best-effort (priority <= 0) client's
-	// share of the SMs at that percentage (StartMPS).
+	// share of the SMs at that percentage (mps.Start).
 	MPSLowSM int
 
 	// Logger receives the daemon's log; nil discards it.
@@ -77,7 +78,7 @@ type Daemon struct {
 	ctl     *ControlServer
 	httpSrv *http.Server
 	metAddr string
-	mps     *MPS
+	mps     *mps.Control
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -133,7 +134,7 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	if cfg.MPS {
-		if d.mps, err = StartMPS(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), cfg.MPSLowSM, log.Info); err != nil {
+		if d.mps, err = mps.Start(ctx, cfg.MPSControl, MPSPipeDir(cfg.SwapSocket), cfg.MPSLowSM, log.Info); err != nil {
 			ctlLn.Close()
 			return nil, fmt.Errorf("starting the daemon: %w", err)
 		}
@@ -336,7 +337,7 @@ func (d *Daemon) ControlSocket() string { return d.cfg.ControlSocket }
 func (d *Daemon) SwapSocket() string { return d.cfg.SwapSocket }
 
 // MPSPipeDir is the pipe directory of the daemon's MPS control daemon ("" when
-// it runs none).
+// it runs none): MPSPipeDir(SwapSocket()) when it runs one.
 func (d *Daemon) MPSPipeDir() string {
 	if d.mps == nil {
 		return ""
@@ -395,3 +396,7 @@ func (s *ReopeningSource) Apply(ctx context.Context, reqs map[int]mig.Request, o
 	defer closeLib()
 	return mig.NewManager(lib, s.opts...).Apply(ctx, reqs, opts)
 }
+
+// MPSPipeDir is the pipe directory of the MPS control daemon of the migctl
+// daemon whose shim socket is swapSocket: the shim looks there.
+func MPSPipeDir(swapSocket string) string { return swapSocket + ".mps" }

@@ -9,11 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/internal/mps"
 )
 
 func fakeMPS(t *testing.T) string {
 	t.Helper()
-	p, err := filepath.Abs("testdata/fake-mps-control")
+	p, err := filepath.Abs("../internal/mps/testdata/fake-mps-control")
 	require.NoError(t, err)
 	return p
 }
@@ -27,7 +28,7 @@ func TestDaemonMPSStartsAndStops(t *testing.T) {
 		ControlSocket: filepath.Join(dir, "c.sock"), SwapSocket: swap,
 		Swap: ctxmgr.Options{GPUMemory: 1 << 30}, MPS: true, MPSControl: fakeMPS(t)})
 	require.NoError(t, err)
-	pipe := filepath.Join(ctxmgr.MPSPipeDir(swap), ctxmgr.MPSControlPipe)
+	pipe := filepath.Join(ctxmgr.MPSPipeDir(swap), mps.ControlPipe)
 	require.Equal(t, swap+".mps", d.MPSPipeDir())
 	fi, err := os.Stat(pipe)
 	require.NoError(t, err)
@@ -42,41 +43,6 @@ func TestDaemonMPSStartsAndStops(t *testing.T) {
 	log, err := os.ReadFile(filepath.Join(ctxmgr.MPSPipeDir(swap), "log", "control.log"))
 	require.NoError(t, err)
 	require.Equal(t, "started\nquit\n", string(log))
-}
-
-// A control pipe left by a daemon that was killed is asked to quit before a
-// new control daemon starts.
-func TestDaemonMPSStalePipe(t *testing.T) {
-	dir := t.TempDir()
-	pipeDir := filepath.Join(dir, "x.mps")
-	require.NoError(t, os.MkdirAll(filepath.Join(pipeDir, "log"), 0o700))
-	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, 0, nil)
-	require.NoError(t, err)
-	// killed: nobody stops it; the next start finds its pipe
-	m2, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), pipeDir, 0, nil)
-	require.NoError(t, err)
-	require.NoError(t, m2.Stop())
-	log, err := os.ReadFile(filepath.Join(pipeDir, "log", "control.log"))
-	require.NoError(t, err)
-	require.Equal(t, "started\nquit\nstarted\nquit\n", string(log))
-}
-
-// --mps-low-sm: the cap the shim applies to best-effort clients.
-func TestDaemonMPSLowSM(t *testing.T) {
-	for _, tc := range []struct {
-		pct  int
-		want string
-	}{{0, ""}, {50, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"}, {100, ""}} {
-		dir := t.TempDir()
-		m, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), filepath.Join(dir, "p"), tc.pct, nil)
-		require.NoError(t, err)
-		b, err := os.ReadFile(filepath.Join(dir, "p", ctxmgr.MPSLowEnv))
-		require.NoError(t, err)
-		require.Equal(t, tc.want, string(b))
-		require.NoError(t, m.Stop())
-	}
-	_, err := ctxmgr.StartMPS(context.Background(), fakeMPS(t), t.TempDir(), 101, nil)
-	require.ErrorContains(t, err, "101")
 }
 
 func TestDaemonMPSMissingProgram(t *testing.T) {

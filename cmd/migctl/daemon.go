@@ -20,6 +20,7 @@ import (
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/sched"
 	"github.com/migctl/migctl/internal/bytesize"
+	"github.com/migctl/migctl/internal/mps"
 	"github.com/migctl/migctl/mig"
 )
 
@@ -97,7 +98,7 @@ func newDaemonCmd(s streams) *cobra.Command {
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (off by default)")
 	f.BoolVar(&o.metricsAllowRemote, "metrics-allow-remote", false, "allow a --metrics-addr that is not loopback (the metrics name your jobs)")
 	f.BoolVar(&o.mps, "mps", false, "run an MPS control daemon for the shimmed processes, so that their kernels share one GPU context and a higher-priority process's blocks are dispatched first (needs nvidia-cuda-mps-control; whole GPUs, not MIG instances)")
-	f.StringVar(&o.mpsControl, "mps-control", ctxmgr.DefaultMPSControl, "the MPS control program --mps runs")
+	f.StringVar(&o.mpsControl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
 	f.IntVar(&o.mpsLowSM, "mps-low-sm", 0, "with --mps: the percentage (1-99) of the SMs a best-effort process (priority 0 or less) may use, so that a higher-priority process's kernels find SMs free (0: no cap)")
 	f.StringVar(&o.gate, "gate", "off", "priority launch gating of shimmed processes on one device: off, gate (a lower-priority process's launches wait while a higher one has work in flight) or budget=N (at most N of them in flight meanwhile); add ,depth=M to keep at most M of a lower-priority process's launches in flight at any time (e.g. gate,depth=8)")
 	f.StringVar(&o.policy, "policy", sched.NamePriority, "who is resident when shimmed processes do not all fit: "+strings.Join(sched.Names(), "|")+" (see above)")

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/internal/mps"
 )
 
 // Priority launch gating with the real daemon code (ctxmgr, in this process)
@@ -397,7 +398,7 @@ func TestShimJoinsDaemonMPS(t *testing.T) {
 
 	dir := ctxmgr.MPSPipeDir(e.socket)
 	require.NoError(t, os.MkdirAll(dir, 0o700))
-	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, ctxmgr.MPSControlPipe), 0o600))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, mps.ControlPipe), 0o600))
 	for _, tc := range []struct {
 		name        string
 		prio        int
@@ -416,7 +417,7 @@ func TestShimJoinsDaemonMPS(t *testing.T) {
 		require.Equal(t, tc.mprio, r["mps_prio"], tc.name)
 	}
 	// the daemon's cap on best-effort clients' SMs (migctl daemon --mps-low-sm)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, ctxmgr.MPSLowEnv),
+	require.NoError(t, os.WriteFile(filepath.Join(dir, mps.LowEnv),
 		[]byte("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\nPATH=/not/this\n"), 0o644))
 	r = ready("capped", 0)
 	require.Equal(t, "40", r["mps_sm"])
@@ -425,8 +426,8 @@ func TestShimJoinsDaemonMPS(t *testing.T) {
 	r = ready("high, not capped", 10)
 	require.Equal(t, "-", r["mps_sm"])
 	// the real control daemon's "control" may be a socket rather than a FIFO
-	require.NoError(t, os.Remove(filepath.Join(dir, ctxmgr.MPSControlPipe)))
-	ln, err := net.Listen("unix", filepath.Join(dir, ctxmgr.MPSControlPipe))
+	require.NoError(t, os.Remove(filepath.Join(dir, mps.ControlPipe)))
+	ln, err := net.Listen("unix", filepath.Join(dir, mps.ControlPipe))
 	require.NoError(t, err)
 	defer ln.Close()
 	r = ready("socket", 0)

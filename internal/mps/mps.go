@@ -1,4 +1,4 @@
-package ctxmgr
+package mps
 
 import (
 	"context"
@@ -10,62 +10,49 @@ import (
 	"time"
 )
 
-// MPS runs an NVIDIA MPS control daemon for the shimmed processes of one
-// migctl daemon, so that their kernels run in one GPU context: the driver
-// then schedules them block by block with the clients' priorities
-// (CUDA_MPS_CLIENT_PRIORITY) instead of time-slicing separate contexts,
-// whose switch alone costs a high-priority kernel ~150 µs and whose time
-// slice ~1.4 ms on an H200 (docs/results/priority-h200-2026-12-01.md).
-//
-// The control daemon is private to this migctl daemon: its pipe directory is
-// MPSPipeDir(swap socket), and only processes that are told it
-// (CUDA_MPS_PIPE_DIRECTORY; the shim sets it when it finds the directory next
-// to its socket) join it. Nothing on the GPU is reconfigured: MPS runs in
-// the default compute mode and stops with the daemon. MIG instances need one
-// control daemon each (a CUDA_VISIBLE_DEVICES of one instance); this one
-// serves whole GPUs.
-type MPS struct {
+// Control is a running MPS control daemon with private pipes.
+type Control struct {
 	bin     string
 	pipeDir string
 	logDir  string
 	log     func(msg string, args ...any)
 }
 
-// MPSPipeDir is the pipe directory of the MPS control daemon of the migctl
-// daemon whose shim socket is swapSocket: the shim looks there.
-func MPSPipeDir(swapSocket string) string { return swapSocket + ".mps" }
+// ControlPipe is the named pipe the MPS control daemon creates in its pipe
+// directory; its presence is what a client (and the swap shim) checks.
+const ControlPipe = "control"
 
-// MPSControlPipe is the named pipe the MPS control daemon creates in its pipe
-// directory; its presence is what the shim checks.
-const MPSControlPipe = "control"
+// LowEnv is the file in the pipe directory whose KEY=VALUE lines the swap
+// shim adds to the environment of processes of priority 0 or less (best
+// effort) before the driver starts, unless they set the variable
+// themselves: e.g. CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the share of the SMs
+// such a client may use (Start's lowSM).
+const LowEnv = "low.env"
 
-// MPSLowEnv is the file in the pipe directory whose KEY=VALUE lines the shim
-// adds to the environment of processes of priority 0 or less (best effort)
-// before the driver starts, unless they set the variable themselves: e.g.
-// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the share of the SMs such a client may
-// use (StartMPS's lowSM).
-const MPSLowEnv = "low.env"
+// DefaultControl is the MPS control program looked up in PATH.
+const DefaultControl = "nvidia-cuda-mps-control"
 
-// DefaultMPSControl is the MPS control program looked up in PATH.
-const DefaultMPSControl = "nvidia-cuda-mps-control"
+// EnvPipeDir is the variable that makes a CUDA process a client of the
+// control daemon whose pipes are in its value.
+const EnvPipeDir = "CUDA_MPS_PIPE_DIRECTORY"
 
 // mpsStartTimeout bounds the wait for the control pipe after `-d`.
 const mpsStartTimeout = 10 * time.Second
 
-// StartMPS starts the MPS control daemon bin (DefaultMPSControl when "")
+// Start starts the MPS control daemon bin (DefaultControl when "")
 // with its pipes in pipeDir and its log in pipeDir/log, and returns once its
 // control pipe exists. A stale pipe directory (a previous daemon killed
 // without stopping MPS) is asked to quit first. lowSM, when in 1..99, is the
 // percentage of the GPU's SMs a best-effort client may use
-// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE through MPSLowEnv): the rest stay free
+// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE through LowEnv): the rest stay free
 // for higher-priority clients, whose kernels then start without waiting for
 // best-effort blocks to drain; 0 (or 100) caps nothing.
-func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string, ...any)) (*MPS, error) {
+func Start(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string, ...any)) (*Control, error) {
 	if lowSM < 0 || lowSM > 100 {
 		return nil, fmt.Errorf("MPS: the best-effort SM share %d%% is not in 0..100", lowSM)
 	}
 	if bin == "" {
-		bin = DefaultMPSControl
+		bin = DefaultControl
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
@@ -74,8 +61,8 @@ func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(str
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	m := &MPS{bin: path, pipeDir: pipeDir, logDir: filepath.Join(pipeDir, "log"), log: logf}
-	if _, err := os.Stat(filepath.Join(pipeDir, MPSControlPipe)); err == nil {
+	m := &Control{bin: path, pipeDir: pipeDir, logDir: filepath.Join(pipeDir, "log"), log: logf}
+	if _, err := os.Stat(filepath.Join(pipeDir, ControlPipe)); err == nil {
 		logf("MPS: a control pipe is already there; asking it to quit first", "dir", pipeDir)
 		_ = m.quit(ctx)
 	}
@@ -86,7 +73,7 @@ func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(str
 	if lowSM > 0 && lowSM < 100 {
 		low = fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d\n", lowSM)
 	}
-	if err := os.WriteFile(filepath.Join(pipeDir, MPSLowEnv), []byte(low), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(pipeDir, LowEnv), []byte(low), 0o644); err != nil {
 		return nil, fmt.Errorf("MPS: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, path, "-d")
@@ -96,13 +83,13 @@ func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(str
 	}
 	deadline := time.Now().Add(mpsStartTimeout)
 	for {
-		if _, err := os.Stat(filepath.Join(pipeDir, MPSControlPipe)); err == nil {
+		if _, err := os.Stat(filepath.Join(pipeDir, ControlPipe)); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
 			_ = m.quit(ctx)
 			return nil, fmt.Errorf("MPS: %s started but %s did not appear within %v (its log: %s)",
-				path, filepath.Join(pipeDir, MPSControlPipe), mpsStartTimeout, m.logDir)
+				path, filepath.Join(pipeDir, ControlPipe), mpsStartTimeout, m.logDir)
 		}
 		select {
 		case <-ctx.Done():
@@ -116,13 +103,16 @@ func StartMPS(ctx context.Context, bin, pipeDir string, lowSM int, logf func(str
 }
 
 // PipeDir is where clients find the control daemon (CUDA_MPS_PIPE_DIRECTORY).
-func (m *MPS) PipeDir() string { return m.pipeDir }
+func (m *Control) PipeDir() string { return m.pipeDir }
+
+// ClientEnv is what a process's environment needs to be a client.
+func (m *Control) ClientEnv() []string { return []string{EnvPipeDir + "=" + m.pipeDir} }
 
 // Stop asks the control daemon (and its server) to quit, within 10 s. The
 // control program answers once the daemon has taken the command; the real
 // one leaves its pipe files behind (the next start asks them to quit again,
 // which a stopped daemon does not answer: harmless).
-func (m *MPS) Stop() error {
+func (m *Control) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := m.quit(ctx); err != nil {
@@ -132,7 +122,7 @@ func (m *MPS) Stop() error {
 	return nil
 }
 
-func (m *MPS) quit(ctx context.Context) error {
+func (m *Control) quit(ctx context.Context) error {
 	cmd := exec.CommandContext(ctx, m.bin)
 	cmd.Env = m.env()
 	cmd.Stdin = strings.NewReader("quit\n")
@@ -142,12 +132,12 @@ func (m *MPS) quit(ctx context.Context) error {
 	return nil
 }
 
-func (m *MPS) env() []string {
+func (m *Control) env() []string {
 	env := make([]string, 0, len(os.Environ())+2)
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "CUDA_MPS_PIPE_DIRECTORY=") && !strings.HasPrefix(e, "CUDA_MPS_LOG_DIRECTORY=") {
+		if !strings.HasPrefix(e, EnvPipeDir+"=") && !strings.HasPrefix(e, "CUDA_MPS_LOG_DIRECTORY=") {
 			env = append(env, e)
 		}
 	}
-	return append(env, "CUDA_MPS_PIPE_DIRECTORY="+m.pipeDir, "CUDA_MPS_LOG_DIRECTORY="+m.logDir)
+	return append(env, EnvPipeDir+"="+m.pipeDir, "CUDA_MPS_LOG_DIRECTORY="+m.logDir)
 }
