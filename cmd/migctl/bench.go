@@ -16,6 +16,7 @@ import (
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/bytesize"
+	"github.com/migctl/migctl/internal/mps"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -38,6 +39,8 @@ type benchOptions struct {
 	dt        comm.DType
 	streams   streams
 	launchNew bool
+	mps       string
+	mpsCtl    string
 }
 
 func newBenchCmd(s streams) *cobra.Command {
@@ -110,6 +113,8 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.rank, "rank", -1, "rank to take when joining a rendezvous (-1: any)")
 	f.StringVar(&o.listen, "listen", "", "host the rendezvous at this address (host:port or unix:///path) instead of a private socket")
 	f.IntVar(&o.local, "local", -1, "ranks to start here (-1: all --np); the others join with --rendezvous")
+	f.StringVar(&o.mps, "mps", "auto", "ranks sharing a GPU (gpu backend, shm) run under a private MPS server: auto (when it works), on (or fail), off (time-sliced contexts)")
+	f.StringVar(&o.mpsCtl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
 	f.BoolVarP(&o.spec.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.BoolVar(&o.spec.Limits, "limits", true, "print each row's floor for its algorithm, LIMIT(US), and %LIMIT, from `migctl bench limits` figures (measured once, cached)")
 	o.output = outputFlag(c)
@@ -242,6 +247,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--local %d of %d ranks", o.local, s.NP)
 	case o.local < s.NP && o.listen == "" && o.launchNew:
 		return fmt.Errorf("--local %d < --np %d needs --listen so that the other ranks can join", o.local, s.NP)
+	case validMPSMode(o.mps) != nil:
+		return validMPSMode(o.mps)
 	}
 	return nil
 }
@@ -259,7 +266,15 @@ func (o *benchOptions) Run(ctx context.Context) error {
 		lim = o.limits(ctx) // before the ranks start: measuring needs the GPUs idle
 	}
 	if o.launchNew {
-		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, o.streams)
+		var j *jobMPS
+		if j, err = startJobMPS(ctx, o.mpsRequest()); err != nil {
+			return err
+		}
+		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, j.env(), o.streams)
+		j.stop()
+		if rep != nil {
+			rep.MPS = j != nil
+		}
 	} else {
 		rep, err = runRank(ctx, o.spec, o.rdvAddr, o.token, o.rank, o.streams.ErrOut)
 	}
@@ -278,6 +293,17 @@ func (o *benchOptions) Run(ctx context.Context) error {
 		return err
 	}
 	return rep.verdict()
+}
+
+// mpsRequest describes the local ranks for startJobMPS: rank r on GPU
+// --gpu[r mod len]. CUDA IPC between ranks is left without MPS.
+func (o *benchOptions) mpsRequest() jobMPSRequest {
+	r := jobMPSRequest{mode: o.mps, control: o.mpsCtl, backend: o.spec.Backend, quiet: o.spec.Quiet, log: o.streams.ErrOut}
+	r.ipc = o.spec.Transport == "ipc"
+	for i := 0; len(o.spec.GPUs) > 0 && i < o.local; i++ {
+		r.gpus = append(r.gpus, o.spec.GPUs[i%len(o.spec.GPUs)])
+	}
+	return r
 }
 
 // roundUp is n rounded up to a multiple of m.

@@ -61,8 +61,8 @@ func hostBench(ctx context.Context, spec benchrank.Config, listen, token string,
 // launchBench starts local ranks (this binary's hidden `bench worker`)
 // through the launcher, which hosts the rendezvous (a private socket, or
 // --listen so that other ranks can join) and hands each rank the job token
-// in its environment. It returns rank 0's report.
-func launchBench(ctx context.Context, spec benchrank.Config, listen, token string, local int, s streams) (*benchReport, error) {
+// in its environment, plus env. It returns rank 0's report.
+func launchBench(ctx context.Context, spec benchrank.Config, listen, token string, local int, env []string, s streams) (*benchReport, error) {
 	if local == 0 {
 		return nil, hostBench(ctx, spec, listen, token, s)
 	}
@@ -86,7 +86,7 @@ func launchBench(ctx context.Context, spec benchrank.Config, listen, token strin
 	cfg := launcher.Config{
 		Command: []string{self, "bench", "worker", "--spec", string(specJSON), "--report", report},
 		NProc:   local, World: spec.NP, Listen: listen, Job: spec.Job, Token: token,
-		Backend: spec.Backend, Timeout: spec.Timeout, Grace: benchGrace,
+		Backend: spec.Backend, Timeout: spec.Timeout, Grace: benchGrace, Env: env,
 		// Rank output goes to stderr: stdout is the report's.
 		Stdout: s.ErrOut, Stderr: s.ErrOut, Signals: sigs,
 	}

@@ -62,6 +62,8 @@ type benchReport struct {
 	// GPUShare is the thousandths of every chunk of a host-staged
 	// all-reduce that the devices reduced (--reduce-on; 0: the CPU).
 	GPUShare int `json:"gpuShare" yaml:"gpuShare"`
+	// MPS says the local ranks ran under a private MPS server (--mps).
+	MPS bool `json:"mps,omitempty" yaml:"mps,omitempty"`
 }
 
 // Header implements printer.Tabler.

@@ -29,6 +29,7 @@ func newRootCmd(s streams) *cobra.Command {
 		newLeaseCmd(s),
 		newSwapCmd(s),
 		newRunCmd(s),
+		newMPSProbeCmd(),
 	)
 	return root
 }

@@ -16,6 +16,7 @@ import (
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/mps"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/internal/supervisor"
 	"github.com/migctl/migctl/mig"
@@ -43,6 +44,8 @@ type runOptions struct {
 	swapLib      string
 	priority     int
 	backend      string
+	mps          string
+	mpsControl   string
 	quiet        bool
 	outputOption
 	streams
@@ -106,6 +109,8 @@ func newRunCmd(s streams) *cobra.Command {
 	f.StringVar(&o.swapLib, "swap-lib", "", "libmigswap.so to preload (default: next to the migctl binary)")
 	f.IntVar(&o.priority, "priority", 0, "with --swap: the job's priority (MIGSWAP_PRIORITY; higher wins)")
 	f.StringVar(&o.backend, "backend", "auto", "MIGCTL_BACKEND for the workers: gpu, host, or auto (host with --sim, else gpu)")
+	f.StringVar(&o.mps, "mps", "auto", "ranks sharing a whole GPU run under a private MPS server: auto (when the MPS control program is there and works), on (or fail), off (the driver time-slices them)")
+	f.StringVar(&o.mpsControl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "no progress lines from migctl itself")
 	o.addOutput(cmd)
 	return cmd
@@ -163,6 +168,8 @@ func (o *runOptions) Validate() error {
 		return errors.New("no devices: give --profile P (MIG devices leased from the daemon), --gpus 0,1 (whole GPUs) or --backend host (none)")
 	case o.backend != "gpu" && o.backend != "host":
 		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
+	case validMPSMode(o.mps) != nil:
+		return validMPSMode(o.mps)
 	case o.node.sim != "" && o.gpus != "":
 		return errors.New("--sim simulates MIG GPUs: use --profile with it, not --gpus")
 	case o.nnodes < 1 || o.nodeRank < 0 || o.nodeRank >= o.nnodes:
@@ -264,6 +271,12 @@ func (o *runOptions) Run(ctx context.Context) error {
 		}
 		cfg.Swap = &launcher.Swap{Library: o.swapLib, Socket: swapSocket, Priority: o.priority}
 	}
+	j, err := startJobMPS(ctx, o.mpsRequest())
+	if err != nil {
+		return err
+	}
+	defer j.stop()
+	cfg.Env = append(cfg.Env, j.env()...)
 	res, err := launcher.Run(ctx, cfg)
 	if res != nil && (len(res.Workers) > 0 || res.Interrupted != "") {
 		if perr := printer.Print(o.Out, o.format, runSummary{*res}); perr != nil && err == nil {
@@ -271,6 +284,16 @@ func (o *runOptions) Run(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// mpsRequest describes the job's ranks for startJobMPS.
+func (o *runOptions) mpsRequest() jobMPSRequest {
+	r := jobMPSRequest{mode: o.mps, control: o.mpsControl, backend: o.backend, mig: o.profile != "",
+		swap: o.swap, quiet: o.quiet, log: o.ErrOut}
+	for i := 0; len(o.ords) > 0 && i < o.np; i++ {
+		r.gpus = append(r.gpus, o.ords[i%len(o.ords)])
+	}
+	return r
 }
 
 // runSummary prints a launcher.Result: one row for the job.

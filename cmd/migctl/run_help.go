@@ -13,7 +13,15 @@ Devices, one of:
   --backend host  no device at all (CPU collectives; what CI and --sim use).
 Under MIG every worker sees its own instance as CUDA device 0 (CUDA_VISIBLE_DEVICES is the
 instance's MIG UUID): use device 0 (cuda:0) in the program, not LOCAL_RANK. With --gpus each
-worker likewise sees only its GPU, as device 0.
+worker likewise sees only its GPU, as device 0. Workers that share a whole GPU are separate
+CUDA contexts, which the driver time-slices (~150 us a switch on an H200, and a copy waits for
+the others' slices): with --mps auto (the default) they run under a private MPS server that
+migctl starts for the run (nvidia-cuda-mps-control, pipes in a temporary directory,
+CUDA_MPS_PIPE_DIRECTORY in the workers' environment) and stops at the end, so their copies and
+kernels run side by side as MIG instances' do. Auto falls back to time-slicing, with a line
+saying why, when the control program is missing or its server cannot serve the GPU; --mps on
+makes that an error, --mps off never starts one. Not with --profile (MIG), --swap (the
+daemon's --mps decides) or a CUDA_MPS_PIPE_DIRECTORY already set (the workers join that one).
 
 --sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
 running daemon, a daemon is started inside this process for the run (its sockets in a private
@@ -51,8 +59,11 @@ const runExamples = `  # 7 workers on 1g.18gb MIG instances (leased, created if 
   # no GPU: a simulated H200 node and the host backend
   migctl run --sim h200x8 --np 7 --profile 1g.18gb -- ./trainer-example
 
-  # whole GPUs without MIG: 7 workers sharing GPU 0
+  # whole GPUs without MIG: 7 workers sharing GPU 0 (under a private MPS server when possible)
   migctl run --np 7 --gpus 0 -- python train.py
+
+  # the same, time-sliced by the driver (no MPS)
+  migctl run --np 7 --gpus 0 --mps off -- python train.py
 
   # restarts, logs, JSON summary
   migctl run --np 4 --gpus 0,1 --max-restarts 3 --log-dir ./logs --tee stderr -o json -- ./train
