@@ -33,6 +33,13 @@ type Machine struct {
 	// RoundTrip is a small copy out and back in on a pinned buffer: the
 	// floor of any collective through host memory.
 	RoundTrip time.Duration `json:"roundTripNs" yaml:"roundTripNs"`
+	// HostMemGiBs is what host memory moves in all, bytes read plus bytes
+	// written, while copy engines and CPU threads use it at once: the
+	// ranks' DMA into and out of the staging arena and the CPU
+	// reductions' reads and writes (limits.GPU.HostMemUnderDMAGiBs). It
+	// bounds the algorithms that stage through host memory on a device
+	// backend (Estimate.HostMem; 0: unknown, no cap).
+	HostMemGiBs float64 `json:"hostMemGiBs,omitempty" yaml:"hostMemGiBs,omitempty"`
 }
 
 // GiB is 2^30 bytes.
@@ -53,6 +60,9 @@ const GiB = 1 << 30
 // the copy engines' rate. (The 2-rank row, 24.72 ms, then sits at 62% of
 // its floor: two kernels read slower than seven; the figure is the best
 // the link gave, so the floor stays a floor.)
+//
+// HostMemGiBs is 0 (no cap): host memory under concurrent DMA was not
+// measured on the H200 machine yet (`migctl bench limits` measures it).
 func H200() Machine {
 	return Machine{LinkGiBs: 51.5, DuplexGiBs: 97e9 / GiB, ReduceThreadGiBs: 4.1, P2PGiBs: 364,
 		DeviceReadGiBs: 24, RoundTrip: 23 * time.Microsecond}
@@ -82,6 +92,7 @@ const (
 	SettingP2PGiBs        = "allreduce.p2p_gibs"
 	SettingDeviceReadGiBs = "allreduce.device_read_gibs"
 	SettingRoundTripUS    = "allreduce.roundtrip_us"
+	SettingHostMemGiBs    = "allreduce.host_mem_gibs"
 	// SettingReduceWorkers is the reduce threads per rank the choice
 	// assumes (Options.ReduceWorkers; not part of Machine).
 	SettingReduceWorkers = "allreduce.reduce_workers"
@@ -97,7 +108,7 @@ func (m Machine) Settings() map[string]string {
 	return map[string]string{
 		SettingLinkGiBs: f(m.LinkGiBs), SettingDuplexGiBs: f(m.DuplexGiBs), SettingThreadGiBs: f(m.ReduceThreadGiBs),
 		SettingHostGiBs: f(m.ReduceHostGiBs), SettingP2PGiBs: f(m.P2PGiBs), SettingDeviceReadGiBs: f(m.DeviceReadGiBs),
-		SettingRoundTripUS: f(float64(m.RoundTrip) / float64(time.Microsecond)),
+		SettingRoundTripUS: f(float64(m.RoundTrip) / float64(time.Microsecond)), SettingHostMemGiBs: f(m.HostMemGiBs),
 	}
 }
 
@@ -106,7 +117,7 @@ func MachineFromSettings(base Machine, settings map[string]string) (Machine, err
 	m := base
 	for key, dst := range map[string]*float64{SettingLinkGiBs: &m.LinkGiBs, SettingDuplexGiBs: &m.DuplexGiBs,
 		SettingThreadGiBs: &m.ReduceThreadGiBs, SettingHostGiBs: &m.ReduceHostGiBs, SettingP2PGiBs: &m.P2PGiBs,
-		SettingDeviceReadGiBs: &m.DeviceReadGiBs} {
+		SettingDeviceReadGiBs: &m.DeviceReadGiBs, SettingHostMemGiBs: &m.HostMemGiBs} {
 		if v, ok := settings[key]; ok {
 			x, err := strconv.ParseFloat(v, 64)
 			if err != nil || x < 0 || math.IsInf(x, 0) || math.IsNaN(x) {
@@ -152,8 +163,9 @@ type Estimate struct {
 	// the algorithms through host memory): no run can be faster.
 	Limit time.Duration
 	// Binding names that resource: "link" (one GPU's busiest direction),
-	// "duplex" (one GPU's link both ways), "host" (CPU reduction), "p2p",
-	// "latency" or "" (nothing to move).
+	// "duplex" (one GPU's link both ways), "host" (CPU reduction),
+	// "hostmem" (host memory, DMA and CPU together: HostMem at
+	// Machine.HostMemGiBs), "p2p", "latency" or "" (nothing to move).
 	Binding string
 	// Predicted is Limit over the fraction of it the algorithm reached in
 	// measurements (Efficiency): what Choose compares.
@@ -165,6 +177,20 @@ type Estimate struct {
 	// from mapped host memory (a split host-staged all-reduce's device
 	// part): it costs the link at Machine.DeviceReadGiBs.
 	DeviceRead float64
+	// HostMem is every byte the schedule moves through host memory, all
+	// ranks and GPUs together: copies into the arena (DMA writes), copies
+	// and device kernels' reads out of it, and the CPU reductions' reads
+	// and writes (each byte counted once; a write-allocate cache may read
+	// written lines too). With n ranks of S bytes: host-staged (3n+1)·S
+	// (n·S in, n·S read and S written by the CPU, n·S out), with a GPU
+	// share f (3n+1−3f)·S; the small one-round schedule (n²+3n)·S (every
+	// rank reduces every input into its own area); the shm ring 4(n−1)·S;
+	// hierarchical (3n+1)·S with several groups, (3n−2)·S with one;
+	// reduce-scatter of S blocks 2n(n+1)·S; all-gather n(n+1)·S;
+	// broadcast n·S (in place); the IPC ring 0. Charged at
+	// Machine.HostMemGiBs on a device backend only (the host backend's
+	// copies are CPU copies, not counted).
+	HostMem float64
 }
 
 // Efficiency is the fraction of its Limit an algorithm reached on the
@@ -211,6 +237,13 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 	case w.Coll == Barrier:
 	case w.Coll == AllReduce && n == 1:
 		link(func(int) (float64, float64) { return S, S })
+		switch w.Algorithm {
+		case Ring:
+			e.HostMem = 2 * S // through one slot, when not in place
+		case RingIPC:
+		default:
+			e.HostMem = 4 * S // the host-staged schedule with one input
+		}
 	case w.Coll == AllReduce && w.Algorithm == HostStaged && w.GPUShare > 0:
 		// The devices' part f: each rank's kernel reads the n−1 peers'
 		// copies of its 1/n of it, and the fetch skips that 1/n.
@@ -222,15 +255,21 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		} else {
 			e.DeviceRead = float64(slices.Max(sizes)) * (N - 1) / N * f * S
 		}
+		// Staged (n−f)·S, the kernels read (n−1)·f·S and write f·S, the
+		// CPU reads n(1−f)·S and writes (1−f)·S, fetched (n−f)·S.
+		e.HostMem = (3*N + 1 - 3*f) * S
 	case w.Coll == AllReduce && (w.Algorithm == HostStaged || w.Algorithm == HostStagedSmall):
 		link(func(int) (float64, float64) { return S, S })
 		e.HostRead = N * S
+		e.HostMem = (3*N + 1) * S
 		if w.Algorithm == HostStagedSmall {
 			e.HostRead = N * N * S // every rank reduces every input
+			e.HostMem = (N*N + 3*N) * S
 		}
 	case w.Coll == AllReduce && w.Algorithm == Ring:
 		x := 2 * (N - 1) / N * S
 		link(func(int) (float64, float64) { return x, x })
+		e.HostMem = 2 * N * x // every rank's steps: x into a slot, x out of one
 		if w.HostBackend {
 			e.HostRead = N * x // each step reduces two inputs of a block
 		}
@@ -242,7 +281,13 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 			e.P2P = 0
 		}
 	case w.Coll == AllReduce && w.Algorithm == Hierarchical:
+		// A group of k stages (k−1)·S, its kernels read (k−1)·S and
+		// write S of group partials; with one group the ranks fetch
+		// (n−1)·S of them, with G the CPU reads G·S, writes S and the
+		// ranks fetch n·S.
+		e.HostMem = (3*N + 1) * S
 		if G == 1 {
+			e.HostMem = (3*N - 2) * S
 			link(func(k int) (float64, float64) { return S, 2 * float64(k-1) / float64(k) * S })
 		} else {
 			link(func(k int) (float64, float64) {
@@ -264,10 +309,13 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 	case w.Coll == ReduceScatter:
 		link(func(int) (float64, float64) { return N * S, S })
 		e.HostRead = N * N * S
+		e.HostMem = 2 * N * (N + 1) * S // n²·S staged and read, n·S written and fetched
 	case w.Coll == AllGather:
 		link(func(int) (float64, float64) { return S, N * S })
+		e.HostMem = N * (N + 1) * S
 	case w.Coll == Broadcast:
 		link(func(int) (float64, float64) { return S / N, S })
+		e.HostMem = N * S // S staged, (n−1)·S fetched (n·S when not in place)
 	default:
 		return Estimate{}, fmt.Errorf("cost of %s with the %s algorithm: %w", w.Coll, w.Algorithm, ErrUnsupported)
 	}
@@ -299,6 +347,9 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		bind(secs(e.P2P, m.P2PGiBs), "p2p")
 	}
 	bind(secs(e.HostRead, m.HostReduceGiBs(w.ReduceThreads)), "host")
+	if !w.HostBackend {
+		bind(secs(e.HostMem, m.HostMemGiBs), "hostmem")
+	}
 	lim := time.Duration(best * float64(time.Second))
 	if memory && !w.HostBackend && w.Coll != Barrier && w.Bytes > 0 {
 		lim += m.RoundTrip

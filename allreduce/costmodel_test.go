@@ -130,7 +130,7 @@ func TestEstimateEdges(t *testing.T) {
 
 func TestMachineSettings(t *testing.T) {
 	m := Machine{LinkGiBs: 40.5, DuplexGiBs: 70, ReduceThreadGiBs: 3.25, ReduceHostGiBs: 60, P2PGiBs: 300, DeviceReadGiBs: 20,
-		RoundTrip: 31 * time.Microsecond}
+		RoundTrip: 31 * time.Microsecond, HostMemGiBs: 125.5}
 	got, err := MachineFromSettings(H200(), m.Settings())
 	require.NoError(t, err)
 	require.Equal(t, m, got)
@@ -263,4 +263,132 @@ func TestHierarchicalMeasuredH200(t *testing.T) {
 		require.NoError(t, err)
 		require.Less(t, h.Predicted, e.Predicted, "%d ranks", r.n)
 	}
+}
+
+// scheduleHostMem counts the bytes a schedule moves through host memory:
+// copies into and out of the arena, device kernels' reads of it, and the
+// CPU reductions' reads and writes.
+func scheduleHostMem(s Schedule) float64 {
+	var b int
+	for _, steps := range s.Steps {
+		for _, st := range steps {
+			switch st.Kind {
+			case CopyOut, CopyIn:
+				b += st.Len
+			case ReduceIn:
+				for _, h := range st.Hosts {
+					b += h.Len
+				}
+			case HostReduce:
+				b += st.Host.Len
+				for _, h := range st.Hosts {
+					b += h.Len
+				}
+			}
+		}
+	}
+	return float64(b)
+}
+
+func TestEstimateHostMemMatchesSchedule(t *testing.T) {
+	// Estimate.HostMem is what the schedules Build makes move through
+	// host memory, step by step.
+	const chunk, slots = 64 << 10, 4
+	tests := []struct {
+		coll    Coll
+		alg     Algorithm
+		labels  []int
+		bytes   int
+		share   int
+		inPlace bool
+	}{
+		{AllReduce, HostStaged, []int{0, 0, 0, 0, 0, 0, 0}, 1 << 20, 0, false},
+		{AllReduce, HostStaged, []int{0, 0}, 3<<20 + 4096, 0, false},
+		{AllReduce, HostStaged, []int{0, 0, 1, 1}, 1 << 20, 0, false},
+		{AllReduce, HostStaged, []int{0}, 1 << 20, 0, false},
+		{AllReduce, HostStaged, []int{0, 0, 0, 0}, 1 << 20, 250, false},
+		{AllReduce, HostStaged, []int{0, 0, 0, 0, 0, 0, 0}, 1 << 20, 125, false},
+		{AllReduce, HostStaged, []int{0, 0}, 1 << 20, GPUShareOne, false},
+		{AllReduce, HostStagedSmall, []int{0, 0, 0, 0, 0, 0, 0}, 8 << 10, 0, false},
+		{AllReduce, HostStagedSmall, []int{0, 0}, 64 << 10, 0, false},
+		{AllReduce, Ring, []int{0, 0, 0, 0, 0, 0, 0}, 1 << 20, 0, false},
+		{AllReduce, Ring, []int{0, 1}, 1 << 20, 0, false},
+		{AllReduce, Ring, []int{0}, 1 << 20, 0, false},
+		{AllReduce, RingIPC, []int{0, 1, 2}, 1 << 20, 0, false},
+		{AllReduce, Hierarchical, []int{0, 0, 0, 0, 0, 0, 0}, 1 << 20, 0, false},
+		{AllReduce, Hierarchical, []int{0, 0, 1, 1}, 1 << 20, 0, false},
+		{AllReduce, Hierarchical, []int{0, 0, 0, 1, 1, 2, 2, 2}, 1 << 20, 0, false},
+		{ReduceScatter, HostStaged, []int{0, 0, 0}, 1 << 18, 0, false},
+		{AllGather, HostStaged, []int{0, 0, 0, 0}, 1 << 18, 0, false},
+		{Broadcast, HostStaged, []int{0, 0, 0, 0, 0}, 1 << 20, 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%s/%v/share%d", tc.coll, tc.alg, tc.labels, tc.share), func(t *testing.T) {
+			g, err := NewGrouping(tc.labels)
+			require.NoError(t, err)
+			s, err := Build(Params{Coll: tc.coll, Algorithm: tc.alg, World: len(tc.labels), Bytes: tc.bytes, ElemSize: 4,
+				Chunk: chunk, Slots: slots, Groups: g, GPUShare: tc.share, InPlace: tc.inPlace})
+			require.NoError(t, err)
+			e, err := H200().Estimate(Workload{Coll: tc.coll, Algorithm: tc.alg, Groups: g, Bytes: tc.bytes, ReduceThreads: 4,
+				GPUShare: tc.share})
+			require.NoError(t, err)
+			want := scheduleHostMem(s)
+			// A share cuts chunks on 64-byte boundaries: within 0.5%.
+			require.InDelta(t, want, e.HostMem, want/200+1, "schedule %v bytes, model %v", want, e.HostMem)
+		})
+	}
+}
+
+func TestEstimateHostMemTerm(t *testing.T) {
+	// 7 ranks of 256 MiB on one H200: (3·7+1)·S = 5.5 GiB through host
+	// memory. Below about 5.5 GiB / 37 ms ≈ 148 GiB/s it binds; at 0 or
+	// far above, the duplex link does as before.
+	const S = 256 << 20
+	w := Workload{Coll: AllReduce, Algorithm: HostStaged, Groups: ContiguousGroups(7, 7), Bytes: S, ReduceThreads: 14}
+	base, err := H200().Estimate(w)
+	require.NoError(t, err)
+	require.Equal(t, "duplex", base.Binding)
+	for _, tc := range []struct {
+		desc     string
+		gibs     float64
+		host     bool
+		alg      Algorithm
+		wantBind string
+		wantSecs float64 // 0: base's limit
+	}{
+		{"unknown", 0, false, HostStaged, "duplex", 0},
+		{"high", 1000, false, HostStaged, "duplex", 0},
+		{"low", 110, false, HostStaged, "hostmem", 22 * 0.25 / 110},
+		{"lower", 55, false, HostStaged, "hostmem", 22 * 0.25 / 55},
+		// The host backend's copies are CPU copies: no host-memory term.
+		{"host backend", 1, true, HostStaged, "host", 0},
+		// The IPC ring does not go through host memory.
+		{"ipc ring", 1, false, RingIPC, "p2p", 0},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			m := H200()
+			m.HostMemGiBs = tc.gibs
+			x := w
+			x.HostBackend, x.Algorithm = tc.host, tc.alg
+			e, err := m.Estimate(x)
+			require.NoError(t, err)
+			require.Equal(t, tc.wantBind, e.Binding, "%+v", e)
+			switch {
+			case tc.wantSecs > 0:
+				require.InDelta(t, tc.wantSecs+m.RoundTrip.Seconds(), e.Limit.Seconds(), 1e-6, "%+v", e)
+				require.InDelta(t, 22*0.25*GiB, e.HostMem, 1)
+			case !tc.host && tc.alg == HostStaged:
+				require.Equal(t, base.Limit, e.Limit)
+			}
+		})
+	}
+	// Choose sees the term: where host memory binds, the ring's 4(n−1)·S
+	// (24 S for 7 ranks) loses to host-staged's 22 S all the more.
+	m := H200()
+	m.HostMemGiBs = 60
+	c, err := m.Choose(w, ShmCandidates(w.Groups))
+	require.NoError(t, err)
+	require.Equal(t, HostStaged, c.Algorithm)
+	require.Equal(t, "hostmem", c.Estimates[0].Binding)
+	require.Equal(t, "hostmem", c.Estimates[1].Binding)
 }
