@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -24,16 +26,26 @@ import (
 var ErrInvalid = errors.New("invalid")
 
 // Host is the CPU's reduction bandwidth, in GiB/s of input read: Inputs
-// float32 buffers of Bytes each summed by one thread, and by Threads.
+// float32 buffers of Bytes each summed by one thread, and by Threads; and
+// the host's memory bandwidth as the CPU alone reaches it.
 type Host struct {
-	Hostname         string    `json:"hostname" yaml:"hostname"`
-	CPUs             int       `json:"cpus" yaml:"cpus"`
-	Inputs           int       `json:"inputs" yaml:"inputs"`
-	Bytes            int       `json:"bytes" yaml:"bytes"`
-	Threads          int       `json:"threads" yaml:"threads"`
-	ReduceThreadGiBs float64   `json:"reduceThreadGiBs" yaml:"reduceThreadGiBs"`
-	ReduceHostGiBs   float64   `json:"reduceHostGiBs" yaml:"reduceHostGiBs"`
-	Measured         time.Time `json:"measured" yaml:"measured"`
+	Hostname         string  `json:"hostname" yaml:"hostname"`
+	CPUs             int     `json:"cpus" yaml:"cpus"`
+	Inputs           int     `json:"inputs" yaml:"inputs"`
+	Bytes            int     `json:"bytes" yaml:"bytes"`
+	Threads          int     `json:"threads" yaml:"threads"`
+	ReduceThreadGiBs float64 `json:"reduceThreadGiBs" yaml:"reduceThreadGiBs"`
+	ReduceHostGiBs   float64 `json:"reduceHostGiBs" yaml:"reduceHostGiBs"`
+	// MemoryGiBs is the bytes read plus the bytes written per second
+	// when Threads goroutines each copy their part of one MemoryBytes
+	// buffer into another (Go's copy, large enough to miss every cache):
+	// what host memory moves for the CPU alone, with no DMA. Each byte
+	// copied counts twice, once read and once written (a write-allocate
+	// read of the destination, where the copy makes one, is not counted).
+	// 0: not measured (a cache from before it existed).
+	MemoryBytes int       `json:"memoryBytes,omitempty" yaml:"memoryBytes,omitempty"`
+	MemoryGiBs  float64   `json:"memoryGiBs,omitempty" yaml:"memoryGiBs,omitempty"`
+	Measured    time.Time `json:"measured" yaml:"measured"`
 }
 
 // GPU is one device's pinned copy bandwidth and small round trip.
@@ -48,8 +60,25 @@ type GPU struct {
 	D2HGiBs    float64 `json:"d2hGiBs" yaml:"d2hGiBs"`
 	DuplexGiBs float64 `json:"duplexGiBs" yaml:"duplexGiBs"`
 	// RoundTripUS is the median of an 8-KiB copy out and back in.
-	RoundTripUS float64   `json:"roundTripUs" yaml:"roundTripUs"`
-	Measured    time.Time `json:"measured" yaml:"measured"`
+	RoundTripUS float64 `json:"roundTripUs" yaml:"roundTripUs"`
+	// The contended measurement: the same copies both ways at once, issued
+	// back to back for about a second, while ContendedThreads goroutines
+	// reduce float32 sums of 4 pageable buffers of ContendedBytes each
+	// (each goroutine its own part, round and round). ContendedCopyGiBs is
+	// the copies' rate then, the two directions together;
+	// ContendedReduceGiBs the CPU's, in GiB/s of input read, over the same
+	// window. HostMemUnderDMAGiBs is what host memory moved in all per
+	// second: the device→host copies' writes + the host→device copies'
+	// reads + the reductions' reads + their writes (a quarter of the
+	// reads: one output per 4 inputs) — the figure the cost model charges
+	// host-staged schedules against (allreduce.Machine.HostMemGiBs). All
+	// 0: not measured (a cache from before it existed).
+	ContendedThreads    int       `json:"contendedThreads,omitempty" yaml:"contendedThreads,omitempty"`
+	ContendedBytes      int       `json:"contendedBytes,omitempty" yaml:"contendedBytes,omitempty"`
+	ContendedCopyGiBs   float64   `json:"contendedCopyGiBs,omitempty" yaml:"contendedCopyGiBs,omitempty"`
+	ContendedReduceGiBs float64   `json:"contendedReduceGiBs,omitempty" yaml:"contendedReduceGiBs,omitempty"`
+	HostMemUnderDMAGiBs float64   `json:"hostMemUnderDMAGiBs,omitempty" yaml:"hostMemUnderDMAGiBs,omitempty"`
+	Measured            time.Time `json:"measured" yaml:"measured"`
 }
 
 // Limits is one host's measured figures.
@@ -64,10 +93,14 @@ type HostOptions struct {
 	Inputs  int // default 4
 	Threads int // default runtime.NumCPU()
 	Reps    int // best of (default 3)
+	// MemoryBytes is the source and the destination of the memory copy,
+	// each (default 512 MiB: with both, beyond any last-level cache).
+	MemoryBytes int
 }
 
 // MeasureHost times comm.ReduceHost of float32 sums on one thread and on
-// Threads, after one untimed pass, and keeps the best of Reps each.
+// Threads, and a copy of MemoryBytes split over Threads goroutines, each
+// after one untimed pass, and keeps the best of Reps each.
 func MeasureHost(ctx context.Context, o HostOptions) (Host, error) {
 	if o.Bytes <= 0 {
 		o.Bytes = 64 << 20
@@ -81,11 +114,16 @@ func MeasureHost(ctx context.Context, o HostOptions) (Host, error) {
 	if o.Reps <= 0 {
 		o.Reps = 3
 	}
-	o.Bytes &^= 63
-	if o.Bytes == 0 {
-		return Host{}, fmt.Errorf("measuring reductions of under 64 bytes: %w", ErrInvalid)
+	if o.MemoryBytes <= 0 {
+		o.MemoryBytes = 512 << 20
 	}
-	h := Host{CPUs: runtime.NumCPU(), Inputs: o.Inputs, Bytes: o.Bytes, Threads: o.Threads, Measured: time.Now().UTC()}
+	o.Bytes &^= 63
+	o.MemoryBytes &^= 63
+	if o.Bytes == 0 || o.MemoryBytes == 0 {
+		return Host{}, fmt.Errorf("measuring reductions or copies of under 64 bytes: %w", ErrInvalid)
+	}
+	h := Host{CPUs: runtime.NumCPU(), Inputs: o.Inputs, Bytes: o.Bytes, Threads: o.Threads, MemoryBytes: o.MemoryBytes,
+		Measured: time.Now().UTC()}
 	h.Hostname, _ = os.Hostname()
 	srcs := make([][]byte, o.Inputs)
 	for i := range srcs {
@@ -118,7 +156,42 @@ func MeasureHost(ctx context.Context, o HostOptions) (Host, error) {
 	if h.ReduceHostGiBs, err = rate(o.Threads); err != nil {
 		return h, fmt.Errorf("measuring a %d-thread reduction: %w", o.Threads, err)
 	}
+	srcs, dst = nil, nil // let the reduction's buffers go before the copy's
+	if h.MemoryGiBs, err = memoryRate(ctx, o.MemoryBytes, o.Threads, o.Reps); err != nil {
+		return h, fmt.Errorf("measuring a %d-thread memory copy: %w", o.Threads, err)
+	}
 	return h, nil
+}
+
+// memoryRate is the best of reps copies of bytes from one buffer into
+// another by threads goroutines (each a 64-byte aligned part), after one
+// untimed pass, in GiB/s of bytes read plus bytes written.
+func memoryRate(ctx context.Context, bytes, threads, reps int) (float64, error) {
+	src, dst := make([]byte, bytes), make([]byte, bytes)
+	for j := 0; j < bytes; j += 4096 {
+		src[j], dst[j] = 1, 1 // touch every page
+	}
+	part := func(i int) int { return (bytes / 64 * i / threads) * 64 }
+	best := 0.0
+	var wg sync.WaitGroup
+	for rep := range reps + 1 {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		for i := range threads {
+			wg.Add(1)
+			go func(lo, hi int) {
+				defer wg.Done()
+				copy(dst[lo:hi], src[lo:hi])
+			}(part(i), part(i+1))
+		}
+		wg.Wait()
+		if d := time.Since(start).Seconds(); rep > 0 && d > 0 {
+			best = max(best, float64(2*bytes)/d/allreduce.GiB)
+		}
+	}
+	return best, nil
 }
 
 // GPUOptions shape MeasureGPU; zero fields take defaults.
@@ -126,12 +199,26 @@ type GPUOptions struct {
 	Bytes      int // per copy (default 256 MiB)
 	Reps       int // best of (default 5)
 	RoundTrips int // 8-KiB round trips, median (default 200)
+	// ContendFor is how long the contended measurement copies (default
+	// 1 s; negative: skip it); ContendThreads the goroutines reducing
+	// meanwhile (default runtime.NumCPU()−1, at least 1: a core is left to
+	// the thread issuing copies); ContendBytes each of the reduction's 4
+	// pageable inputs (default 128 MiB).
+	ContendFor     time.Duration
+	ContendThreads int
+	ContendBytes   int
 }
 
+// contendInputs is the number of inputs the contended reduction sums.
+const contendInputs = 4
+
 // MeasureGPU times pinned copies on CUDA device ordinal: host→device and
-// device→host alone and at once on two streams (best of Reps), and the
-// median of 8-KiB round trips. It needs the device to itself to be
-// meaningful; it initializes the driver and uses the primary context.
+// device→host alone and at once on two streams (best of Reps), the same
+// copies both ways again while CPU threads reduce in host memory (the
+// contended figures of GPU), and the median of 8-KiB round trips. It needs
+// the device and the host to itself to be meaningful; it initializes the
+// driver and uses the primary context. It blocks for a few seconds at the
+// default sizes and returns early with ctx's error when ctx is done.
 func MeasureGPU(ctx context.Context, api cuda.Interface, ordinal int, o GPUOptions) (g GPU, err error) {
 	if o.Bytes <= 0 {
 		o.Bytes = 256 << 20
@@ -142,6 +229,16 @@ func MeasureGPU(ctx context.Context, api cuda.Interface, ordinal int, o GPUOptio
 	if o.RoundTrips <= 0 {
 		o.RoundTrips = 200
 	}
+	if o.ContendFor == 0 {
+		o.ContendFor = time.Second
+	}
+	if o.ContendThreads <= 0 {
+		o.ContendThreads = max(1, runtime.NumCPU()-1)
+	}
+	if o.ContendBytes <= 0 {
+		o.ContendBytes = 128 << 20
+	}
+	o.ContendBytes = max(o.ContendBytes&^63, 64)
 	const small = 8 << 10
 	o.Bytes = max(o.Bytes, small)
 	runtime.LockOSThread()
@@ -265,6 +362,29 @@ func MeasureGPU(ctx context.Context, api cuda.Interface, ordinal int, o GPUOptio
 	}); err != nil {
 		return g, fmt.Errorf("timing copies both ways at once: %w", err)
 	}
+	if o.ContendFor > 0 {
+		duplex := func() error {
+			if err := h2d(s1); err != nil {
+				return err
+			}
+			if err := d2h(s2); err != nil {
+				return err
+			}
+			for _, s := range []cuda.Stream{s1, s2} {
+				if err := api.StreamSynchronize(s); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		c, err := contend(ctx, duplex, float64(2*n), o)
+		if err != nil {
+			return g, fmt.Errorf("timing copies both ways during CPU reductions: %w", err)
+		}
+		g.ContendedThreads, g.ContendedBytes = o.ContendThreads, o.ContendBytes
+		g.ContendedCopyGiBs, g.ContendedReduceGiBs = c.copyGiBs, c.reduceGiBs
+		g.HostMemUnderDMAGiBs = c.copyGiBs + c.reduceGiBs*(contendInputs+1)/contendInputs
+	}
 	trips := make([]float64, 0, o.RoundTrips)
 	for i := range o.RoundTrips + 10 {
 		if i%50 == 0 {
@@ -291,6 +411,101 @@ func MeasureGPU(ctx context.Context, api cuda.Interface, ordinal int, o GPUOptio
 	return g, nil
 }
 
+type contention struct{ copyGiBs, reduceGiBs float64 }
+
+// contend runs o.ContendThreads goroutines that reduce float32 sums of
+// contendInputs pageable buffers of o.ContendBytes, each its own part in
+// pieces of at most 1 MiB round and round, and meanwhile, once every
+// goroutine finished a piece, calls round (roundBytes of copies, issued
+// and waited for) back to back for o.ContendFor. It returns the copies'
+// rate and the reductions' rate over the copies' window, in GiB/s of
+// copies and of input read. It blocks on the calling goroutine (the one
+// holding the CUDA context) and stops early when ctx is done.
+func contend(ctx context.Context, round func() error, roundBytes float64, o GPUOptions) (contention, error) {
+	srcs := make([][]byte, contendInputs)
+	for i := range srcs {
+		srcs[i] = make([]byte, o.ContendBytes)
+	}
+	dst := make([]byte, o.ContendBytes)
+	threads := o.ContendThreads
+	var (
+		read    atomic.Int64 // input bytes reduced so far
+		stop    atomic.Bool
+		started sync.WaitGroup
+		done    sync.WaitGroup
+		errs    = make([]error, threads)
+	)
+	const piece = 1 << 20
+	started.Add(threads)
+	done.Add(threads)
+	for t := range threads {
+		lo, hi := (o.ContendBytes/64*t/threads)*64, (o.ContendBytes/64*(t+1)/threads)*64
+		go func() {
+			defer done.Done()
+			first := true
+			defer func() {
+				if first {
+					started.Done()
+				}
+			}()
+			for j := lo; j < hi; j += 4096 {
+				for _, s := range srcs {
+					s[j] = 1 // touch every page of this part
+				}
+				dst[j] = 1
+			}
+			part := make([][]byte, len(srcs))
+			for off := lo; hi > lo && !stop.Load() && ctx.Err() == nil; {
+				end := min(off+piece, hi)
+				for i, s := range srcs {
+					part[i] = s[off:end]
+				}
+				if err := comm.ReduceHost(dst[off:end], part, comm.Float32, comm.Sum, 1); err != nil {
+					errs[t] = err
+					return
+				}
+				read.Add(int64(len(srcs) * (end - off)))
+				if first {
+					first = false
+					started.Done()
+				}
+				if off = end; off == hi {
+					off = lo
+				}
+			}
+		}()
+	}
+	defer func() {
+		stop.Store(true)
+		done.Wait()
+	}()
+	started.Wait() // errs is read once every goroutine is done
+	if err := ctx.Err(); err != nil {
+		return contention{}, err
+	}
+	start := time.Now()
+	r0 := read.Load()
+	rounds := 0
+	for rounds == 0 || time.Since(start) < o.ContendFor {
+		if err := ctx.Err(); err != nil {
+			return contention{}, err
+		}
+		if err := round(); err != nil {
+			return contention{}, err
+		}
+		rounds++
+	}
+	d := time.Since(start).Seconds()
+	r1 := read.Load()
+	stop.Store(true)
+	done.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return contention{}, err
+	}
+	return contention{copyGiBs: float64(rounds) * roundBytes / d / allreduce.GiB,
+		reduceGiBs: float64(r1-r0) / d / allreduce.GiB}, nil
+}
+
 // DeviceUUID names a device as CUDA_VISIBLE_DEVICES and nvidia-smi do:
 // "MIG-..." for a MIG instance, else "GPU-...".
 func DeviceUUID(api cuda.Interface, dev cuda.Device) (string, error) {
@@ -307,17 +522,22 @@ func DeviceUUID(api cuda.Interface, dev cuda.Device) (string, error) {
 
 // Machine turns the figures into the cost model's machine, for the GPUs
 // with these UUIDs (the slowest of them binds; nil: every measured GPU).
-// What was not measured keeps base's value.
+// HostMemGiBs is the GPU's HostMemUnderDMAGiBs when those are one GPU: it
+// was measured with one GPU's copies, and the copies of several GPUs may
+// get more out of host memory, so for several it keeps base's value. What
+// was not measured keeps base's value.
 func (l Limits) Machine(base allreduce.Machine, uuids []string) allreduce.Machine {
 	m := base
 	if l.Host.ReduceThreadGiBs > 0 {
 		m.ReduceThreadGiBs, m.ReduceHostGiBs = l.Host.ReduceThreadGiBs, l.Host.ReduceHostGiBs
 	}
 	var link, duplex, trip float64
+	var selected []GPU
 	for _, g := range l.GPUs {
 		if uuids != nil && !slices.Contains(uuids, g.UUID) {
 			continue
 		}
+		selected = append(selected, g)
 		w := min(g.H2DGiBs, g.D2HGiBs)
 		if link == 0 || w < link {
 			link = w
@@ -330,6 +550,9 @@ func (l Limits) Machine(base allreduce.Machine, uuids []string) allreduce.Machin
 	if link > 0 {
 		m.LinkGiBs, m.DuplexGiBs = link, duplex
 		m.RoundTrip = time.Duration(trip * float64(time.Microsecond))
+	}
+	if len(selected) == 1 && selected[0].HostMemUnderDMAGiBs > 0 {
+		m.HostMemGiBs = selected[0].HostMemUnderDMAGiBs
 	}
 	return m
 }

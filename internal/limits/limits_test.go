@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,13 +17,20 @@ import (
 func TestMeasureHost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h, err := MeasureHost(ctx, HostOptions{Bytes: 1 << 20, Inputs: 3, Threads: 2, Reps: 1})
+	h, err := MeasureHost(ctx, HostOptions{Bytes: 1 << 20, Inputs: 3, Threads: 2, Reps: 1, MemoryBytes: 4<<20 + 100})
 	require.NoError(t, err)
 	require.Positive(t, h.ReduceThreadGiBs)
 	require.Positive(t, h.ReduceHostGiBs)
 	require.Equal(t, 3, h.Inputs)
 	require.NotEmpty(t, h.Hostname)
+	// The memory copy: cut to 64 bytes, and a rate no host is beyond
+	// (this one's buffers fit in a cache: not a figure to trust).
+	require.Equal(t, 4<<20+64, h.MemoryBytes)
+	require.Positive(t, h.MemoryGiBs)
+	require.Less(t, h.MemoryGiBs, 10_000.0)
 	_, err = MeasureHost(ctx, HostOptions{Bytes: 8})
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = MeasureHost(ctx, HostOptions{Bytes: 1 << 16, MemoryBytes: 63})
 	require.ErrorIs(t, err, ErrInvalid)
 	cancel()
 	_, err = MeasureHost(ctx, HostOptions{Bytes: 1 << 16})
@@ -34,18 +42,41 @@ func TestMeasureGPUOnTheFakeDriver(t *testing.T) {
 	defer cancel()
 	mig := cuda.FakeDevice{Name: "fake MIG", UUID: cuda.UUID{7}, ParentUUID: cuda.UUID{8}, PCIBusID: "00000000:19:00.0", SMs: 16, TotalMem: 1 << 30}
 	f := cuda.NewFake(cuda.FakeDevice{Name: "fake", UUID: cuda.UUID{1}, ParentUUID: cuda.UUID{1}, PCIBusID: "00000000:18:00.0", SMs: 132, TotalMem: 1 << 30}, mig)
-	g, err := MeasureGPU(ctx, f, 0, GPUOptions{Bytes: 1 << 20, Reps: 1, RoundTrips: 5})
+	start := time.Now()
+	g, err := MeasureGPU(ctx, f, 0, GPUOptions{Bytes: 1 << 20, Reps: 1, RoundTrips: 5,
+		ContendFor: 100 * time.Millisecond, ContendThreads: 2, ContendBytes: 1 << 20})
 	require.NoError(t, err)
+	require.Less(t, time.Since(start), 10*time.Second)
 	require.Equal(t, cuda.UUID{1}.String("GPU"), g.UUID)
 	require.Positive(t, g.H2DGiBs)
 	require.Positive(t, g.D2HGiBs)
 	require.Positive(t, g.DuplexGiBs)
 	require.Positive(t, g.RoundTripUS)
-	g2, err := MeasureGPU(ctx, f, 1, GPUOptions{Bytes: 1 << 16, Reps: 1, RoundTrips: 3})
+	// The contended figures: copies and reductions both moved, and the
+	// host-memory total is their bytes (a quarter more for the CPU's
+	// writes).
+	require.Equal(t, 2, g.ContendedThreads)
+	require.Equal(t, 1<<20, g.ContendedBytes)
+	require.Positive(t, g.ContendedCopyGiBs)
+	require.Positive(t, g.ContendedReduceGiBs)
+	require.InDelta(t, g.ContendedCopyGiBs+1.25*g.ContendedReduceGiBs, g.HostMemUnderDMAGiBs, 1e-9)
+
+	g2, err := MeasureGPU(ctx, f, 1, GPUOptions{Bytes: 1 << 16, Reps: 1, RoundTrips: 3, ContendFor: -1})
 	require.NoError(t, err)
 	require.Equal(t, cuda.UUID{7}.String("MIG"), g2.UUID)
+	require.Zero(t, g2.HostMemUnderDMAGiBs, "skipped")
+	require.Zero(t, g2.ContendedThreads)
 	_, err = MeasureGPU(ctx, f, 5, GPUOptions{Bytes: 1 << 16})
 	require.Error(t, err)
+
+	// The contended measurement stops when the context is done.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	start = time.Now()
+	_, err = MeasureGPU(short, f, 0, GPUOptions{Bytes: 1 << 16, Reps: 1, RoundTrips: 3,
+		ContendFor: time.Hour, ContendThreads: 2, ContendBytes: 1 << 20})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 5*time.Second)
 }
 
 func TestCacheAndMachine(t *testing.T) {
@@ -76,8 +107,24 @@ func TestCacheAndMachine(t *testing.T) {
 	m = got.Machine(allreduce.H200(), nil) // the slowest GPU binds
 	require.Equal(t, 48.0, m.LinkGiBs)
 	require.Equal(t, 30*time.Microsecond, m.RoundTrip)
+	require.Zero(t, m.HostMemGiBs, "not measured: base's")
 	// Nothing measured: the base.
 	require.Equal(t, allreduce.H200(), Limits{}.Machine(allreduce.H200(), nil))
+
+	// Host memory under DMA: one GPU's figure for that GPU; for several
+	// GPUs (measured one at a time) base's.
+	c := got
+	c.GPUs = slices.Clone(got.GPUs)
+	c.GPUs[0].HostMemUnderDMAGiBs, c.GPUs[1].HostMemUnderDMAGiBs = 120, 150
+	require.NoError(t, Save(path, "h1", c))
+	c, err = Load(path, "h1")
+	require.NoError(t, err)
+	require.Equal(t, 120.0, c.Machine(allreduce.H200(), []string{"GPU-a"}).HostMemGiBs)
+	require.Equal(t, 150.0, c.Machine(allreduce.H200(), []string{"GPU-b"}).HostMemGiBs)
+	require.Zero(t, c.Machine(allreduce.H200(), nil).HostMemGiBs)
+	base := allreduce.H200()
+	base.HostMemGiBs = 99
+	require.Equal(t, 99.0, c.Machine(base, []string{"GPU-a", "GPU-b"}).HostMemGiBs)
 
 	require.NoError(t, os.WriteFile(path, []byte("{"), 0o644))
 	_, err = Load(path, "h1")
@@ -86,4 +133,31 @@ func TestCacheAndMachine(t *testing.T) {
 	got, err = Load(path, "h1")
 	require.NoError(t, err)
 	require.Equal(t, l, got)
+}
+
+func TestCacheBeforeHostMemory(t *testing.T) {
+	// A cache written before the memory figures existed loads; they read
+	// as 0 (not measured), and the machine keeps base's host-memory cap.
+	path := filepath.Join(t.TempDir(), "limits.json")
+	old := `{"version": 1, "hosts": {"h1": {
+  "host": {"hostname": "h1", "cpus": 16, "inputs": 4, "bytes": 67108864, "threads": 16,
+    "reduceThreadGiBs": 7.98, "reduceHostGiBs": 70.38, "measured": "2026-12-01T14:40:00Z"},
+  "gpus": [{"ordinal": 0, "uuid": "GPU-a", "name": "NVIDIA H200", "bytes": 268435456, "h2dGiBs": 51.45,
+    "d2hGiBs": 51.5, "duplexGiBs": 94.47, "roundTripUs": 9.588, "measured": "2026-12-01T14:40:00Z"}]}}}`
+	require.NoError(t, os.WriteFile(path, []byte(old), 0o644))
+	l, err := Load(path, "h1")
+	require.NoError(t, err)
+	require.Equal(t, 70.38, l.Host.ReduceHostGiBs)
+	require.Zero(t, l.Host.MemoryGiBs)
+	require.Len(t, l.GPUs, 1)
+	require.Zero(t, l.GPUs[0].HostMemUnderDMAGiBs)
+	m := l.Machine(allreduce.H200(), []string{"GPU-a"})
+	require.Equal(t, 94.47, m.DuplexGiBs)
+	require.Zero(t, m.HostMemGiBs)
+	// Saved again, the missing figures stay missing (omitted).
+	require.NoError(t, Save(path, "h1", l))
+	buf, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotContains(t, string(buf), "hostMemUnderDMAGiBs")
+	require.NotContains(t, string(buf), "memoryGiBs")
 }
