@@ -20,13 +20,23 @@ type benchLimitsOptions struct {
 	refresh bool
 	cache   string
 	streams streams
-	ordinal []int // nil: every GPU
+	ordinal []int              // nil: every GPU
+	host    limits.HostOptions // zero: MeasureHost's defaults
 }
 
 const benchLimitsLong = `Measure, once, what bounds a collective on this machine and print it: per GPU the pinned
 host-to-device and device-to-host copy bandwidth (each way alone, both at once) and the median
 8 KiB round trip; for the host, the CPU's reduction bandwidth in GiB/s of input read, on one
-thread and on every core (float32 sums of 4 inputs).
+thread and on every core (float32 sums of 4 inputs), and its memory bandwidth for the CPU alone
+(a copy of 512 MiB on every core, bytes read plus bytes written per second).
+
+Host memory under DMA: per GPU, the copies both ways at once run back to back for a second while
+every core but one reduces float32 sums of 4 pageable 128 MiB buffers. It prints the copies' rate
+then, the CPU's rate (GiB/s of input read), and what host memory moved in all per second: the
+copies' writes and reads plus the reductions' reads and writes. A host-staged all-reduce moves
+all four kinds at once ((3n+1)·S bytes for n ranks of S bytes), so with one GPU the cost model
+takes that total as host memory's cap (binding "hostmem"); with several GPUs it has none (each
+GPU was measured alone).
 
 The figures are cached per host and GPU UUID in $XDG_CACHE_HOME/migctl/limits.json
 (~/.cache/migctl/limits.json): later calls, and every ` + "`migctl bench`" + ` run, read them there
@@ -35,10 +45,15 @@ the busiest resource needs for the chosen algorithm (docs/collectives.md) — an
 Measure on an idle machine: copies and reductions of other processes lower the figures.`
 
 func newBenchLimitsCmd(s streams) *cobra.Command {
-	o := &benchLimitsOptions{streams: s}
+	return newBenchLimitsCmdWith(&benchLimitsOptions{streams: s})
+}
+
+// newBenchLimitsCmdWith is newBenchLimitsCmd with o's host measurement
+// options (tests measure small buffers).
+func newBenchLimitsCmdWith(o *benchLimitsOptions) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "limits",
-		Short: "Measure (once, cached) the link and host-reduction bandwidth that bound collectives",
+		Short: "Measure (once, cached) the link, host-reduction and host-memory bandwidth that bound collectives",
 		Long:  benchLimitsLong,
 		Example: `  migctl bench limits                    # every GPU (none: the host only), cached
   migctl bench limits --gpu 0,1 --refresh  # measure GPUs 0 and 1 again
@@ -96,7 +111,7 @@ func (o *benchLimitsOptions) Run(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	l, _, err := ensureLimits(ctx, o.cache, o.backend, o.ordinal, o.refresh, limits.HostOptions{}, o.streams.ErrOut)
+	l, _, err := ensureLimits(ctx, o.cache, o.backend, o.ordinal, o.refresh, o.host, o.streams.ErrOut)
 	if err != nil {
 		return err
 	}
@@ -134,6 +149,8 @@ func (r *limitsReport) Rows() [][]string {
 	rows := [][]string{
 		{"host reduction, 1 thread", h.Hostname, fmt.Sprintf("%.1f GiB/s of input (%d inputs)", h.ReduceThreadGiBs, h.Inputs), when},
 		{fmt.Sprintf("host reduction, %d threads", h.Threads), h.Hostname, fmt.Sprintf("%.1f GiB/s of input", h.ReduceHostGiBs), when},
+		{fmt.Sprintf("host memory, CPU copy, %d threads", h.Threads), h.Hostname, notMeasured(h.MemoryGiBs,
+			fmt.Sprintf("%.1f GiB/s read+written", h.MemoryGiBs)), when},
 	}
 	for _, g := range r.Limits.GPUs {
 		when := g.Measured.Format("2006-01-02 15:04")
@@ -142,10 +159,26 @@ func (r *limitsReport) Rows() [][]string {
 			[]string{"pinned host→device", dev, fmt.Sprintf("%.1f GiB/s", g.H2DGiBs), when},
 			[]string{"pinned device→host", dev, fmt.Sprintf("%.1f GiB/s", g.D2HGiBs), when},
 			[]string{"pinned both ways at once", dev, fmt.Sprintf("%.1f GiB/s", g.DuplexGiBs), when},
-			[]string{"8 KiB round trip (median)", dev, fmt.Sprintf("%.1f µs", g.RoundTripUS), when})
+			[]string{"8 KiB round trip (median)", dev, fmt.Sprintf("%.1f µs", g.RoundTripUS), when},
+			[]string{fmt.Sprintf("both ways during CPU reductions (%d threads)", g.ContendedThreads), dev, notMeasured(g.HostMemUnderDMAGiBs,
+				fmt.Sprintf("copies %.1f GiB/s, CPU %.1f GiB/s of input", g.ContendedCopyGiBs, g.ContendedReduceGiBs)), when},
+			[]string{"host memory under DMA", dev, notMeasured(g.HostMemUnderDMAGiBs,
+				fmt.Sprintf("%.1f GiB/s (copies + CPU reads + writes)", g.HostMemUnderDMAGiBs)), when})
 	}
 	if len(r.Limits.GPUs) == 0 {
 		rows = append(rows, []string{"GPU link", "-", fmt.Sprintf("not measured (no GPU); the cost model assumes %.1f GiB/s (hw/H200.md)", r.Machine.LinkGiBs), "-"})
 	}
-	return rows
+	hostMem := "none (no GPU measured with it, or several GPUs)"
+	if r.Machine.HostMemGiBs > 0 {
+		hostMem = fmt.Sprintf("%.1f GiB/s", r.Machine.HostMemGiBs)
+	}
+	return append(rows, []string{"cost model: host memory cap", "-", hostMem, "-"})
+}
+
+// notMeasured is s, or a hint when the figure is 0 (a cache from before it).
+func notMeasured(figure float64, s string) string {
+	if figure <= 0 {
+		return "not measured (--refresh measures it)"
+	}
+	return s
 }

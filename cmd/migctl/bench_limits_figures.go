@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/internal/cuda"
@@ -15,8 +16,10 @@ import (
 
 // ensureLimits returns this host's figures from the cache at path,
 // measuring and caching what is missing (everything with refresh): the
-// host's reduction bandwidth, and with backend gpu or auto (when CUDA has
-// devices) the GPUs with these ordinals (nil: all). It also returns the
+// host's reduction and memory bandwidth, and with backend gpu or auto (when
+// CUDA has devices) the GPUs with these ordinals (nil: all), with host
+// memory under their DMA. A cache from before the memory figures is
+// measured again. It also returns the
 // UUIDs of those GPUs. hostOpts shapes the host measurement. A cache that
 // cannot be written is reported on progress, not fatal.
 func ensureLimits(ctx context.Context, path, backend string, ordinals []int, refresh bool, hostOpts limits.HostOptions,
@@ -28,8 +31,8 @@ func ensureLimits(ctx context.Context, path, backend string, ordinals []int, ref
 		l = limits.Limits{}
 	}
 	changed := false
-	if refresh || l.Host.ReduceThreadGiBs <= 0 {
-		fmt.Fprintf(progress, "bench: measuring the host's reduction bandwidth (cached in %s)\n", path)
+	if refresh || l.Host.ReduceThreadGiBs <= 0 || l.Host.MemoryGiBs <= 0 {
+		fmt.Fprintf(progress, "bench: measuring the host's reduction and memory bandwidth (cached in %s)\n", path)
 		if l.Host, err = limits.MeasureHost(ctx, hostOpts); err != nil {
 			return l, nil, fmt.Errorf("measuring the host's reduction bandwidth: %w", err)
 		}
@@ -61,13 +64,15 @@ func ensureLimits(ctx context.Context, path, backend string, ordinals []int, ref
 					return l, nil, fmt.Errorf("reading the UUID of CUDA device %d: %w", ord, err)
 				}
 				uuids = append(uuids, uuid)
-				if g, ok := l.GPU(uuid); ok && !refresh && g.H2DGiBs > 0 {
+				if g, ok := l.GPU(uuid); ok && !refresh && g.H2DGiBs > 0 && g.HostMemUnderDMAGiBs > 0 {
 					continue
 				}
-				fmt.Fprintf(progress, "bench: measuring pinned copies of CUDA device %d (%s)\n", ord, uuid)
+				fmt.Fprintf(progress, "bench: measuring pinned copies of CUDA device %d (%s), alone and during CPU reductions\n", ord, uuid)
 				opts := limits.GPUOptions{}
 				if _, fake := api.(*cuda.Fake); fake {
-					opts = limits.GPUOptions{Bytes: 1 << 20, Reps: 1, RoundTrips: 10} // Go memory: keep it small
+					// Go memory: keep it small
+					opts = limits.GPUOptions{Bytes: 1 << 20, Reps: 1, RoundTrips: 10,
+						ContendFor: 100 * time.Millisecond, ContendThreads: 2, ContendBytes: 1 << 20}
 				}
 				g, err := limits.MeasureGPU(ctx, api, ord, opts)
 				if err != nil {
@@ -132,7 +137,7 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 		return nil
 	}
 	// Smaller than `bench limits` measures: a first run should not wait.
-	hostOpts := limits.HostOptions{Bytes: 32 << 20, Reps: 2}
+	hostOpts := limits.HostOptions{Bytes: 32 << 20, Reps: 2, MemoryBytes: 256 << 20}
 	measure := func() (allreduce.Machine, string, error) {
 		var ordinals []int
 		if s.Backend == "gpu" {

@@ -13,6 +13,7 @@ import (
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/limits"
+	"github.com/migctl/migctl/trainer"
 )
 
 func TestBenchAlgoFlag(t *testing.T) {
@@ -77,11 +78,14 @@ func TestBenchReportLimits(t *testing.T) {
 	require.Equal(t, []string{"-", "-"}, rep.Rows()[1][9:])
 }
 
+// smallHost keeps the command tests' host measurement small (CI: 2 cores).
+var smallHost = limits.HostOptions{Bytes: 1 << 20, Reps: 1, MemoryBytes: 8 << 20}
+
 func TestBenchLimitsCommand(t *testing.T) {
 	cache := filepath.Join(t.TempDir(), "limits.json")
 	run := func(args ...string) string {
 		var out, errOut bytes.Buffer
-		cmd := newBenchLimitsCmd(streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &errOut})
+		cmd := newBenchLimitsCmdWith(&benchLimitsOptions{streams: streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &errOut}, host: smallHost})
 		cmd.SetArgs(append([]string{"--cache", cache, "--backend", "host"}, args...))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -89,16 +93,26 @@ func TestBenchLimitsCommand(t *testing.T) {
 		return out.String() + errOut.String()
 	}
 	first := run()
-	require.Contains(t, first, "measuring the host's reduction bandwidth")
+	require.Contains(t, first, "measuring the host's reduction and memory bandwidth")
 	require.Contains(t, first, "host reduction, 1 thread")
+	require.Regexp(t, `host memory, CPU copy, \d+ threads +\S+ +[0-9.]+ GiB/s read\+written`, first)
+	require.Contains(t, first, "cost model: host memory cap")
 	second := run("-o", "json")
 	require.NotContains(t, second, "measuring", "the second call reads the cache")
 	var rep limitsReport
 	require.NoError(t, json.Unmarshal([]byte(second), &rep))
 	require.Positive(t, rep.Limits.Host.ReduceThreadGiBs)
+	require.Positive(t, rep.Limits.Host.MemoryGiBs)
+	require.Contains(t, second, `"memoryGiBs":`)
+	require.Contains(t, run("-o", "yaml"), "memoryGiBs:")
 	l, err := limits.Load(cache, rep.Limits.Host.Hostname)
 	require.NoError(t, err)
 	require.Equal(t, rep.Limits.Host.ReduceThreadGiBs, l.Host.ReduceThreadGiBs)
+
+	// A cache from before the memory figure: the host is measured again.
+	l.Host.MemoryGiBs = 0
+	require.NoError(t, limits.Save(cache, rep.Limits.Host.Hostname, l))
+	require.Contains(t, run(), "measuring the host's")
 
 	cmd := newBenchLimitsCmd(streams{In: &bytes.Buffer{}, Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}})
 	cmd.SetArgs([]string{"--backend", "tpu"})
@@ -106,4 +120,32 @@ func TestBenchLimitsCommand(t *testing.T) {
 	cmd = newBenchLimitsCmd(streams{In: &bytes.Buffer{}, Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}})
 	cmd.SetArgs([]string{"--gpu", "x"})
 	require.ErrorContains(t, cmd.Execute(), "--gpu")
+}
+
+// On the fake driver: the GPU's figures, host memory under its DMA among
+// them, in the table and the JSON, and the cost model's cap from it.
+func TestBenchLimitsCommandFakeGPU(t *testing.T) {
+	t.Setenv(trainer.EnvCUDAFake, "1")
+	cache := filepath.Join(t.TempDir(), "limits.json")
+	run := func(args ...string) string {
+		var out, errOut bytes.Buffer
+		cmd := newBenchLimitsCmdWith(&benchLimitsOptions{streams: streams{In: &bytes.Buffer{}, Out: &out, ErrOut: &errOut}, host: smallHost})
+		cmd.SetArgs(append([]string{"--cache", cache, "--backend", "gpu"}, args...))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, cmd.ExecuteContext(ctx), errOut.String())
+		return out.String() + errOut.String()
+	}
+	table := run()
+	require.Contains(t, table, "during CPU reductions")
+	require.Regexp(t, `host memory under DMA +0 GPU-\S+ +[0-9.]+ GiB/s \(copies \+ CPU reads \+ writes\)`, table)
+	require.Regexp(t, `cost model: host memory cap +- +[0-9.]+ GiB/s`, table)
+	var rep limitsReport
+	require.NoError(t, json.Unmarshal([]byte(run("-o", "json")), &rep))
+	require.Len(t, rep.Limits.GPUs, 1)
+	g := rep.Limits.GPUs[0]
+	require.Positive(t, g.ContendedCopyGiBs)
+	require.Positive(t, g.ContendedReduceGiBs)
+	require.Positive(t, g.HostMemUnderDMAGiBs)
+	require.Equal(t, g.HostMemUnderDMAGiBs, rep.Machine.HostMemGiBs)
 }
