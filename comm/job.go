@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/migctl/migctl/comm/shm"
 )
@@ -98,4 +99,19 @@ func JoinShm(ctx context.Context, kv KV, rank int, job, root string, l shm.Layou
 	}
 	joinStep("done")
 	return &ShmJob{Segment: seg, Control: ctl}, nil
+}
+
+// ShmCapacity is the size in bytes of the filesystem of dir (the
+// shared-memory root; "" is /dev/shm), or 0 when it cannot be read. Unlike
+// what is free while ranks create their segments, every rank of a node sees
+// the same.
+func ShmCapacity(dir string) int64 {
+	if dir == "" {
+		dir = "/dev/shm"
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return int64(st.Blocks) * st.Bsize
 }

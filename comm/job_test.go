@@ -197,3 +197,8 @@ func TestJoinShmKilledAtEveryStep(t *testing.T) {
 		})
 	}
 }
+
+func TestShmCapacity(t *testing.T) {
+	require.Positive(t, ShmCapacity(t.TempDir()))
+	require.Zero(t, ShmCapacity("/no/such/dir"))
+}

@@ -352,14 +352,25 @@ func (g *Group) connect(ctx context.Context) error {
 	if c.trace != nil && (g.rank == 0 || c.traceAll) {
 		opts.Trace = c.trace
 	}
-	chunk, slots := t.Chunk, t.Slots
-	if chunk <= 0 {
-		chunk = 2 << 20
-	}
-	if slots <= 0 {
-		slots = 4
-	}
 	rank, size, _, _, kv := g.intra() // the node's ranks share the segment
+	chunk, slots := t.Chunk, t.Slots
+	if chunk <= 0 || slots <= 0 {
+		// Device buffers stage through host memory: the geometry measured
+		// for that (allreduce.Staged); the host backend's reductions
+		// stay with small arenas. Both depend only on what every rank of
+		// the node sees alike (the node's size, the filesystem's size).
+		dc, ds := 2<<20, 4
+		if c.backend == BackendGPU {
+			dc, ds = allreduce.Staged(size, comm.ShmCapacity(c.shmRoot))
+		}
+		if chunk <= 0 {
+			chunk = dc
+		}
+		if slots <= 0 {
+			slots = ds
+		}
+	}
+	opts.Chunk, opts.Slots = chunk, slots
 	layout := shm.Layout{World: size, Flags: size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(size, chunk, slots)}
 	job := c.job
 	if job == "" {

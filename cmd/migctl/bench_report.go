@@ -27,7 +27,7 @@ type benchRow struct {
 	// Wrong counts wrong elements over every rank (-1: not checked).
 	Wrong int64 `json:"wrong" yaml:"wrong"`
 	// LimitUS is the floor of this row for the algorithm that ran: the
-	// time the busiest resource (LimitBinding: link, duplex, host, p2p,
+	// time the busiest resource (LimitBinding: link, duplex, host, hostmem, p2p,
 	// latency) needs on the measured machine (allreduce.Machine.Estimate);
 	// PctLimit is LimitUS / TimeUS in percent. 0: no floor (nothing moved).
 	LimitUS      float64 `json:"limitUs" yaml:"limitUs"`

@@ -1,0 +1,40 @@
+package allreduce_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/allreduce"
+)
+
+// The default geometry of device collectives: 16 MiB of chunks across the
+// node's ranks within 1..8 MiB, 8 slots, and an arena that never takes more
+// than half a small shared-memory filesystem.
+func TestStaged(t *testing.T) {
+	for _, tc := range []struct {
+		ranks     int
+		shm       int64
+		wantChunk int
+	}{
+		{1, 0, 8 << 20},
+		{2, 0, 8 << 20},
+		{3, 0, 4 << 20},
+		{4, 0, 4 << 20},
+		{7, 0, 2 << 20},
+		{8, 0, 2 << 20},
+		{16, 0, 1 << 20},
+		{64, 0, 1 << 20},
+		{7, 64 << 30, 2 << 20},   // a roomy /dev/shm changes nothing
+		{7, 64 << 20, 512 << 10}, // a container's 64 MiB: 8·8·512 KiB = 32 MiB
+		{2, 64 << 20, 1 << 20},   // 3·8·1 MiB = 24 MiB
+		{64, 1 << 20, 256 << 10}, // never below 256 KiB
+	} {
+		chunk, slots := allreduce.Staged(tc.ranks, tc.shm)
+		require.Equal(t, tc.wantChunk, chunk, "%d ranks, shm %d", tc.ranks, tc.shm)
+		require.Equal(t, 8, slots)
+		if tc.shm > 0 && chunk > 256<<10 {
+			require.LessOrEqual(t, int64(allreduce.ArenaBytes(tc.ranks, chunk, slots)), tc.shm/2)
+		}
+	}
+}
