@@ -41,6 +41,14 @@ type Options struct {
 	// ReduceWorkers bounds the goroutines one host reduction uses (default:
 	// about 14/world, at most 6 and at most half the cores).
 	ReduceWorkers int
+	// SmallSpin is how long the waits of a collective that runs on one
+	// lane (the small-message all-reduce, barriers) poll flags and events
+	// before they sleep. Default: 300 µs when the ranks of the node are at
+	// most half its cores (each such call polls on one core per rank while
+	// it lasts), else EventSpin and the transport's own spin; negative: the
+	// same as that. Measured on one H200, 7 ranks, 8 KiB (-c 1, same call):
+	// 90.9-95.6 µs with the 20/30-µs spins, 75.4 µs at 300 µs, 79.4 at 1 ms.
+	SmallSpin time.Duration
 	// EventSpin is how long a lane polls a device event back to back before
 	// it naps between polls (default 30µs).
 	EventSpin time.Duration
@@ -104,6 +112,12 @@ func (o Options) withDefaults(world int) Options {
 	}
 	if o.EventSpin <= 0 {
 		o.EventSpin = defaultEventSpin
+	}
+	switch {
+	case o.SmallSpin < 0:
+		o.SmallSpin = 0
+	case o.SmallSpin == 0 && 2*world <= numCPU():
+		o.SmallSpin = defaultSmallSpin
 	}
 	if o.SmallBytes == 0 {
 		o.SmallBytes = DefaultSmallBytes
@@ -339,10 +353,11 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		}
 	}
 	if busy == 1 {
-		// One lane (the small-message all-reduce, barriers): run it here.
+		// One lane (the small-message all-reduce, barriers): run it here,
+		// its waits polling for SmallSpin.
 		for l := range lanes {
 			if len(lanes[l]) > 0 {
-				return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
+				return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin))
 			}
 		}
 	}
@@ -359,7 +374,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World); err != nil {
+			if err := e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0); err != nil {
 				errs[l], order[l] = err, failed.Add(1)
 				e.tr.Abort()
 				cancel(err)
@@ -428,13 +443,27 @@ func (e *Executor) ready(conds []Cond, epoch uint64) bool {
 	return true
 }
 
-func (e *Executor) wait(ctx context.Context, conds []Cond, epoch uint64, st *stepTrace) error {
+// spinWaiter is a Transport whose waits can poll for a given time before
+// they sleep (comm.ShmTransport).
+type spinWaiter interface {
+	WaitSpin(ctx context.Context, i int, v uint64, spin time.Duration) error
+}
+
+// wait waits for every condition; spin > 0 overrides the transport's spin.
+func (e *Executor) wait(ctx context.Context, conds []Cond, epoch uint64, st *stepTrace, spin time.Duration) error {
+	sw, _ := e.tr.(spinWaiter)
 	var prev, longest time.Duration
 	if st != nil {
 		prev = st.reach
 	}
 	for _, c := range conds {
-		if err := e.tr.Wait(ctx, c.Flag, epoch|c.Value); err != nil {
+		var err error
+		if spin > 0 && sw != nil {
+			err = sw.WaitSpin(ctx, c.Flag, epoch|c.Value, spin)
+		} else {
+			err = e.tr.Wait(ctx, c.Flag, epoch|c.Value)
+		}
+		if err != nil {
 			return &waitError{peer: c.Flag / FlagsPerRank, err: fmt.Errorf("rank %d waiting for flag %d (rank %d) to reach %d: %w",
 				e.tr.Rank(), c.Flag, c.Flag/FlagsPerRank, c.Value, err)}
 		}
@@ -463,7 +492,12 @@ func (e *Executor) publish(sets []Cond, epoch uint64) {
 	}
 }
 
-func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int) error {
+// runLane runs one lane's steps; spin > 0 is how long its waits poll.
+func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int, spin time.Duration) error {
+	evSpin := e.opts.EventSpin
+	if spin > 0 {
+		evSpin = spin
+	}
 	var q []inflight
 	var tr []stepTrace // this lane's trace records (nil unless tracing)
 	if e.trace != nil {
@@ -472,7 +506,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 	complete := func() error {
 		f := q[0]
 		q = q[1:]
-		if err := waitEvent(ctx, f.ev, e.tr, e.opts.EventSpin); err != nil {
+		if err := waitEvent(ctx, f.ev, e.tr, evSpin); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
 		if tr != nil {
@@ -507,7 +541,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 				sttr = &tr[i]
 				sttr.reach = e.trace.since() // the wait starts now
 			}
-			if err := e.wait(ctx, st.Wait, epoch, sttr); err != nil {
+			if err := e.wait(ctx, st.Wait, epoch, sttr, spin); err != nil {
 				return err
 			}
 		} else if tr != nil {

@@ -16,6 +16,9 @@ import (
 // it starts napping between polls (Options.EventSpin).
 const defaultEventSpin = 30 * time.Microsecond
 
+// defaultSmallSpin is Options.SmallSpin's default where cores allow.
+const defaultSmallSpin = 300 * time.Microsecond
+
 // eventNap is the pause between polls after eventSpin. It is a futex
 // timeout, not time.Sleep: the Go runtime rounds sleeps of an otherwise idle
 // process up to a millisecond, which would stall the pipeline.

@@ -157,6 +157,12 @@ func (t *ShmTransport) Aborted() error {
 // Wait blocks until flag i ≥ v. It returns an error, after raising the abort
 // flag, when ctx ends, when another rank aborted, or when a peer is dead.
 func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
+	return t.WaitSpin(ctx, i, v, t.opts.Spin)
+}
+
+// WaitSpin is Wait polling for spin (instead of ShmOptions.Spin) before it
+// sleeps.
+func (t *ShmTransport) WaitSpin(ctx context.Context, i int, v uint64, spin time.Duration) error {
 	f := t.ctl.Flag(i)
 	if f.Load() >= v {
 		return nil
@@ -178,7 +184,7 @@ func (t *ShmTransport) Wait(ctx context.Context, i int, v uint64) error {
 				return err
 			}
 		}
-		if time.Since(start) < t.opts.Spin {
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}

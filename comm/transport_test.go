@@ -108,3 +108,21 @@ func TestFaultRank(t *testing.T) {
 	require.ErrorAs(t, fmt.Errorf("x: %w", &PeerError{Rank: 5, PID: 9}), &fr)
 	require.Equal(t, 5, fr.FaultRank())
 }
+
+// WaitSpin polls for its own spin: a flag set within it needs no futex
+// sleep; with a short spin the same wait sleeps.
+func TestWaitSpin(t *testing.T) {
+	for _, tc := range []struct {
+		spin   time.Duration
+		sleeps bool
+	}{{time.Second, false}, {time.Microsecond, true}} {
+		trs := transports(t, 2, ShmOptions{})
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			trs[1].Set(1, 7)
+		}()
+		require.NoError(t, trs[0].WaitSpin(context.Background(), 1, 7, tc.spin))
+		sleeps, _ := trs[0].SleepStats()
+		require.Equal(t, tc.sleeps, sleeps > 0, "spin %v: %d sleeps", tc.spin, sleeps)
+	}
+}

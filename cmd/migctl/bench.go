@@ -106,7 +106,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.small, "small-bytes", "64KiB", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
 	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
 	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
-	f.DurationVar(&o.spec.Spin, "spin", 0, "how long waits poll before they sleep (0: defaults, 20µs for flags, 30µs for device events)")
+	f.DurationVar(&o.spec.Spin, "spin", 0, "how long waits poll before they sleep (0: defaults, 20µs for flags, 30µs for device events, 300µs in small messages and barriers when the ranks are at most half the cores)")
 	f.StringVar(&o.spec.ShmRoot, "shm-dir", "/dev/shm", "directory of POSIX shared memory")
 	f.StringVar(&o.rdvAddr, "rendezvous", "", "join this rendezvous (host:port or unix:///path) as --rank instead of starting ranks")
 	f.StringVar(&o.token, "token", "", "job token for --rendezvous / --listen (default: random)")
