@@ -126,6 +126,13 @@ func TestCacheAndMachine(t *testing.T) {
 	base.HostMemGiBs = 99
 	require.Equal(t, 99.0, c.Machine(base, []string{"GPU-a", "GPU-b"}).HostMemGiBs)
 
+	// The host's reduction: the best figure seen, alone (40) or beside a
+	// GPU's copies (a disturbed alone run measured less than that).
+	c.GPUs[0].ContendedReduceGiBs = 30
+	require.Equal(t, 40.0, c.Machine(allreduce.H200(), []string{"GPU-a"}).ReduceHostGiBs)
+	c.GPUs[0].ContendedReduceGiBs = 58.7
+	require.Equal(t, 58.7, c.Machine(allreduce.H200(), []string{"GPU-a"}).ReduceHostGiBs)
+
 	require.NoError(t, os.WriteFile(path, []byte("{"), 0o644))
 	_, err = Load(path, "h1")
 	require.ErrorIs(t, err, ErrInvalid)
