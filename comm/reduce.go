@@ -173,7 +173,11 @@ func op4[T native](d, a, b, c, e []T, op Op) {
 	a, b, c, e = a[:len(d)], b[:len(d)], c[:len(d)], e[:len(d)]
 	switch op {
 	case Sum, Avg:
-		for i := range d {
+		i := 0
+		if f, ok := any(d).([]float32); ok {
+			i = fsum4(f, any(a).([]float32), any(b).([]float32), any(c).([]float32), any(e).([]float32))
+		}
+		for ; i < len(d); i++ {
 			d[i] = (a[i] + b[i]) + (c[i] + e[i])
 		}
 	case Min:
@@ -191,7 +195,11 @@ func op2[T native](d, a, b []T, op Op) {
 	a, b = a[:len(d)], b[:len(d)]
 	switch op {
 	case Sum, Avg:
-		for i := range d {
+		i := 0
+		if f, ok := any(d).([]float32); ok {
+			i = fsum2(f, any(a).([]float32), any(b).([]float32))
+		}
+		for ; i < len(d); i++ {
 			d[i] = a[i] + b[i]
 		}
 	case Min:
@@ -209,7 +217,11 @@ func op3[T native](d, a, b, c []T, op Op) {
 	a, b, c = a[:len(d)], b[:len(d)], c[:len(d)]
 	switch op {
 	case Sum, Avg:
-		for i := range d {
+		i := 0
+		if f, ok := any(d).([]float32); ok {
+			i = fsum3(f, any(a).([]float32), any(b).([]float32), any(c).([]float32))
+		}
+		for ; i < len(d); i++ {
 			d[i] = a[i] + b[i] + c[i]
 		}
 	case Min:
