@@ -9,32 +9,18 @@
 # one logs.tgz. Knobs: SKIP_GRID, SKIP_CHECK, SKIP_TORCH, REPS (default 2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-O=${OUT:-/tmp}/mps-rows; mkdir -p "$O"
-W=$(mktemp -d /tmp/mr.XXXXXX)
-M=bin/migctl
-export MIGCTL_LIB=$PWD/bin/libmigctl.so PYTHONUNBUFFERED=1
-S=$O/summary.txt; : >"$S"
-say() { echo "$*" | tee -a "$S"; }
-finish() { tar -C "$W" -czf "$O/logs.tgz" . 2>/dev/null; say "done in ${SECONDS}s"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,driver_version,mig.mode.current --format=csv,noheader >>"$S" 2>&1
+. scripts/h200-session.d/lib.sh
+session_init mps-rows
 nproc >>"$S"
-row() { # tag np size n w [args...]
-  local tag=$1 np=$2 size=$3 n=$4 w=$5; shift 5
-  timeout 150 $M bench allreduce --backend gpu --transport shm --gpu 0 --np "$np" -b "$size" -e "$size" \
-    -n "$n" -w "$w" -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
-  local rc=$?
-  say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d mps=%s limit=%s %%limit=%s" % (r["timeUs"], r["wrong"], d.get("mps", False), r.get("limitUs"), r.get("pctLimit")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
-  grep -h "MPS" "$W/$tag.err" | head -1 >>"$S"
-}
+mrow() { row "$@"; grep -h "MPS" "$W/$1.err" | head -1 >>"$S"; }
 say "== A. one-GPU rows, --mps off / on interleaved (-c 1)"
 bin/migctl bench limits -o json >"$W/limits.json" 2>&1
 for rep in $(seq ${REPS:-2}); do
   for m in off on; do
-    row "r7-256M-$m-$rep" 7 256MiB 10 3 --mps $m
-    row "r2-256M-$m-$rep" 2 256MiB 10 3 --mps $m
-    row "r7-8K-$m-$rep" 7 8KiB 2000 200 --mps $m
-    row "r2-8K-$m-$rep" 2 8KiB 2000 200 --mps $m
+    mrow "r7-256M-$m-$rep" 7 256MiB 10 3 --mps $m
+    mrow "r2-256M-$m-$rep" 2 256MiB 10 3 --mps $m
+    mrow "r7-8K-$m-$rep" 7 8KiB 2000 200 --mps $m
+    mrow "r2-8K-$m-$rep" 2 8KiB 2000 200 --mps $m
   done
 done
 say "== B. gloo (CUDA tensors, no MPS)"
@@ -44,17 +30,17 @@ if [ "${SKIP_GRID:-0}" != 1 ]; then
   say "== C. grid under MPS, 7 and 2 ranks, 256 MiB"
   for c in "2MiB 8" "4MiB 16" "8MiB 8" "8MiB 16"; do
     set -- $c
-    row "g7-c$1-s$2" 7 256MiB 10 3 --mps on --chunk $1 --slots $2
+    mrow "g7-c$1-s$2" 7 256MiB 10 3 --mps on --chunk $1 --slots $2
   done
-  row g7-c4MiB-s8-d4 7 256MiB 10 3 --mps on --depth 4
-  row g7-c4MiB-s8-w2 7 256MiB 10 3 --mps on --reduce-workers 2
-  row g7-c4MiB-s8-w4 7 256MiB 10 3 --mps on --reduce-workers 4
+  mrow g7-c4MiB-s8-d4 7 256MiB 10 3 --mps on --depth 4
+  mrow g7-c4MiB-s8-w2 7 256MiB 10 3 --mps on --reduce-workers 2
+  mrow g7-c4MiB-s8-w4 7 256MiB 10 3 --mps on --reduce-workers 4
   for c in "8MiB 8" "16MiB 8" "4MiB 16"; do
     set -- $c
-    row "g2-c$1-s$2" 2 256MiB 10 3 --mps on --chunk $1 --slots $2
+    mrow "g2-c$1-s$2" 2 256MiB 10 3 --mps on --chunk $1 --slots $2
   done
-  row g2-c4MiB-s8-d4 2 256MiB 10 3 --mps on --depth 4
-  row g2-c4MiB-s8-w8 2 256MiB 10 3 --mps on --reduce-workers 8
+  mrow g2-c4MiB-s8-d4 2 256MiB 10 3 --mps on --depth 4
+  mrow g2-c4MiB-s8-w8 2 256MiB 10 3 --mps on --reduce-workers 8
 fi
 say "== D. traces (MIGCTL_TRACE=1, rank 0's summary in logs.tgz)"
 for m in off on; do

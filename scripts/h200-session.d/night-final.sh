@@ -11,22 +11,8 @@
 # Needs bin/migctl, bin/libmigctl.so, bin/gloo_allreduce.py. Output: $OUT/final/summary.txt, logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-O=${OUT:-/tmp}/final; mkdir -p "$O"
-W=$(mktemp -d /tmp/nf.XXXXXX)
-M=bin/migctl
-export MIGCTL_LIB=$PWD/bin/libmigctl.so PYTHONUNBUFFERED=1
-S=$O/summary.txt; : >"$S"
-say() { echo "$*" | tee -a "$S"; }
-finish() { tar -C "$W" -czf "$O/logs.tgz" . 2>/dev/null; say "done in ${SECONDS}s"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,driver_version,mig.mode.current --format=csv,noheader >>"$S" 2>&1
-row() { # tag np size n w [args...]
-  local tag=$1 np=$2 size=$3 n=$4 w=$5; shift 5
-  timeout 150 $M bench allreduce --backend gpu --transport shm --gpu 0 --np "$np" -b "$size" -e "$size" \
-    -n "$n" -w "$w" -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
-  local rc=$?
-  say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
-}
+. scripts/h200-session.d/lib.sh
+session_init final
 say "== 1. one-GPU rows"
 bin/migctl bench limits --gpu 0 -o table >"$W/limits.txt" 2>&1
 row r7-256M 7 256MiB 10 3
