@@ -21,8 +21,10 @@
 //     CUDA IPC;
 //   - otherwise a ring through shared host memory.
 //
-// Functional options (WithTransport, WithAlgorithm, WithTuning, ...) override
-// the choice and the environment. A program started without a launcher and
+// The executor's knobs come from MIGCTL_TUNING when it is set
+// (chunk=2MiB,slots=8,workers=2,...: ParseTuning), else from the defaults
+// (allreduce.Staged for device buffers). Functional options (WithTransport,
+// WithAlgorithm, WithTuning, ...) override the choice and the environment. A program started without a launcher and
 // without WORLD_SIZE is a group of one (every collective is a copy), so the
 // same binary runs alone and under `migctl run`.
 //

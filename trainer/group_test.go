@@ -248,7 +248,7 @@ func TestFromEnv(t *testing.T) {
 	env := map[string]string{
 		EnvRank: "5", EnvWorldSize: "7", EnvLocalRank: "1", EnvLocalWorldSize: "3", EnvGroupRank: "1", EnvGroupWorldSize: "2",
 		EnvRestartCount: "2", EnvRendezvous: "unix:///x.sock", EnvToken: "s3", EnvJob: "j", EnvBackend: "host",
-		EnvDevice: "0", EnvTimeout: "90s", EnvReduceOn: "split:0.25",
+		EnvDevice: "0", EnvTimeout: "90s", EnvReduceOn: "split:0.25", EnvTuning: "chunk=4MiB, slots=16,workers=2",
 	}
 	var c config
 	require.NoError(t, fromEnv(&c, func(k string) string { return env[k] }))
@@ -264,6 +264,7 @@ func TestFromEnv(t *testing.T) {
 	require.Equal(t, BackendHost, c.backend)
 	require.Equal(t, 90*time.Second, c.timeout)
 	require.Equal(t, "split:0.25", c.settings[allreduce.SettingReduceOn])
+	require.Equal(t, Tuning{Chunk: 4 << 20, Slots: 16, ReduceWorkers: 2}, c.tuning)
 	err := fromEnv(&c, func(k string) string { return map[string]string{EnvReduceOn: "fpga"}[k] })
 	require.ErrorContains(t, err, `MIGCTL_REDUCE_ON="fpga"`)
 
@@ -274,9 +275,26 @@ func TestFromEnv(t *testing.T) {
 		{EnvBackend: "tpu"},
 		{EnvTimeout: "soon"},
 		{EnvTimeout: "-1s"},
+		{EnvTuning: "chunk=big"},
 	}
 	for _, b := range bad {
 		require.ErrorIs(t, fromEnv(&c, func(k string) string { return b[k] }), comm.ErrInvalid, "%v", b)
+	}
+}
+
+// MIGCTL_TUNING: every key, and what is refused.
+func TestParseTuning(t *testing.T) {
+	got, err := ParseTuning("chunk=2MiB,small=16KiB,slots=8,depth=4,workers=3,spin=300us")
+	require.NoError(t, err)
+	require.Equal(t, Tuning{Chunk: 2 << 20, SmallBytes: 16 << 10, Slots: 8, Depth: 4, ReduceWorkers: 3,
+		Spin: 300 * time.Microsecond}, got)
+	got, err = ParseTuning(" ")
+	require.NoError(t, err)
+	require.Zero(t, got)
+	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2"} {
+		_, err := ParseTuning(bad)
+		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}
 }
 

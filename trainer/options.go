@@ -355,6 +355,13 @@ func fromEnv(c *config, getenv func(string) string) error {
 			return fmt.Errorf("%s=%q: %w", EnvReduceOn, v, err)
 		}
 	}
+	if v := getenv(EnvTuning); v != "" {
+		t, err := ParseTuning(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", EnvTuning, err)
+		}
+		c.tuning = t
+	}
 	c.shmRoot = getenv(EnvShmRoot)
 	c.socket = getenv(EnvSocket)
 	c.swapSocket, c.swapJob = getenv(EnvSwapSocket), getenv(EnvSwapJob)
