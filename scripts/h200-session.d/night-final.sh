@@ -5,9 +5,9 @@
 #     7-rank sweep 4-64 MiB (DDP's bucket sizes);
 #  2. gloo (CUDA tensors);
 #  3. DDP, 7 ranks on GPU 0 (`migctl run`, auto MPS for every backend): ResNet-18 b8 and GPT b4
-#     (50 steps: losses compared) and b32 rows (compute-heavy) with migctl / gloo / none; ResNet b8
-#     with 100-MB buckets and traced;
-#  4. scripts/h200-session.d/torch-overhead2.sh (per-call overhead, stream-order checks) if present.
+#     (50 steps: losses compared) and b32 rows (compute-heavy) with migctl / gloo / none;
+#  4. scripts/h200-session.d/torch-overhead2.sh (per-call overhead, stream-order checks) if present;
+#  5. ResNet b8 over migctl with 100-MB buckets, one reduce worker, GOMAXPROCS=4, and traced.
 # Needs bin/migctl, bin/libmigctl.so, bin/gloo_allreduce.py. Output: $OUT/final/summary.txt, logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,11 +43,9 @@ ddp() { # tag model batch backend steps [script args...]
 for c in resnet:8 gpt:4; do
   for b in migctl gloo none; do ddp "${c%%:*}${c##*:}-$b" ${c%%:*} ${c##*:} $b 40; done
 done
-ddp resnet8-migctl-b100 resnet 8 migctl 40 --bucket-mb 100
 for c in resnet:32 gpt:32; do
   for b in migctl gloo none; do ddp "${c%%:*}${c##*:}-$b" ${c%%:*} ${c##*:} $b 20; done
 done
-MIGCTL_TRACE=1 ddp resnet8-migctl-trace resnet 8 migctl 20
 python3 - "$W/ddp.jsonl" <<'PY' | tee -a "$S"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -67,8 +65,15 @@ for m in ("resnet8", "gpt4", "resnet32", "gpt32"):
     line += f"; ranks identical {x['ranks_identical']}"
     print(line)
 PY
-if [ -f scripts/h200-session.d/torch-overhead2.sh ] && [ $SECONDS -lt 500 ]; then
+if [ -f scripts/h200-session.d/torch-overhead2.sh ] && [ $SECONDS -lt 470 ]; then
   say "== 4. per-call overhead (torch-overhead2.sh)"
-  OUT=$W timeout $((580 - SECONDS)) bash scripts/h200-session.d/torch-overhead2.sh >"$W/ovh2.txt" 2>&1
+  OUT=$W timeout $((560 - SECONDS)) bash scripts/h200-session.d/torch-overhead2.sh >"$W/ovh2.txt" 2>&1
   tail -n 15 "$W/ovh2.txt" | tee -a "$S"
 fi
+say "== 5. DDP ResNet-18 b8 variants (time permitting)"
+DDP_DEADLINE=560
+ddp resnet8-migctl-b100 resnet 8 migctl 30 --bucket-mb 100
+MIGCTL_TUNING=workers=1 ddp resnet8-migctl-w1 resnet 8 migctl 30
+GOMAXPROCS=4 ddp resnet8-migctl-gmp4 resnet 8 migctl 30
+MIGCTL_TRACE=1 ddp resnet8-migctl-trace resnet 8 migctl 20
+grep -h -A6 "hoststaged [0-9]* B" "$W/ddp-resnet8-migctl-trace.out" 2>/dev/null | head -20 | cut -c1-220 >>"$S"
