@@ -34,7 +34,10 @@
  * library installs no signal handlers of its own (the Go runtime keeps its
  * defaults for synchronous signals). A child forked from a process that
  * loaded the library (a PyTorch DataLoader worker) must not use it: there
- * every function returns MIGCTL_ERR_FORKED without entering the runtime.
+ * every function returns MIGCTL_ERR_FORKED without entering the runtime
+ * (the per-collective calls learn it from the handler the library registers
+ * with pthread_atfork, which fork() and os.fork run; a child made by a raw
+ * clone system call is caught by the other calls only).
  *
  * Loading: the library needs only libc (and loads libcuda.so.1 itself at run
  * time when the group uses a GPU): dlopen it, or link with -lmigctl.
@@ -52,10 +55,11 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 4 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 5 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
-                                 (not when they start); migctl_stats */
+                                 (not when they start); migctl_stats;
+                              5: migctl_run (issue and wait in one call); MIGCTL_STAT_RUNS */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -179,6 +183,15 @@ int migctl_barrier(migctl_work_t *work);
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream);
 
+/* migctl_issue and migctl_wait(handle, -1) in one call, for synchronous
+ * callers (torch's dist.all_reduce without async_op): the collective's
+ * result, or the error code migctl_issue or migctl_wait would have given.
+ * Unlike the others it waits for the peers. One call instead of two, and
+ * the waiting thread, which has nothing else to do, may poll longer before
+ * it sleeps. */
+int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+               int device, uintptr_t stream);
+
 /* Waits for work up to timeout_ms (negative: no limit) and frees it; returns
  * the collective's result, or MIGCTL_PENDING (work still valid) when the
  * timeout passes first. */
@@ -201,7 +214,8 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_DISPATCH_SLEEPS 6 /* times the dispatcher slept before an issue woke it */
 #define MIGCTL_STAT_MARKS 7           /* device collectives issued with work queued on their stream (an event) */
 #define MIGCTL_STAT_IDLE_MARKS 8      /* device collectives issued with their stream idle (nothing to wait for) */
-#define MIGCTL_STAT_COUNT 9
+#define MIGCTL_STAT_RUNS 9            /* collectives issued and waited for by migctl_run */
+#define MIGCTL_STAT_COUNT 10
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Fails the group's collectives on every rank with reason (a rank that cannot

@@ -66,6 +66,20 @@ static int in_child(void) {
 
 #define GUARD(fallback) if (in_child()) return (fallback)
 
+// in_child_fast is in_child for the per-collective calls (issue, run, wait,
+// test, stats): the flag of the fork handler only. getpid() is a system call
+// (glibc no longer caches it: ~0.1-1 us, twice per collective); every fork
+// through the C library (os.fork, multiprocessing, DataLoader workers) runs
+// the handler, and the child's first other call (rank, init, ...) checks the
+// pid as well.
+static inline int in_child_fast(void) {
+	if (__builtin_expect(forked, 0)) return in_child();
+	last_error[0] = 0;
+	return 0;
+}
+
+#define GUARD_FAST(fallback) if (in_child_fast()) return (fallback)
+
 static long futex(uint32_t *w, int op, uint32_t v, const struct timespec *t) {
 	return syscall(SYS_futex, w, op | FUTEX_PRIVATE_FLAG, v, t, NULL, 0);
 }
@@ -94,9 +108,20 @@ static inline void relax(void) {
 // other jobs running) it showed no gain, at times 2-3x slower, within that
 // machine's noise: off until the GPU machine has measured it
 // (scripts/h200-session.d/torch-overhead.sh).
+//
+// Where the CPUs leave three per local rank (the dispatcher, the Go threads
+// its collective's waits wake, the caller), two waits spin longer: the
+// dispatcher 50 us for the next issue (a synchronous caller's next
+// collective comes ~15-25 us after the last returned: torch's wrapper and
+// Python's; with 20 us half of them found it asleep on one H200), and
+// migctl_run's waiter, whose thread has nothing else to do, until the
+// collective's expected end (as above), at most run_spin_max_ns = 200 us
+// (MIGCTL_LIB_RUN_SPIN_MAX_US; 0: as migctl_wait). 7 ranks on 16 CPUs keep
+// the plain spins.
 static int64_t spin_ns = 20000;
 static int64_t spin_max_ns = 0;
 static int64_t disp_spin_ns = 20000;
+static int64_t run_spin_max_ns = 0;
 static int adaptive = 0;
 static int64_t run_ewma_ns; // mean run time of recent collectives (the dispatcher's)
 
@@ -113,11 +138,14 @@ static void choose_spin(int local_size) {
 	int cpus = 0;
 	if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
 	if (local_size < 1) local_size = 1;
+	int roomy = cpus >= 3 * local_size;
 	spin_ns = cpus >= 2 * local_size ? 20000 : 0;
 	env_us("MIGCTL_LIB_SPIN_US", &spin_ns);
 	adaptive = env_us("MIGCTL_LIB_SPIN_MAX_US", &spin_max_ns) && spin_max_ns > spin_ns && spin_ns > 0;
-	disp_spin_ns = spin_ns;
+	disp_spin_ns = roomy && spin_ns > 0 ? 50000 : spin_ns;
 	env_us("MIGCTL_LIB_DISPATCH_SPIN_US", &disp_spin_ns);
+	run_spin_max_ns = roomy ? 200000 : 0;
+	env_us("MIGCTL_LIB_RUN_SPIN_MAX_US", &run_spin_max_ns);
 }
 
 // --- counters (migctl_stats) ---------------------------------------------------
@@ -141,13 +169,15 @@ static int spin_u32(uint32_t *w, uint32_t v, int64_t end) {
 	}
 }
 
-// spin_end is when a waiter for s that starts now stops spinning (see spin_ns).
-static int64_t spin_end(const migctl_slot_t *s, int64_t now) {
+// spin_end is when a waiter for s that starts now stops spinning (see
+// spin_ns): until the collective's expected end, at most max_ns, when
+// max_ns > spin_ns > 0.
+static int64_t spin_end(const migctl_slot_t *s, int64_t now, int64_t max_ns) {
 	int64_t end = now + spin_ns;
-	if (adaptive) {
+	if (max_ns > spin_ns && spin_ns > 0) {
 		int64_t expect = s->t_issue + __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED) * 5 / 4 + spin_ns;
 		if (expect > end) end = expect;
-		if (end > now + spin_max_ns) end = now + spin_max_ns;
+		if (end > now + max_ns) end = now + max_ns;
 	}
 	return end;
 }
@@ -304,13 +334,14 @@ static migctl_slot_t *lookup(migctl_work_t h) {
 }
 
 // wait_word waits until s is done, up to timeout_ms (negative: no limit);
-// 0 when the time ran out first. It polls first (spin_end).
-static int wait_word(migctl_slot_t *s, int64_t timeout_ms) {
+// 0 when the time ran out first. It polls first (spin_end, at most
+// spin_max_ns).
+static int wait_word(migctl_slot_t *s, int64_t timeout_ms, int64_t spin_max_ns) {
 	uint32_t *w = &s->word;
 	struct timespec end = {0, 0}, now, rel;
 	if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == 1) return 1;
 	if (spin_ns > 0 && timeout_ms != 0) {
-		int64_t t = mono_ns(), e = spin_end(s, t);
+		int64_t t = mono_ns(), e = spin_end(s, t, spin_max_ns);
 		if (timeout_ms > 0 && e > t + timeout_ms * 1000000L) e = t + timeout_ms * 1000000L;
 		if (spin_u32(w, 1, e)) return 1;
 	}
@@ -372,7 +403,7 @@ static int result(migctl_slot_t *s, migctl_work_t h, int free_it) {
 int migctl_abi_version(void) { return MIGCTL_ABI_VERSION; }
 
 int migctl_stats(uint64_t *out, size_t n) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	if (out == NULL && n > 0) return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_stats: NULL buffer");
 	for (size_t i = 0; i < n && i < MIGCTL_STAT_COUNT; i++) out[i] = __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
 	return MIGCTL_STAT_COUNT;
@@ -425,58 +456,81 @@ static int out(int64_t h, migctl_work_t *work) {
 
 int migctl_allreduce(const void *send, void *recv, size_t count, int dtype, int op,
                      int device, uintptr_t stream, migctl_work_t *work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
 	return out(issue(MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream), work);
 }
 
 int migctl_reduce_scatter(const void *send, void *recv, size_t recv_count, int dtype, int op,
                           int device, uintptr_t stream, migctl_work_t *work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
 	return out(issue(MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream), work);
 }
 
 int migctl_all_gather(const void *send, void *recv, size_t send_count, int dtype,
                       int device, uintptr_t stream, migctl_work_t *work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
 	return out(issue(MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream), work);
 }
 
 int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int root,
                      int device, uintptr_t stream, migctl_work_t *work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
 	return out(issue(MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream), work);
 }
 
 int migctl_barrier(migctl_work_t *work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
 	return out(issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0), work);
 }
 
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	return issue(kind, (void *)send, recv, count, dtype, op, root, device, stream);
 }
 
-int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
-	GUARD(MIGCTL_ERR_FORKED);
-	migctl_slot_t *s = lookup(work);
-	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
+// wait_for is migctl_wait of a valid handle; the waiter spins at most
+// max_spin_ns (wait_word).
+static int wait_for(migctl_slot_t *s, migctl_work_t work, int64_t timeout_ms, int64_t max_spin_ns) {
 	int64_t start = mono_ns();
-	if (!wait_word(s, timeout_ms)) return MIGCTL_PENDING;
+	if (!wait_word(s, timeout_ms, max_spin_ns)) return MIGCTL_PENDING;
 	int64_t now = mono_ns(), done = s->t_done;
 	stat_add(MIGCTL_STAT_WAITS, 1);
 	stat_add(MIGCTL_STAT_WAKE_NS, (uint64_t)(now - (done > start ? done : start)));
 	return result(s, work, 1);
 }
 
+int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	migctl_slot_t *s = lookup(work);
+	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
+	return wait_for(s, work, timeout_ms, adaptive ? spin_max_ns : 0);
+}
+
+// migctl_run is migctl_issue and migctl_wait in one call: no return to the
+// caller between them, and a waiter that may spin longer (run_spin_max_ns).
+// The collective goes through the ring like any other: running it on the
+// calling thread instead (tried) took ~4x longer, 83 vs 22 us for a group of
+// one on 2 CPUs: a cgo callback's goroutine is locked to the caller's
+// thread, and every runtime.Gosched in the transport's and the device's
+// polling loops then hands the thread's P to another thread and back.
+int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root, int device,
+               uintptr_t stream) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	int64_t h = issue(kind, (void *)send, recv, count, dtype, op, root, device, stream);
+	if (h < 0) return (int)h;
+	stat_add(MIGCTL_STAT_RUNS, 1);
+	return wait_for(&ring[h % MIGCTL_SLOTS], (migctl_work_t)h, -1,
+	                run_spin_max_ns > 0 ? run_spin_max_ns : (adaptive ? spin_max_ns : 0));
+}
+
 int migctl_test(migctl_work_t work) {
-	GUARD(MIGCTL_ERR_FORKED);
+	GUARD_FAST(MIGCTL_ERR_FORKED);
 	migctl_slot_t *s = lookup(work);
 	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
 	if (__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) != 1) return MIGCTL_PENDING;

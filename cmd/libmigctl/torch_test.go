@@ -183,6 +183,16 @@ func TestTorchBackendOps(t *testing.T) {
 	require.Equal(t, "migctl", lines[0]["backend"])
 }
 
+// TestTorchSyncAllReduce: an all-reduce whose caller waits at once (torch
+// 2.x's opts.asyncOp=False) goes through migctl_run and returns a finished
+// Work, in order behind the collectives in flight, on every dtype and op.
+func TestTorchSyncAllReduce(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	lines := runRanks(t, 3, 3*time.Minute, "sync_check.py")
+	require.Greater(t, lines[0]["checks"].(float64), 100.0)
+}
+
 func TestTorchDDPMatchesGloo(t *testing.T) {
 	artifacts(t)
 	needTorch(t)

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 OK = 0
 PENDING = 1
@@ -28,7 +28,7 @@ KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRI
 
 # migctl_stats's counters, in order (include/migctl.h, MIGCTL_STAT_*).
 STATS = ("done", "queue_ns", "run_ns", "waits", "wake_ns", "wait_sleeps", "dispatch_sleeps", "marks",
-         "idle_marks")
+         "idle_marks", "runs")
 
 _NAMES = {
     ERR_INVALID: "invalid argument",
@@ -93,6 +93,8 @@ class Library:
             "migctl_barrier": ([work_p], c_int),
             # the one entry point the process group calls per collective: handle or error code
             "migctl_issue": ([c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], ctypes.c_int64),
+            # issue and wait in one call (synchronous callers): the result
+            "migctl_run": ([c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], c_int),
             "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
             "migctl_test": ([ctypes.c_uint64], c_int),
             "migctl_abort": ([ctypes.c_char_p], c_int),

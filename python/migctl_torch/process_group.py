@@ -259,6 +259,42 @@ class Work(dist._Work):
         return self._result
 
 
+class _Done(dist._Work):
+    """A collective that has finished: what a synchronous call returns (torch
+    2.x says so with opts.asyncOp=False; the library issued and waited for it
+    in one call, migctl_run). torch waits for it at once; until then the
+    class keeps the last ones alive (see Work: through C++ torch reaches the
+    overrides only while the Python object lives)."""
+
+    _recent = collections.deque(maxlen=64)
+
+    def __init__(self, result, devices=None):
+        super().__init__()
+        self._result = result
+        self._devices = devices
+        _Done._recent.append(self)
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future(devices=self._devices) if self._devices else torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+
 class _Comm:
     """The process's group in libmigctl, and the collectives on tensors."""
 
@@ -311,6 +347,7 @@ class _Comm:
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
         self.cissue = self.lib.lib.migctl_issue
         self.cwait = self.lib.lib.migctl_wait
+        self.crun = self.lib.lib.migctl_run
         self.completer = _Completer()
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
@@ -408,6 +445,29 @@ class _Comm:
         return post
 
     # --- collectives --------------------------------------------------------
+
+    def run_allreduce(self, tensors, op, name="allreduce"):
+        """A synchronous all-reduce of one contiguous tensor (issued and
+        waited for in one C call, migctl_run): a finished Work, or None when
+        the tensors need the general path."""
+        if len(tensors) != 1:
+            return None
+        t = tensors[0]
+        dt = _DTYPES.get(t.dtype)
+        if dt is None or not t.is_contiguous():
+            return None
+        if t.is_cpu:
+            dev, stream, devices = _lib.HOST, 0, None
+        elif t.is_cuda and self.on_gpu:
+            d = t.device
+            dev, stream, devices = _lib.DEVICE, _current_stream(d), [d]
+        else:
+            return None
+        p = t.data_ptr()
+        code = self.crun(_lib.KIND_ALLREDUCE, p, p, t.numel(), dt, op, 0, dev, stream)
+        if code != _lib.OK:
+            self._fail(code, name)
+        return _Done(tensors, devices)
 
     def allreduce(self, tensors, op, name="allreduce"):
         if len(tensors) == 1:  # the common case (DDP's buckets, dist.all_reduce), with the fewest steps
@@ -636,7 +696,16 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        return self._comm.allreduce(tensors, _op(opts, "allreduce"))
+        op = _op(opts, "allreduce")
+        # torch 2.x says when the caller waits at once (dist.all_reduce
+        # without async_op): then one C call issues and waits (migctl_run)
+        if opts is not None and getattr(opts, "asyncOp", True) is False:
+            run = getattr(self._comm, "run_allreduce", None)  # not across nodes
+            if run is not None:
+                w = run(tensors, op)
+                if w is not None:
+                    return w
+        return self._comm.allreduce(tensors, op)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         return self._comm.allgather(output_tensors, input_tensors)

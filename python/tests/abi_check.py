@@ -1,6 +1,7 @@
 """The C ABI of libmigctl.so (include/migctl.h) through ctypes, without
 torch: init, rank/size, every collective on host memory, handles (wait, test,
-bad handle), error codes with their text, the counters (migctl_stats), the
+bad handle), migctl_run (issue and wait in one call; in order behind the
+collectives in flight), error codes with their text, the counters (migctl_stats), the
 fork guard, finalize. Run under
 `migctl run --backend host --np 3`. Prints one JSON line; exits 1 on failure."""
 
@@ -34,6 +35,7 @@ def main():
     check(c.migctl_abi_version() == L.ABI_VERSION, "abi version")
     check(c.migctl_rank() == -1 and "not initialised" in err(), f"rank before init: {err()}")
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_NOT_INITIALIZED, "barrier before init")
+    check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_NOT_INITIALIZED, "run before init")
     check(c.migctl_init_group(2, 2, b"unix://@x", b"x") == L.ERR_INVALID and "rank < size" in err(),
           f"init_group with rank >= size: {err()}")
     check(c.migctl_serve(0, ctypes.create_string_buffer(64), 64) == L.ERR_INVALID, "serve 0 ranks")
@@ -95,6 +97,36 @@ def main():
     check(c.migctl_allreduce(a, b, n, L.FLOAT64, L.SUM, L.DEVICE, 0, ctypes.byref(h)) == L.OK, "issue device")
     check(c.migctl_wait(h.value, -1) == L.ERR_UNSUPPORTED and "gpu backend" in err(), f"device on host: {err()}")
     check(c.migctl_wait(987654, -1) == L.ERR_BAD_HANDLE, "unknown handle")
+    # migctl_run: issue and wait in one call, with the codes of either
+    runs0 = lib.stats()["runs"]
+    v = (ctypes.c_double * 4)(*[rank + k for k in range(4)])
+    out = (ctypes.c_double * 4)()
+    check(c.migctl_run(L.KIND_ALLREDUCE, v, out, 4, L.FLOAT64, L.SUM, 0, L.HOST, 0) == L.OK, f"run: {err()}")
+    check(list(out) == [tot + size * k for k in range(4)], f"run allreduce sum: {list(out)}")
+    check(c.migctl_run(L.KIND_ALLREDUCE, v, v, 4, L.FLOAT64, L.MIN, 0, L.HOST, 0) == L.OK, f"run in place: {err()}")
+    check(list(v) == [float(k) for k in range(4)], f"run allreduce min in place: {list(v)}")
+    v[0] = 100.0 + rank
+    check(c.migctl_run(L.KIND_BROADCAST, v if rank == size - 1 else None, out, 4, L.FLOAT64, 0, size - 1, L.HOST, 0)
+          == L.OK and list(out) == [99.0 + size, 1.0, 2.0, 3.0], f"run broadcast from root {size - 1}: {list(out)}")
+    check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.OK, f"run barrier: {err()}")
+    check(c.migctl_run(L.KIND_ALLREDUCE, v, v, 4, 42, L.SUM, 0, L.HOST, 0) == L.ERR_INVALID and "dtype" in err(),
+          f"run with a bad dtype: {err()}")
+    check(c.migctl_run(L.KIND_ALLREDUCE, v, v, 4, L.FLOAT64, L.SUM, 0, L.DEVICE, 0) == L.ERR_UNSUPPORTED
+          and "gpu backend" in err(), f"run on device memory on the host backend: {err()}")
+    check(lib.stats()["runs"] - runs0 == 5, f"runs counted: {lib.stats()['runs'] - runs0}, want 5")
+    # ... in order behind the collectives in flight: rank 0 comes late, so the
+    # others' broadcast is still queued when they call migctl_run; the sum
+    # must follow it (size x root's 1), not overtake it
+    x = (ctypes.c_int32 * 3)(*[rank + 1] * 3)
+    if rank == 0:
+        time.sleep(0.3)
+    hb = c.migctl_issue(L.KIND_BROADCAST, x, x, 3, L.INT32, 0, 0, L.HOST, 0)
+    check(hb > 0, f"issue broadcast: {err()}")
+    pending = c.migctl_test(hb) == L.PENDING
+    check(rank == 0 or pending, "the broadcast finished without its root")
+    check(c.migctl_run(L.KIND_ALLREDUCE, x, x, 3, L.INT32, L.SUM, 0, L.HOST, 0) == L.OK, f"run after issue: {err()}")
+    check(c.migctl_test(hb) == L.OK and c.migctl_wait(hb, -1) == L.OK, "broadcast done before the run returned")
+    check(list(x) == [size] * 3, f"run after a queued broadcast: {list(x)}, want {[size] * 3}")
     # the counters: every collective so far finished and was waited for; host memory needs no stream marks
     st = lib.stats()
     check(set(st) == set(L.STATS), f"stats keys {sorted(st)}")
@@ -107,6 +139,12 @@ def main():
     if pid == 0:
         ok = c.migctl_rank() == -1 and b"forked" in c.migctl_last_error() and \
             c.migctl_barrier(ctypes.byref(h)) == L.ERR_FORKED
+        # the per-collective calls (fork flag only) as well
+        ok = ok and c.migctl_issue(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_FORKED and \
+            b"forked" in c.migctl_last_error() and \
+            c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_FORKED and \
+            c.migctl_wait(1, -1) == L.ERR_FORKED and c.migctl_test(1) == L.ERR_FORKED and \
+            c.migctl_stats(None, 0) == L.ERR_FORKED
         os._exit(0 if ok else 1)
     _, st = os.waitpid(pid, 0)
     check(os.waitstatus_to_exitcode(st) == 0, "forked child was not refused")
@@ -120,6 +158,7 @@ def main():
     wait(c.migctl_barrier(ctypes.byref(h)), "barrier")
     check(c.migctl_finalize() == L.OK, f"finalize: {err()}")
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_CLOSED, "barrier after finalize")
+    check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_CLOSED, "run after finalize")
     check(c.migctl_finalize() == L.OK, "second finalize")
     print(json.dumps({"rank": rank, "size": size, "lib": lib.path, "failures": failures}), flush=True)
     sys.exit(1 if failures else 0)

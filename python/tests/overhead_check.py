@@ -6,7 +6,12 @@
 - process_group_us: dist.all_reduce (issue + wait), median of blocks of N
   calls;
 - c_abi_us: the library's C calls for the same (migctl_issue + migctl_wait;
-  on CUDA with the current stream);
+  on CUDA with the current stream); c_run_us: the same in one call
+  (migctl_run, what a synchronous all-reduce calls);
+- sync_pg_us: ProcessGroupMigctl.allreduce with opts.asyncOp=False, then
+  wait(): what torch 2.x's dist.all_reduce does without async_op, less
+  torch's wrapper (torch 1.13 has no asyncOp: its dist.all_reduce takes
+  the asynchronous path);
 - async_issue_us: dist.all_reduce(async_op=True) alone (Python and a C call
   that only queues the collective);
 - python_only_us: dist.all_reduce with the library's two calls stubbed out,
@@ -16,12 +21,15 @@
   queue_us (issue -> the dispatcher takes it), run_us (the trainer SDK's
   call), wake_us (its end -> the wait returns), wait_sleeps and
   dispatch_sleeps (futex sleeps per call: each costs a wake), marks and
-  idle_marks (device calls whose stream had work queued / was idle);
+  idle_marks (device calls whose stream had work queued / was idle), runs
+  (share of the calls that went through migctl_run: 1.0 for
+  process_group when torch passes asyncOp=False);
 - --breakdown: where a dist.all_reduce's time goes, from timers wrapped
   around the package's methods for one more measurement (each adds ~0.2 us):
   torch_us (torch.distributed's wrapper around the process group), pg_issue_us
-  (ProcessGroupMigctl.allreduce, of which c_issue_us is the C call) and
-  wait_us (Work.wait, of which c_wait_us is the C call);
+  (ProcessGroupMigctl.allreduce, of which c_issue_us, or c_run_us for a
+  synchronous call, is the C call) and wait_us (Work.wait, of which
+  c_wait_us is the C call);
 - CUDA: after_kernel_us, a dist.all_reduce after a kernel that writes the
   tensor on the current stream (the collective waits for it through an
   event), beside kernel_sync_us, the same kernel and a stream synchronize.
@@ -78,7 +86,8 @@ def blocks(f, name, device):
                        "wake_us": round(d["wake_ns"] / waits / 1e3, 2),
                        "wait_sleeps": round(d["wait_sleeps"] / waits, 3),
                        "dispatch_sleeps": round(d["dispatch_sleeps"] / done, 3),
-                       "marks": d["marks"], "idle_marks": d["idle_marks"]}
+                       "marks": d["marks"], "idle_marks": d["idle_marks"],
+                       "runs": round(d.get("runs", 0) / done, 3)}
     return round(statistics.median(out), 2)
 
 
@@ -87,7 +96,7 @@ def breakdown(t, device, comm):
     acc = collections.Counter()
     clock = time.perf_counter_ns
     pg_cls, work_cls = process_group.ProcessGroupMigctl, process_group.Work
-    allreduce, wait, issue, cwait = pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait
+    allreduce, wait, issue, cwait, crun = pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait, comm.crun
 
     def t_allreduce(self, tensors, opts=None):
         t0 = clock()
@@ -113,7 +122,13 @@ def breakdown(t, device, comm):
         acc["c_wait"] += clock() - t0
         return r
 
-    pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait = t_allreduce, t_wait, t_issue, t_cwait
+    def t_crun(*a):
+        t0 = clock()
+        r = crun(*a)
+        acc["c_run"] += clock() - t0
+        return r
+
+    pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait, comm.crun = t_allreduce, t_wait, t_issue, t_cwait, t_crun
     try:
         for _ in range(50):
             dist.all_reduce(t)
@@ -126,10 +141,10 @@ def breakdown(t, device, comm):
             dist.all_reduce(t)
         total = clock() - t0
     finally:
-        pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait = allreduce, wait, issue, cwait
+        pg_cls.allreduce, work_cls.wait, comm.cissue, comm.cwait, comm.crun = allreduce, wait, issue, cwait, crun
     us = {k: round(v / n / 1e3, 2) for k, v in acc.items()}
     res = {"total_us": round(total / n / 1e3, 2), "torch_us": round((total - acc["pg_issue"] - acc["wait"]) / n / 1e3, 2)}
-    res.update({f"{k}_us": us.get(k, 0.0) for k in ("pg_issue", "c_issue", "wait", "c_wait")})
+    res.update({f"{k}_us": us.get(k, 0.0) for k in ("pg_issue", "c_issue", "c_run", "wait", "c_wait")})
     return res
 
 
@@ -158,11 +173,27 @@ def main():
         for _ in range(n):
             wait(issue(_lib.KIND_ALLREDUCE, p, p, COUNT, _lib.FLOAT32, _lib.SUM, 0, where, stream), -1)
 
+    crun = comm.crun
+
+    def raw_run(n):
+        for _ in range(n):
+            crun(_lib.KIND_ALLREDUCE, p, p, COUNT, _lib.FLOAT32, _lib.SUM, 0, where, stream)
+
+    pgroup = dist.distributed_c10d._get_default_group()
+    sync_opts = SyncOpts()
+
+    def sync_pg(n):
+        for _ in range(n):
+            pgroup_allreduce([t], sync_opts).wait()
+    # the Python object (torch 2.x's default group wraps it in a C++ one)
+    pgroup_allreduce = process_group.ProcessGroupMigctl.allreduce.__get__(pg_object(pgroup))
+
     pg(200)
     res = {"rank": rank, "world": dist.get_world_size(), "torch": torch.__version__, "device": device,
            "spin_env": {k: v for k, v in os.environ.items() if k.startswith("MIGCTL_LIB_SPIN") or
                         k.startswith("MIGCTL_LIB_DISPATCH")},
-           "process_group_us": blocks(pg, "process_group", device), "c_abi_us": blocks(raw, "c_abi", device)}
+           "process_group_us": blocks(pg, "process_group", device), "c_abi_us": blocks(raw, "c_abi", device),
+           "c_run_us": blocks(raw_run, "c_run", device), "sync_pg_us": blocks(sync_pg, "sync_pg", device)}
     iss = []
     for _ in range(ROUNDS):
         dist.barrier()
@@ -190,15 +221,36 @@ def main():
     dist.barrier()
     # the library stubbed: what is left is Python (torch's and ours)
     count = itertools.count(1)
-    comm.cissue, comm.cwait = (lambda *a: next(count)), (lambda h, ms: 0)
+    comm.cissue, comm.cwait, comm.crun = (lambda *a: next(count)), (lambda h, ms: 0), (lambda *a: 0)
     try:
         res["python_only_us"] = round(min(statistics.median(
             [timed_block(pg) for _ in range(ROUNDS)]) for _ in range(3)), 2)
     finally:
-        comm.cissue, comm.cwait = issue, wait
+        comm.cissue, comm.cwait, comm.crun = issue, wait, crun
     res["lib"] = LIB_STATS
     print(json.dumps(res), flush=True)
     dist.barrier()
+
+
+class SyncOpts:
+    """AllreduceOptions as torch 2.x fills them for dist.all_reduce without
+    async_op (torch 1.13's have no asyncOp)."""
+    reduceOp = dist.ReduceOp.SUM
+    asyncOp = False
+
+
+def pg_object(group):
+    """The ProcessGroupMigctl behind torch's default group."""
+    if isinstance(group, process_group.ProcessGroupMigctl):
+        return group
+    for dev in ("cpu", "cuda"):
+        try:
+            b = group._get_backend(torch.device(dev))
+        except Exception:  # noqa: BLE001 - older torch, or no backend for dev
+            continue
+        if isinstance(b, process_group.ProcessGroupMigctl):
+            return b
+    raise RuntimeError(f"no ProcessGroupMigctl behind {group!r}")
 
 
 def timed_block(f):
