@@ -2,7 +2,8 @@
 # Issue 11 target "Python-side overhead per collective call <= 20 us", after the per-call trims of
 # C ABI 5 (migctl_run: a synchronous dist.all_reduce -- torch 2.x passes opts.asyncOp=False -- issues
 # and waits in one C call; no getpid per call; with >= 3 CPUs per rank the dispatcher spins 50 us
-# and migctl_run's waiter until the collective's expected end). One H200, 8 KiB float32 all-reduce:
+# and migctl_run's waiter until the collective's expected end; spins that cannot succeed are
+# skipped). One H200, 8 KiB float32 all-reduce:
 #   (1) `migctl bench` at 1 and 7 ranks on GPU 0 (the reference);
 #   (2) python/tests/overhead_check.py --device cuda --breakdown at 1 and 7 ranks: dist.all_reduce
 #       (process_group_us), the C ABI directly (c_abi_us: issue + wait; c_run_us: migctl_run), the
@@ -10,11 +11,12 @@
 #       the library's counters (runs = share of the calls through migctl_run: 1.0 when torch passed
 #       asyncOp=False) and where one dist.all_reduce's time goes;
 #   (3) python/tests/gpu_checks.py at 7 ranks (stream order, async/Future, two in flight): PASS/FAIL;
-#   (4) while time lasts, 7 ranks with GOMAXPROCS=2 (each Go runtime has 16 Ps on 16 CPUs: every
-#       runtime.Gosched in the transport's 300-us poll wakes an idle P's thread to spin; the SDK's
-#       host reduction uses 14/np = 2 goroutines per rank), then with the longer spins forced
-#       (MIGCTL_LIB_RUN_SPIN_MAX_US=200 MIGCTL_LIB_DISPATCH_SPIN_US=50; by default 7 ranks on 16 CPUs
-#       keep 20 us).
+#   (4) while time lasts, 7 ranks with the spins of before (MIGCTL_LIB_SPIN_US=20
+#       MIGCTL_LIB_DISPATCH_SPIN_US=20: always spin 20 us; by default a spin that cannot succeed --
+#       the collective or the next issue is expected more than two spins later -- is skipped), then
+#       with GOMAXPROCS=2 (each Go runtime has 16 Ps on 16 CPUs: every runtime.Gosched in the
+#       transport's 300-us poll wakes an idle P's thread to spin; the SDK's host reduction uses
+#       14/np = 2 goroutines per rank).
 # Needs bin/migctl and bin/libmigctl.so (make build lib) and python3 with torch (CUDA). No Go.
 # Writes $OUT/torch-overhead2/{summary.txt,results.jsonl,env.txt,logs.tgz}. Under 2 minutes.
 set -uo pipefail
@@ -66,8 +68,8 @@ probe np7 7
 echo "== gpu_checks.py, 7 ranks"
 timeout 45 $M run --gpus 0 --np 7 -q --timeout 40s -- python3 python/tests/gpu_checks.py >"$L/gpu_checks.out" 2>&1
 gc=$?
-[ "$SECONDS" -lt 80 ] && probe np7-gomaxprocs2 7 GOMAXPROCS=2
-[ "$SECONDS" -lt 95 ] && probe np7-spin 7 MIGCTL_LIB_RUN_SPIN_MAX_US=200 MIGCTL_LIB_DISPATCH_SPIN_US=50
+[ "$SECONDS" -lt 80 ] && probe np7-oldspins 7 MIGCTL_LIB_SPIN_US=20 MIGCTL_LIB_DISPATCH_SPIN_US=20
+[ "$SECONDS" -lt 95 ] && probe np7-gomaxprocs2 7 GOMAXPROCS=2
 
 python3 - "$J" "$gc" "$L/gpu_checks.out" <<'PY' | tee "$O/summary.txt"
 import json, statistics, sys
