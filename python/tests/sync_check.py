@@ -144,6 +144,14 @@ def main():
         check(False, "a bool sum did not raise")
     except NotImplementedError as e:
         check("bool" in str(e), f"bool sum: {e}")
+    # the operators the library has not, on both paths (the operator is found by its hash first)
+    for name in ("PRODUCT", "BAND", "BOR", "BXOR"):
+        for async_op in (False, True):
+            try:
+                pg.allreduce([torch.ones(2)], Opts(getattr(dist.ReduceOp, name), async_op))
+                check(False, f"{name} (asyncOp={async_op}) did not raise")
+            except NotImplementedError as e:
+                check("ReduceOp" in str(e), f"{name}: {e}")
 
     # torch 2.x: dist.all_reduce without async_op says asyncOp=False itself
     asyncop = hasattr(dist.AllreduceOptions(), "asyncOp")
