@@ -286,21 +286,30 @@ class _Done(dist._Work):
     """A collective that has finished: what a synchronous call returns (torch
     2.x says so with opts.asyncOp=False; the library issued and waited for it
     in one call, migctl_run). torch waits for it at once; until then the
-    class keeps the last ones alive (see Work: through C++ torch reaches the
-    overrides only while the Python object lives)."""
+    class keeps it alive (see Work: through C++ torch reaches the overrides
+    only while the Python object lives), and lets it go then (with its
+    tensors: the 64 newest at most)."""
 
-    _recent = collections.deque(maxlen=64)
+    _held = {}  # id -> _Done not yet waited for
 
     def __init__(self, result, devices=None):
         super().__init__()
         self._result = result
         self._devices = devices
-        _Done._recent.append(self)
+        held = _Done._held
+        held[id(self)] = self
+        if len(held) > 64:
+            try:
+                del held[next(iter(held))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread took it meanwhile
+                pass
 
     def wait(self, timeout=None):
+        _Done._held.pop(id(self), None)
         return True
 
     def get_future(self):
+        _Done._held.pop(id(self), None)
         fut = torch.futures.Future(devices=self._devices) if self._devices else torch.futures.Future()
         fut.set_result(self._result)
         return fut

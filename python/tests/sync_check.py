@@ -89,6 +89,8 @@ def main():
             fut = w.get_future()
             check(fut.done() and fut.wait()[0] is t, f"{dt} {name}: the future")
     del ranks
+    # a waited-for Work (and its tensors) is not kept by the backend
+    check(not process_group._Done._held, f"{len(process_group._Done._held)} finished Works still held after wait")
 
     # asyncOp=True and options without asyncOp (torch 1.13): the asynchronous path
     for opts in (Opts(async_op=True), Opts(async_op=None), None):
