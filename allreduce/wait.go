@@ -3,7 +3,6 @@ package allreduce
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -69,7 +68,7 @@ func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Durat
 			}
 		}
 		if time.Since(start) < spin {
-			runtime.Gosched()
+			comm.SpinPause(i)
 			continue
 		}
 		nap(eventNap)

@@ -568,7 +568,7 @@ func (d *CUDADevice) poll(ctx context.Context, what string, query func() error) 
 			start = time.Now()
 		}
 		if time.Since(start) < 50*time.Microsecond {
-			runtime.Gosched()
+			SpinPause(i)
 			continue
 		}
 		ts := syscall.NsecToTimespec(nap.Nanoseconds())

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,7 +184,7 @@ func (t *ShmTransport) WaitSpin(ctx context.Context, i int, v uint64, spin time.
 			}
 		}
 		if time.Since(start) < spin {
-			runtime.Gosched()
+			SpinPause(n)
 			continue
 		}
 		// Sleep on the flag's futex; wake at least every millisecond to
