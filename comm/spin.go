@@ -12,8 +12,9 @@ import (
 // A Gosched puts the goroutine back on the run queue, and with idle Ps the
 // runtime wakes another thread to look for work, which finds none: seven
 // ranks of 16 Ps each polling that way keep the cores busy with threads
-// that wake and park (measured in the PyTorch processes, where the C ABI's
-// call went from 115 to 78 µs with GOMAXPROCS=2).
+// that wake and park. One H200, 7 ranks on GPU 0, same call: 8 KiB
+// 99.5/86.7 µs yielding every poll, 75.2/70.0 every 64; dist.all_reduce of
+// 8 KiB 228.6 -> 196.8 µs; DDP ResNet-18 b8 and 256 MiB unchanged.
 const EnvSpinYield = "MIGCTL_SPIN_YIELD"
 
 const spinYieldDefault = 64
