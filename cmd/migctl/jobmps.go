@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,11 @@ import (
 // on machines without a GPU, or a site's own check. It gets the client's
 // environment and the arguments --gpu ORDINAL.
 const EnvMPSProbe = "MIGCTL_MPS_PROBE"
+
+// systemMPSDir is where CUDA clients look for an MPS control daemon when
+// CUDA_MPS_PIPE_DIRECTORY is not set: a node that runs MPS for everyone has
+// its control pipe there, and the ranks are its clients already.
+var systemMPSDir = "/tmp/nvidia-mps"
 
 // mpsProbeTimeout bounds the probe: the driver's start and the MPS server's.
 const mpsProbeTimeout = 30 * time.Second
@@ -98,6 +104,8 @@ func (r jobMPSRequest) decide() (bool, string, error) {
 		return refuse("--swap workers join the daemon's MPS server when it runs one (migctl daemon --mps)")
 	case os.Getenv(mps.EnvPipeDir) != "":
 		return refuse(mps.EnvPipeDir + " is set: the workers join that MPS server")
+	case isPipe(filepath.Join(systemMPSDir, mps.ControlPipe)):
+		return refuse("the node runs an MPS control daemon (" + systemMPSDir + "): the workers are its clients")
 	case !on && sharedGPU(r.gpus) < 0:
 		return false, "", nil // nothing shares a GPU: nothing to gain
 	}
@@ -209,6 +217,13 @@ func (r jobMPSRequest) logf(format string, args ...any) {
 		return
 	}
 	fmt.Fprintf(r.log, "migctl: "+format+"\n", args...)
+}
+
+// isPipe says whether path is a named pipe or a socket (the real control
+// daemon's "control" is a socket).
+func isPipe(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) != 0
 }
 
 func orDefault(s, def string) string {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,6 +53,21 @@ func TestJobMPSDecide(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the node's own MPS control daemon", func(t *testing.T) {
+		dir := t.TempDir()
+		old := systemMPSDir
+		systemMPSDir = dir
+		t.Cleanup(func() { systemMPSDir = old })
+		req := jobMPSRequest{mode: "auto", backend: "gpu", gpus: []int{0, 0}}
+		got, _, err := req.decide()
+		require.NoError(t, err)
+		require.True(t, got, "no control pipe yet")
+		require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "control"), 0o600))
+		got, why, err := req.decide()
+		require.NoError(t, err)
+		require.False(t, got)
+		require.Contains(t, why, dir)
+	})
 	t.Run("a server chosen by the user", func(t *testing.T) {
 		t.Setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/theirs")
 		got, why, err := jobMPSRequest{mode: "auto", backend: "gpu", gpus: []int{0, 0}}.decide()
@@ -66,6 +82,9 @@ func TestJobMPSDecide(t *testing.T) {
 // directory, and it is stopped and removed at the end; a probe that fails
 // falls back to time-slicing under auto and fails the run under on.
 func TestRunMPS(t *testing.T) {
+	if isPipe(filepath.Join(systemMPSDir, "control")) {
+		t.Skip("this node runs an MPS control daemon in " + systemMPSDir + ": auto leaves the ranks to it")
+	}
 	bin := testutil.MigctlBin(t)
 	fake, err := filepath.Abs("../../internal/mps/testdata/fake-mps-control")
 	require.NoError(t, err)

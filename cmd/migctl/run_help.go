@@ -21,7 +21,8 @@ CUDA_MPS_PIPE_DIRECTORY in the workers' environment) and stops at the end, so th
 kernels run side by side as MIG instances' do. Auto falls back to time-slicing, with a line
 saying why, when the control program is missing or its server cannot serve the GPU; --mps on
 makes that an error, --mps off never starts one. Not with --profile (MIG), --swap (the
-daemon's --mps decides) or a CUDA_MPS_PIPE_DIRECTORY already set (the workers join that one).
+daemon's --mps decides), a CUDA_MPS_PIPE_DIRECTORY already set or a node-wide MPS control
+daemon in /tmp/nvidia-mps (the workers join that one).
 
 --sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
 running daemon, a daemon is started inside this process for the run (its sockets in a private
