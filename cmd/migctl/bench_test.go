@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/allreduce"
+	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/bytesize"
 )
 
@@ -132,4 +133,27 @@ func TestSizeFlagsStateTheRule(t *testing.T) {
 		require.NoError(t, cmd.Execute())
 		require.Contains(t, out.String(), bytesize.Units, "migctl %v --help", args)
 	}
+}
+
+// --chunk auto and --mps: the device geometry follows allreduce.Staged for
+// the ranks, the host backend keeps 4 MiB, and the MPS request sees every
+// local rank's GPU (and refuses CUDA IPC).
+func TestBenchChunkAutoAndMPS(t *testing.T) {
+	o, err := benchValidate(t, allreduce.AllReduce, "--backend", "gpu", "--np", "7", "--gpu", "0", "--shm-dir", t.TempDir())
+	require.NoError(t, err)
+	want, _ := allreduce.Staged(7, comm.ShmCapacity(t.TempDir()))
+	require.Equal(t, want, o.spec.Chunk)
+	r := o.mpsRequest()
+	require.Equal(t, []int{0, 0, 0, 0, 0, 0, 0}, r.gpus)
+	require.Equal(t, "auto", r.mode)
+	o, err = benchValidate(t, allreduce.AllReduce, "--backend", "gpu", "--np", "2", "--gpu", "0,1", "--transport", "ipc", "--mps", "on")
+	require.NoError(t, err)
+	_, _, err = o.mpsRequest().decide()
+	require.ErrorContains(t, err, "CUDA IPC")
+	require.Equal(t, []int{0, 1}, o.mpsRequest().gpus)
+	o, err = benchValidate(t, allreduce.AllReduce, "--backend", "host", "--np", "3")
+	require.NoError(t, err)
+	require.Equal(t, 4<<20, o.spec.Chunk)
+	_, err = benchValidate(t, allreduce.AllReduce, "--mps", "maybe")
+	require.ErrorContains(t, err, `--mps "maybe"`)
 }
