@@ -19,12 +19,13 @@ import (
 // CUDA context) are time-sliced by the driver: a copy or kernel of one rank
 // waits for the others' time slices, and every switch costs ~150 µs on an
 // H200. Under one MPS server their work runs in one context, side by side,
-// as MIG instances' work does. Measured on one H200, 7 ranks on GPU 0, same
-// call (docs/results/collectives-h200.md, "Ranks sharing a GPU"): a 256-MiB
-// all-reduce 60.4 -> 48.1 ms, 8 KiB 225 -> 94 µs, DDP ResNet-18 b8 38.9 ->
-// 23.4 ms per step. So `migctl run` and `migctl bench` start a private MPS
-// control daemon for such a job (--mps auto, the default) and stop it at
-// the end.
+// as MIG instances' work does. Measured on one H200, 7 ranks on GPU 0, each
+// pair in one call (docs/results/collectives-h200.md, "Night"): DDP
+// ResNet-18 batch 8 35.8 -> 23.0 ms per step, the small GPT batch 4 70.8 ->
+// 51.5; the collectives alone 60.4 -> 48.1 ms (256 MiB) and 225 -> 94 µs
+// (8 KiB) on a host that time-sliced badly, within noise on three others.
+// So `migctl run` and `migctl bench` start a private MPS control daemon for
+// such a job (--mps auto, the default) and stop it at the end.
 
 // EnvMPSProbe overrides the command that checks a new MPS control daemon
 // serves a GPU (default: this binary's hidden `mps-probe`), e.g. for tests
