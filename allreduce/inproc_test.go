@@ -20,6 +20,7 @@ import (
 type group struct {
 	comms []*Communicator
 	devs  []comm.Device
+	trs   []*comm.ShmTransport
 }
 
 func newGroup(t testing.TB, world int, alg Algorithm, opts Options) *group {
@@ -43,6 +44,7 @@ func newGroup(t testing.TB, world int, alg Algorithm, opts Options) *group {
 		t.Cleanup(func() { _ = ex.Close(); _ = tr.Close(); _ = dev.Close() })
 		g.comms = append(g.comms, NewCommunicator(ex, alg))
 		g.devs = append(g.devs, dev)
+		g.trs = append(g.trs, tr)
 	}
 	return g
 }
