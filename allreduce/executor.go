@@ -133,6 +133,7 @@ func (o Options) withDefaults(world int) Options {
 type Executor struct {
 	dev     comm.Device
 	tr      Transport
+	sw      spinWaiter // tr, when its waits take a spin (nil: not)
 	opts    Options
 	streams [NumLanes]comm.Stream
 	calls   uint64
@@ -152,6 +153,7 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 		return nil, fmt.Errorf("registering the shared arena with the device: %w", err)
 	}
 	e := &Executor{dev: dev, tr: tr, opts: opts}
+	e.sw, _ = tr.(spinWaiter)
 	if opts.Trace != nil {
 		e.trace = newTracer(opts.Trace, tr.Rank())
 	}
@@ -451,15 +453,14 @@ type spinWaiter interface {
 
 // wait waits for every condition; spin > 0 overrides the transport's spin.
 func (e *Executor) wait(ctx context.Context, conds []Cond, epoch uint64, st *stepTrace, spin time.Duration) error {
-	sw, _ := e.tr.(spinWaiter)
 	var prev, longest time.Duration
 	if st != nil {
 		prev = st.reach
 	}
 	for _, c := range conds {
 		var err error
-		if spin > 0 && sw != nil {
-			err = sw.WaitSpin(ctx, c.Flag, epoch|c.Value, spin)
+		if spin > 0 && e.sw != nil {
+			err = e.sw.WaitSpin(ctx, c.Flag, epoch|c.Value, spin)
 		} else {
 			err = e.tr.Wait(ctx, c.Flag, epoch|c.Value)
 		}

@@ -10,14 +10,8 @@ import (
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/mps"
+	"github.com/migctl/migctl/internal/testutil"
 )
-
-func fakeMPS(t *testing.T) string {
-	t.Helper()
-	p, err := filepath.Abs("../internal/mps/testdata/fake-mps-control")
-	require.NoError(t, err)
-	return p
-}
 
 // The daemon's MPS control daemon lives next to the shim socket (where the
 // shim looks), starts before shims are served and quits with the daemon.
@@ -26,7 +20,7 @@ func TestDaemonMPSStartsAndStops(t *testing.T) {
 	swap := filepath.Join(dir, "s.sock")
 	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
 		ControlSocket: filepath.Join(dir, "c.sock"), SwapSocket: swap,
-		Swap: ctxmgr.Options{GPUMemory: 1 << 30}, MPS: true, MPSControl: fakeMPS(t)})
+		Swap: ctxmgr.Options{GPUMemory: 1 << 30}, MPS: true, MPSControl: testutil.FakeMPSControl(t)})
 	require.NoError(t, err)
 	pipe := filepath.Join(ctxmgr.MPSPipeDir(swap), mps.ControlPipe)
 	require.Equal(t, swap+".mps", d.MPSPipeDir())

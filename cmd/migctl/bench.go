@@ -305,16 +305,5 @@ func (o *benchOptions) Run(ctx context.Context) error {
 	return rep.verdict()
 }
 
-// mpsRequest describes the local ranks for startJobMPS: rank r on GPU
-// --gpu[r mod len]. CUDA IPC between ranks is left without MPS.
-func (o *benchOptions) mpsRequest() jobMPSRequest {
-	r := jobMPSRequest{mode: o.mps, control: o.mpsCtl, backend: o.spec.Backend, quiet: o.spec.Quiet, log: o.streams.ErrOut}
-	r.ipc = o.spec.Transport == "ipc"
-	for i := 0; len(o.spec.GPUs) > 0 && i < o.local; i++ {
-		r.gpus = append(r.gpus, o.spec.GPUs[i%len(o.spec.GPUs)])
-	}
-	return r
-}
-
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }

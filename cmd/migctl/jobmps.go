@@ -54,6 +54,27 @@ type jobMPSRequest struct {
 	log     io.Writer
 }
 
+// mpsRequest describes the job's ranks for startJobMPS.
+func (o *runOptions) mpsRequest() jobMPSRequest {
+	r := jobMPSRequest{mode: o.mps, control: o.mpsControl, backend: o.backend, mig: o.profile != "",
+		swap: o.swap, quiet: o.quiet, log: o.ErrOut}
+	for i := 0; len(o.ords) > 0 && i < o.np; i++ {
+		r.gpus = append(r.gpus, o.ords[i%len(o.ords)])
+	}
+	return r
+}
+
+// mpsRequest describes the local ranks for startJobMPS: rank r on GPU
+// --gpu[r mod len]. CUDA IPC between ranks is left without MPS.
+func (o *benchOptions) mpsRequest() jobMPSRequest {
+	r := jobMPSRequest{mode: o.mps, control: o.mpsCtl, backend: o.spec.Backend, quiet: o.spec.Quiet, log: o.streams.ErrOut}
+	r.ipc = o.spec.Transport == "ipc"
+	for i := 0; len(o.spec.GPUs) > 0 && i < o.local; i++ {
+		r.gpus = append(r.gpus, o.spec.GPUs[i%len(o.spec.GPUs)])
+	}
+	return r
+}
+
 // jobMPS is a started private MPS control daemon (nil: none).
 type jobMPS struct {
 	ctl *mps.Control
@@ -69,16 +90,16 @@ func validMPSMode(m string) error {
 	return fmt.Errorf("--mps %q: want auto, on or off", m)
 }
 
-// sharedGPU returns a GPU that at least two of the ranks use, or -1.
-func sharedGPU(gpus []int) int {
-	seen := map[int]bool{}
+// busiestGPU returns the GPU the most ranks use and how many use it (-1, 0
+// for no ranks); several on one GPU is what MPS is for.
+func busiestGPU(gpus []int) (gpu, ranks int) {
+	gpu, count := -1, map[int]int{}
 	for _, g := range gpus {
-		if seen[g] {
-			return g
+		if count[g]++; count[g] > ranks {
+			gpu, ranks = g, count[g]
 		}
-		seen[g] = true
 	}
-	return -1
+	return gpu, ranks
 }
 
 // decide says whether the request wants MPS and, when it does not,
@@ -107,7 +128,7 @@ func (r jobMPSRequest) decide() (bool, string, error) {
 		return refuse(mps.EnvPipeDir + " is set: the workers join that MPS server")
 	case isPipe(filepath.Join(systemMPSDir, mps.ControlPipe)):
 		return refuse("the node runs an MPS control daemon (" + systemMPSDir + "): the workers are its clients")
-	case !on && sharedGPU(r.gpus) < 0:
+	case !on && !r.shared():
 		return false, "", nil // nothing shares a GPU: nothing to gain
 	}
 	return true, "", nil
@@ -120,7 +141,7 @@ func (r jobMPSRequest) decide() (bool, string, error) {
 func startJobMPS(ctx context.Context, r jobMPSRequest) (*jobMPS, error) {
 	want, why, err := r.decide()
 	if err != nil || !want {
-		if why != "" && sharedGPU(r.gpus) >= 0 {
+		if why != "" && r.shared() {
 			r.logf("MPS: not used: %s", why)
 		}
 		return nil, err
@@ -132,9 +153,6 @@ func startJobMPS(ctx context.Context, r jobMPSRequest) (*jobMPS, error) {
 		r.logf("MPS: not used (the ranks sharing a GPU time-slice it): %v", err)
 		return nil, nil
 	}
-	if _, err := exec.LookPath(orDefault(r.control, mps.DefaultControl)); err != nil {
-		return fail(fmt.Errorf("no MPS control program: %w", err))
-	}
 	dir, err := os.MkdirTemp("", "migctl-mps-")
 	if err != nil {
 		return fail(err)
@@ -142,25 +160,16 @@ func startJobMPS(ctx context.Context, r jobMPSRequest) (*jobMPS, error) {
 	ctl, err := mps.Start(ctx, r.control, dir, 0, nil)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return fail(err)
+		return fail(err) // mps.ErrNoControl names a missing program
 	}
 	j := &jobMPS{ctl: ctl, dir: dir}
-	gpu := sharedGPU(r.gpus)
-	if gpu < 0 && len(r.gpus) > 0 {
-		gpu = r.gpus[0]
-	}
+	gpu, ranks := busiestGPU(r.gpus)
 	if err := j.probe(ctx, gpu); err != nil {
 		j.stop()
 		return fail(err)
 	}
-	shared := 0
-	for _, g := range r.gpus {
-		if g == gpu {
-			shared++
-		}
-	}
 	r.logf("MPS: %d ranks share GPU %d: they run under a private MPS server (%s; --mps off to time-slice)",
-		shared, gpu, dir)
+		ranks, gpu, dir)
 	return j, nil
 }
 
@@ -213,6 +222,12 @@ func (j *jobMPS) stop() {
 	_ = os.RemoveAll(j.dir)
 }
 
+// shared says whether two or more of the ranks use one GPU.
+func (r jobMPSRequest) shared() bool {
+	_, n := busiestGPU(r.gpus)
+	return n > 1
+}
+
 func (r jobMPSRequest) logf(format string, args ...any) {
 	if r.quiet || r.log == nil {
 		return
@@ -225,11 +240,4 @@ func (r jobMPSRequest) logf(format string, args ...any) {
 func isPipe(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) != 0
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

@@ -86,8 +86,7 @@ func TestRunMPS(t *testing.T) {
 		t.Skip("this node runs an MPS control daemon in " + systemMPSDir + ": auto leaves the ranks to it")
 	}
 	bin := testutil.MigctlBin(t)
-	fake, err := filepath.Abs("../../internal/mps/testdata/fake-mps-control")
-	require.NoError(t, err)
+	fake := testutil.FakeMPSControl(t)
 	// each worker: its pipe directory, and whether the control pipe is there
 	const script = `d="$CUDA_MPS_PIPE_DIRECTORY"; p=no; [ -n "$d" ] && [ -p "$d/control" ] && p=yes; echo "$d $p" > "$T_DIR/mps-$RANK"`
 	read := func(t *testing.T, dir string, rank int) (string, string) {

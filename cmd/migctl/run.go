@@ -286,16 +286,6 @@ func (o *runOptions) Run(ctx context.Context) error {
 	return err
 }
 
-// mpsRequest describes the job's ranks for startJobMPS.
-func (o *runOptions) mpsRequest() jobMPSRequest {
-	r := jobMPSRequest{mode: o.mps, control: o.mpsControl, backend: o.backend, mig: o.profile != "",
-		swap: o.swap, quiet: o.quiet, log: o.ErrOut}
-	for i := 0; len(o.ords) > 0 && i < o.np; i++ {
-		r.gpus = append(r.gpus, o.ords[i%len(o.ords)])
-	}
-	return r
-}
-
 // runSummary prints a launcher.Result: one row for the job.
 type runSummary struct {
 	launcher.Result `yaml:",inline"`

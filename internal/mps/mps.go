@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -32,6 +33,9 @@ const LowEnv = "low.env"
 // DefaultControl is the MPS control program looked up in PATH.
 const DefaultControl = "nvidia-cuda-mps-control"
 
+// ErrNoControl is Start's error when the control program is not there.
+var ErrNoControl = errors.New("no MPS control program")
+
 // EnvPipeDir is the variable that makes a CUDA process a client of the
 // control daemon whose pipes are in its value.
 const EnvPipeDir = "CUDA_MPS_PIPE_DIRECTORY"
@@ -56,7 +60,7 @@ func Start(ctx context.Context, bin, pipeDir string, lowSM int, logf func(string
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, fmt.Errorf("MPS: %w (install the NVIDIA compute utilities, or give the program's path)", err)
+		return nil, fmt.Errorf("MPS: %w: %w (install the NVIDIA compute utilities, or give the program's path)", ErrNoControl, err)
 	}
 	if logf == nil {
 		logf = func(string, ...any) {}

@@ -9,14 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/internal/mps"
+	"github.com/migctl/migctl/internal/testutil"
 )
-
-func fakeMPS(t *testing.T) string {
-	t.Helper()
-	p, err := filepath.Abs("testdata/fake-mps-control")
-	require.NoError(t, err)
-	return p
-}
 
 // A control pipe left by a daemon that was killed is asked to quit before a
 // new control daemon starts.
@@ -24,10 +18,10 @@ func TestStartStalePipe(t *testing.T) {
 	dir := t.TempDir()
 	pipeDir := filepath.Join(dir, "x.mps")
 	require.NoError(t, os.MkdirAll(filepath.Join(pipeDir, "log"), 0o700))
-	_, err := mps.Start(context.Background(), fakeMPS(t), pipeDir, 0, nil)
+	_, err := mps.Start(context.Background(), testutil.FakeMPSControl(t), pipeDir, 0, nil)
 	require.NoError(t, err)
 	// killed: nobody stops it; the next start finds its pipe
-	m2, err := mps.Start(context.Background(), fakeMPS(t), pipeDir, 0, nil)
+	m2, err := mps.Start(context.Background(), testutil.FakeMPSControl(t), pipeDir, 0, nil)
 	require.NoError(t, err)
 	require.NoError(t, m2.Stop())
 	log, err := os.ReadFile(filepath.Join(pipeDir, "log", "control.log"))
@@ -42,13 +36,13 @@ func TestStartLowSM(t *testing.T) {
 		want string
 	}{{0, ""}, {50, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"}, {100, ""}} {
 		dir := t.TempDir()
-		m, err := mps.Start(context.Background(), fakeMPS(t), filepath.Join(dir, "p"), tc.pct, nil)
+		m, err := mps.Start(context.Background(), testutil.FakeMPSControl(t), filepath.Join(dir, "p"), tc.pct, nil)
 		require.NoError(t, err)
 		b, err := os.ReadFile(filepath.Join(dir, "p", mps.LowEnv))
 		require.NoError(t, err)
 		require.Equal(t, tc.want, string(b))
 		require.NoError(t, m.Stop())
 	}
-	_, err := mps.Start(context.Background(), fakeMPS(t), t.TempDir(), 101, nil)
+	_, err := mps.Start(context.Background(), testutil.FakeMPSControl(t), t.TempDir(), 101, nil)
 	require.ErrorContains(t, err, "101")
 }

@@ -105,3 +105,19 @@ func (l *LockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// FakeMPSControl is the absolute path of the stand-in for
+// nvidia-cuda-mps-control (internal/mps/testdata/fake-mps-control) that the
+// MPS tests of every package run.
+func FakeMPSControl(t testing.TB) string {
+	t.Helper()
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("testutil: no caller information for the fake MPS control program")
+	}
+	p := filepath.Join(filepath.Dir(self), "..", "mps", "testdata", "fake-mps-control")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("testutil: the fake MPS control program: %v", err)
+	}
+	return filepath.Clean(p)
+}
