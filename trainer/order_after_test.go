@@ -30,18 +30,11 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 	}
 	defer release(0)
 	defer release(1)
-	errs := world(t, n, func(r int) []Option {
-		f := cuda.NewFake()
-		comm.InstallFakeCUDAKernels(f)
-		for i := range unblock {
-			f.AddKernel(fmt.Sprintf("test_block%d", i), func(cuda.FakeMemory, cuda.Dim3, cuda.Dim3, *cuda.Args) error {
-				<-unblock[i]
-				return nil
-			})
-		}
-		fakes[r] = f
-		return []Option{withCUDA(f), WithBackend(BackendGPU), WithTimeout(5 * time.Second)}
-	}, func(g *Group) error {
+	blocks := map[string]chan struct{}{}
+	for i, ch := range unblock {
+		blocks[fmt.Sprintf("test_block%d", i)] = ch
+	}
+	errs := world(t, n, blockingFakes(fakes, blocks), func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
 		runtime.LockOSThread()

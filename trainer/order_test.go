@@ -30,16 +30,7 @@ func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
 			close(unblock)
 		}
 	}()
-	errs := world(t, n, func(r int) []Option {
-		f := cuda.NewFake()
-		comm.InstallFakeCUDAKernels(f)
-		f.AddKernel("test_block", func(cuda.FakeMemory, cuda.Dim3, cuda.Dim3, *cuda.Args) error {
-			<-unblock
-			return nil
-		})
-		fakes[r] = f
-		return []Option{withCUDA(f), WithBackend(BackendGPU), WithTimeout(5 * time.Second)}
-	}, func(g *Group) error {
+	errs := world(t, n, blockingFakes(fakes, map[string]chan struct{}{"test_block": unblock}), func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
 		runtime.LockOSThread()
@@ -103,6 +94,24 @@ func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
 // fakePrimaryModule makes the fake's primary context current on this (locked)
 // thread and loads its test module: the state a program such as PyTorch is in
 // when it calls a collective on its own stream. release undoes the retain.
+// blockingFakes makes each rank's fake driver (into fakes[rank]), with the
+// reduction kernels and one kernel per entry of blocks that returns once its
+// channel is closed, and the options of a gpu-backend rank on it.
+func blockingFakes(fakes []*cuda.Fake, blocks map[string]chan struct{}) func(r int) []Option {
+	return func(r int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		for name, ch := range blocks {
+			f.AddKernel(name, func(cuda.FakeMemory, cuda.Dim3, cuda.Dim3, *cuda.Args) error {
+				<-ch
+				return nil
+			})
+		}
+		fakes[r] = f
+		return []Option{withCUDA(f), WithBackend(BackendGPU), WithTimeout(5 * time.Second)}
+	}
+}
+
 func fakePrimaryModule(f *cuda.Fake) (cuda.Context, cuda.Module, func(), error) {
 	dev, err := f.DeviceGet(0)
 	if err != nil {
