@@ -42,6 +42,21 @@ func (c *Communicator) SetGPUShare(share int) error {
 // the devices reduce.
 func (c *Communicator) GPUShare() int { return c.gpuShare }
 
+// SmallOn says where small-message all-reduces reduce: "cpu", "device"
+// (every rank's stream waits for the peers' flags and reduces), or
+// "device, flags by the CPU" (Options.SmallOnDevice on a device or
+// transport whose streams cannot wait for the flags: the CPU waits and
+// writes them, the device reduces).
+func (c *Communicator) SmallOn() string {
+	switch {
+	case !c.exec.opts.SmallOnDevice:
+		return "cpu"
+	case c.exec.words != nil:
+		return "device"
+	}
+	return "device, flags by the CPU"
+}
+
 // SetGroups sets the grouping a Hierarchical all-reduce uses: the ranks
 // that share one GPU's host link (every rank must set the same). Without
 // one, every rank is its own group (the schedule is then host-staged).
@@ -114,6 +129,7 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 		// Small messages: one copy each way and one flag round (every rank
 		// reduces all inputs itself); consecutive calls alternate areas.
 		p.Algorithm, p.Parity, p.Groups = HostStagedSmall, c.small&1, ""
+		p.SmallOnDevice = c.exec.opts.SmallOnDevice
 		c.small++
 	}
 	if p.Algorithm == HostStaged {

@@ -65,6 +65,12 @@ type Options struct {
 	// of the CPU threads (Params.GPUShare; Machine.ResolveGPUShare turns a
 	// reduce-on setting into it). Like Chunk, the same on every rank.
 	GPUShare int
+	// SmallOnDevice makes the small-message all-reduce reduce on the
+	// devices (Params.SmallOnDevice): each rank's stream waits for the
+	// peers' staged inputs and reduces them itself, where the device can
+	// wait for flags (comm.WordDevice; elsewhere the CPU waits and the
+	// device still reduces). Like Chunk, the same on every rank.
+	SmallOnDevice bool
 }
 
 // Staged is the arena geometry the host-staged collectives of ranks that
@@ -136,6 +142,7 @@ type Executor struct {
 	sw      spinWaiter // tr, when its waits take a spin (nil: not)
 	opts    Options
 	streams [NumLanes]comm.Stream
+	words   wordTransport // tr, when the streams wait for and write its flags themselves (nil: the CPU does)
 	calls   uint64
 	broken  error
 	prev    Params  // the previous call's schedule parameters
@@ -165,6 +172,9 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 		}
 		e.streams[l] = s
 	}
+	if opts.SmallOnDevice {
+		e.words = streamWords(dev, tr, e.streams)
+	}
 	return e, nil
 }
 
@@ -182,6 +192,9 @@ func (e *Executor) Close() error {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
+	}
+	if e.words != nil {
+		errs = append(errs, e.dev.Unregister(e.words.FlagMemory()))
 	}
 	errs = append(errs, e.dev.Unregister(e.tr.Arena()))
 	return errors.Join(errs...)
@@ -233,6 +246,11 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if e.trace != nil && err == nil {
 		e.trace.end(e.tr)
 	}
+	if err == nil && sched.Params.SmallOnDevice {
+		// A rank that failed releases the device waits on its flags
+		// (releaseWaits): work that got past them read no real input.
+		err = e.tr.Aborted()
+	}
 	if err == nil {
 		e.tr.Set(FlagOf(r, RoleFin), epoch|1)
 		err = e.leaveDirect(ctx, direct, epoch)
@@ -240,6 +258,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if err != nil {
 		e.tr.Abort()
 		e.broken = err
+		e.releaseWaits(sched)
 		e.drain()
 		return err
 	}
@@ -358,9 +377,13 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		// One lane (the small-message all-reduce, barriers): run it here,
 		// its waits polling for SmallSpin.
 		for l := range lanes {
-			if len(lanes[l]) > 0 {
-				return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin))
+			if len(lanes[l]) == 0 {
+				continue
 			}
+			if e.words != nil && deviceFlags(lanes[l]) {
+				return withCause(ctx, e.runDeviceLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
+			}
+			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin))
 		}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -593,27 +616,36 @@ func (e *Executor) host(s Span) []byte { return e.tr.Arena()[s.Off : s.Off+s.Len
 // issue queues an asynchronous step and returns its event, or runs a
 // synchronous one (host reduction, nop, empty span) and returns nil.
 func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event, error) {
+	if queued, err := e.enqueue(lane, st, call, world); !queued || err != nil {
+		return nil, err
+	}
+	return e.streams[lane].Record()
+}
+
+// enqueue queues an asynchronous step on its lane's stream (true) or runs a
+// synchronous one (false).
+func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, error) {
 	if st.Len == 0 && st.Kind != HostReduce || st.Kind == Nop {
-		return nil, nil
+		return false, nil
 	}
 	s := e.streams[lane]
 	switch st.Kind {
 	case CopyOut:
 		b, base := e.buf(st.Buf, call)
 		if err := s.CopyToHost(e.host(st.Host), b, base+st.Off); err != nil {
-			return nil, err
+			return false, err
 		}
 	case CopyIn:
 		b, base := e.buf(st.Buf, call)
 		if err := s.CopyFromHost(b, base+st.Off, e.host(st.Host)); err != nil {
-			return nil, err
+			return false, err
 		}
 	case ReduceIn:
 		dst, dbase := e.buf(st.Buf, call)
 		src, sbase := e.buf(st.Src, call)
 		if dst != src || dbase+st.Off != sbase+st.SrcOff {
 			if err := s.CopyBuffer(dst, dbase+st.Off, src, sbase+st.SrcOff, st.Len); err != nil {
-				return nil, err
+				return false, err
 			}
 		}
 		hosts := make([][]byte, len(st.Hosts))
@@ -625,11 +657,11 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 			op = comm.Sum
 		}
 		if err := s.ReduceFromHost(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
-			return nil, err
+			return false, err
 		}
 		if st.Final && call.Op == comm.Avg {
 			if err := s.Scale(dst, dbase+st.Off, st.Len, call.DType, world); err != nil {
-				return nil, err
+				return false, err
 			}
 		}
 	case ReducePeer, CopyPeer:
@@ -639,22 +671,22 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 			peer = call.PeerRecv
 		}
 		if peer == nil {
-			return nil, fmt.Errorf("%s step without the previous rank's buffer: %w", st.Kind, comm.ErrInvalid)
+			return false, fmt.Errorf("%s step without the previous rank's buffer: %w", st.Kind, comm.ErrInvalid)
 		}
 		if st.Kind == CopyPeer {
 			if err := s.CopyBuffer(dst, dbase+st.Off, peer, st.Off, st.Len); err != nil {
-				return nil, err
+				return false, err
 			}
 			break
 		}
 		red, ok := s.(comm.BufferReducer)
 		if !ok {
-			return nil, fmt.Errorf("stream %T cannot reduce device buffers: %w", s, ErrUnsupported)
+			return false, fmt.Errorf("stream %T cannot reduce device buffers: %w", s, ErrUnsupported)
 		}
 		src, sbase := e.buf(st.Src, call)
 		if dst != src || dbase+st.Off != sbase+st.SrcOff {
 			if err := s.CopyBuffer(dst, dbase+st.Off, src, sbase+st.SrcOff, st.Len); err != nil {
-				return nil, err
+				return false, err
 			}
 		}
 		op := call.Op
@@ -662,16 +694,16 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 			op = comm.Sum
 		}
 		if err := red.ReduceBuffers(dst, dbase+st.Off, []comm.BufferSpan{{Buf: peer, Off: st.Off}}, st.Len, call.DType, op); err != nil {
-			return nil, err
+			return false, err
 		}
 		if st.Final && call.Op == comm.Avg {
 			if err := s.Scale(dst, dbase+st.Off, st.Len, call.DType, world); err != nil {
-				return nil, err
+				return false, err
 			}
 		}
 	case HostReduce:
 		if st.Host.Len == 0 {
-			return nil, nil
+			return false, nil
 		}
 		hosts := make([][]byte, len(st.Hosts))
 		for i, h := range st.Hosts {
@@ -684,13 +716,13 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 		if op == comm.Avg && st.Div > 0 && st.Div != len(hosts) {
 			// A sum of partial sums: divide by the world, not the inputs.
 			if err := comm.ReduceHost(e.host(st.Host), hosts, call.DType, comm.Sum, e.opts.ReduceWorkers); err != nil {
-				return nil, err
+				return false, err
 			}
-			return nil, comm.ScaleHost(e.host(st.Host), call.DType, st.Div)
+			return false, comm.ScaleHost(e.host(st.Host), call.DType, st.Div)
 		}
-		return nil, comm.ReduceHost(e.host(st.Host), hosts, call.DType, op, e.opts.ReduceWorkers)
+		return false, comm.ReduceHost(e.host(st.Host), hosts, call.DType, op, e.opts.ReduceWorkers)
 	default:
-		return nil, fmt.Errorf("step kind %d: %w", st.Kind, ErrUnsupported)
+		return false, fmt.Errorf("step kind %d: %w", st.Kind, ErrUnsupported)
 	}
-	return s.Record()
+	return true, nil
 }

@@ -159,9 +159,14 @@ type Step struct {
 	Final bool
 	// Div, when not 0, is what a Final HostReduce of an average divides
 	// by (the world size, when the step sums partial sums).
-	Div  int
-	Wait []Cond
-	Set  []Cond
+	Div int
+	// DeviceFlags (on a Nop) asks for its Wait and Set to be carried out by
+	// the lane's device stream, in order with the work queued on it (the
+	// stream waits for the flag words and writes them), where the device
+	// and transport allow it; elsewhere the CPU does, as for any Nop.
+	DeviceFlags bool
+	Wait        []Cond
+	Set         []Cond
 }
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
@@ -205,6 +210,12 @@ type Params struct {
 	// Groups maps every rank to its group (Hierarchical): the ranks that
 	// share one GPU's host link.
 	Groups Grouping
+	// SmallOnDevice makes a HostStagedSmall all-reduce reduce on the
+	// devices: every rank's stream waits for the peers' staged inputs
+	// itself (DeviceFlags) and reduces them from mapped host memory into
+	// the receive buffer (ReduceIn), with no CPU step between the copy out
+	// and the result. Like Chunk, the same on every rank.
+	SmallOnDevice bool
 	// GPUShare is the part of every chunk of a HostStaged all-reduce, in
 	// thousandths (GPUShareOne: all), that the ranks' devices reduce from
 	// the peers' staged inputs in mapped host memory instead of the CPU
@@ -368,6 +379,10 @@ func buildStagedSmallAllReduce(s *Schedule) {
 		return
 	}
 	in := func(q int) int { return stagedIn(p, q, 0) + p.Parity*smallHalf(p.Slots, p.Chunk) }
+	if p.SmallOnDevice {
+		buildSmallOnDevice(s, in)
+		return
+	}
 	// One lane: the copy out, the reduction (after every rank staged) and the
 	// copy in follow each other on one goroutine, with no hand-offs. Only
 	// "staged" is published; nobody else reads this rank's result area, and
@@ -383,6 +398,43 @@ func buildStagedSmallAllReduce(s *Schedule) {
 			red,
 			{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Len: B, Host: Span{out, B}},
 		}
+	}
+}
+
+// buildSmallOnDevice is the small all-reduce reduced on the devices: rank r
+// stages its input at in(r) and marks it staged from its stream; its stream
+// waits until every peer has staged, then copies in(0) into the receive
+// buffer and reduces in(1..n-1) into it from mapped host memory. Every rank
+// adds the inputs in rank order, so all get the same bits (those of the
+// CPU path, which sums in that order too). Nothing but the flags is
+// published, no arena area is written after the inputs, and the parity
+// rule of the CPU path holds: a rank's stream stages its next input only
+// after its previous reduction, which read the peers' inputs, has run.
+func buildSmallOnDevice(s *Schedule, in func(q int) int) {
+	p := s.Params
+	n, B := p.World, p.Bytes
+	for r := range n {
+		st := []Step{{Lane: LaneIn, Kind: CopyOut, Buf: Send, Len: B, Host: Span{in(r), B}}}
+		if n > 1 {
+			var peers []Cond
+			for q := range n {
+				if q != r {
+					peers = append(peers, Cond{FlagOf(q, roleA), 1})
+				}
+			}
+			st = append(st,
+				Step{Lane: LaneIn, Kind: Nop, DeviceFlags: true, Set: []Cond{{FlagOf(r, roleA), 1}}},
+				Step{Lane: LaneIn, Kind: Nop, DeviceFlags: true, Wait: peers})
+		}
+		st = append(st, Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Len: B, Host: Span{in(0), B}})
+		if n > 1 {
+			red := Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Src: Recv, Len: B, Final: p.Avg}
+			for q := 1; q < n; q++ {
+				red.Hosts = append(red.Hosts, Span{in(q), B})
+			}
+			st = append(st, red)
+		}
+		s.Steps[r] = st
 	}
 }
 

@@ -427,11 +427,13 @@ func wantTag(p Params, ci, r, i int) (uint64, bool) {
 
 func TestSchedulesAsData(t *testing.T) {
 	type build struct {
-		coll Coll
-		alg  Algorithm
+		coll     Coll
+		alg      Algorithm
+		onDevice bool // SmallOnDevice
 	}
-	builds := []build{{AllReduce, HostStaged}, {AllReduce, HostStagedSmall}, {AllReduce, Ring}, {AllReduce, RingIPC},
-		{ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged}}
+	builds := []build{{AllReduce, HostStaged, false}, {AllReduce, HostStagedSmall, false}, {AllReduce, HostStagedSmall, true},
+		{AllReduce, Ring, false}, {AllReduce, RingIPC, false}, {ReduceScatter, HostStaged, false}, {AllGather, HostStaged, false},
+		{Broadcast, HostStaged, false}, {Barrier, HostStaged, false}}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, b := range builds {
 		for world := 1; world <= 6; world++ {
@@ -448,8 +450,9 @@ func TestSchedulesAsData(t *testing.T) {
 									continue
 								}
 								p.Parity = rng.IntN(2)
+								p.SmallOnDevice = b.onDevice
 							}
-							name := fmt.Sprintf("%s/%s/n%d/es%d/k%d/c%d/b%d/inplace=%v", b.coll, b.alg, world, es, slots, chunk, p.Bytes, inPlace)
+							name := fmt.Sprintf("%s/%s/n%d/es%d/k%d/c%d/b%d/inplace=%v/ondevice=%v", b.coll, b.alg, world, es, slots, chunk, p.Bytes, inPlace, b.onDevice)
 							s, err := Build(p)
 							require.NoError(t, err, name)
 							require.LessOrEqual(t, s.HostBytes, ArenaBytes(world, chunk, slots), name)
@@ -484,8 +487,12 @@ func TestScheduleSequences(t *testing.T) {
 		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged},
 		{AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall},
 		{AllReduce, Hierarchical}, {AllReduce, Hierarchical}, {AllReduce, Hierarchical}}
+	// Half the trials reduce their small all-reduces on the devices (a job
+	// setting: the same for every small call of a job).
+	onDevice := false
 	for trial := range 200 {
 		world := 1 + rng.IntN(6)
+		onDevice = trial%2 == 1
 		groups := randomGrouping(rng, world)
 		es := []int{1, 2, 4}[rng.IntN(3)]
 		chunk := 64 * world * es * (1 + rng.IntN(2))
@@ -499,6 +506,7 @@ func TestScheduleSequences(t *testing.T) {
 			if k.alg == HostStagedSmall {
 				p.Bytes = es * rng.IntN(SmallCapacity(world, chunk, slots)/es+1)
 				p.Parity = small & 1
+				p.SmallOnDevice = onDevice
 				small++
 			}
 			if k.alg == Hierarchical {
@@ -538,9 +546,10 @@ func TestScheduleSequences(t *testing.T) {
 // the fence.
 func TestSmallAllReduceParity(t *testing.T) {
 	const world, es, chunk, slots = 4, 4, 4096, 2
+	onDevice := false
 	build := func(alg Algorithm, bytes, parity int) Schedule {
 		s, err := Build(Params{Coll: AllReduce, Algorithm: alg, World: world, Bytes: bytes, ElemSize: es,
-			Chunk: chunk, Slots: slots, Parity: parity})
+			Chunk: chunk, Slots: slots, Parity: parity, SmallOnDevice: onDevice && alg == HostStagedSmall})
 		require.NoError(t, err)
 		return s
 	}
@@ -562,11 +571,13 @@ func TestSmallAllReduceParity(t *testing.T) {
 		}
 		return fails
 	}
-	same := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0)}
-	require.Positive(t, run(same), "same parity back to back must be caught")
-	alt := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 64, 1), build(HostStagedSmall, 256, 0),
-		build(HostStaged, 3000, 0), build(HostStagedSmall, 128, 1)}
-	require.Zero(t, run(alt))
+	for _, onDevice = range []bool{false, true} {
+		same := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0), build(HostStagedSmall, 256, 0)}
+		require.Positive(t, run(same), "same parity back to back must be caught (on device: %v)", onDevice)
+		alt := []Schedule{build(HostStagedSmall, 256, 0), build(HostStagedSmall, 64, 1), build(HostStagedSmall, 256, 0),
+			build(HostStaged, 3000, 0), build(HostStagedSmall, 128, 1)}
+		require.Zero(t, run(alt), "on device: %v", onDevice)
+	}
 
 	tests := []struct {
 		prev, next Algorithm
@@ -604,6 +615,50 @@ func TestSmallAllReduceShape(t *testing.T) {
 				require.Equal(t, LaneIn, x.Lane)
 			}
 			require.Equal(t, 1, sets)
+		}
+	}
+}
+
+// TestSmallOnDeviceShape: on the devices, the small all-reduce is a copy
+// out, the rank's own flag and a wait for every peer's (both on its
+// stream), the copy in of rank 0's input and one reduction of the other
+// inputs into the receive buffer, in rank order; one rank copies out and
+// back.
+func TestSmallOnDeviceShape(t *testing.T) {
+	for _, n := range []int{1, 2, 7} {
+		p := Params{Coll: AllReduce, Algorithm: HostStagedSmall, World: n, Bytes: 8192, ElemSize: 4, Chunk: 4 << 20, Slots: 8,
+			Parity: 1, SmallOnDevice: true, Avg: true}
+		s, err := Build(p)
+		require.NoError(t, err)
+		in := func(q int) Span { return Span{stagedIn(p, q, 0) + smallHalf(p.Slots, p.Chunk), 8192} }
+		for r := range n {
+			st := s.Steps[r]
+			var kinds []Kind
+			for _, x := range st {
+				kinds = append(kinds, x.Kind)
+				require.Equal(t, LaneIn, x.Lane)
+			}
+			if n == 1 {
+				require.Equal(t, []Kind{CopyOut, CopyIn}, kinds)
+				continue
+			}
+			require.Equal(t, []Kind{CopyOut, Nop, Nop, CopyIn, ReduceIn}, kinds)
+			require.Equal(t, in(r), st[0].Host)
+			require.True(t, st[1].DeviceFlags)
+			require.Equal(t, []Cond{{FlagOf(r, roleA), 1}}, st[1].Set)
+			require.True(t, st[2].DeviceFlags)
+			require.Len(t, st[2].Wait, n-1)
+			for _, c := range st[2].Wait {
+				require.NotEqual(t, FlagOf(r, roleA), c.Flag, "a stream need not wait for its own flag")
+			}
+			require.Equal(t, in(0), st[3].Host)
+			require.Equal(t, Recv, st[4].Buf)
+			require.Equal(t, Recv, st[4].Src)
+			require.True(t, st[4].Final)
+			require.Len(t, st[4].Hosts, n-1)
+			for i, h := range st[4].Hosts {
+				require.Equal(t, in(i+1), h, "rank order")
+			}
 		}
 	}
 }

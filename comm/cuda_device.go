@@ -99,6 +99,9 @@ type CUDADevice struct {
 
 	regs atomic.Pointer[[]hostRange] // sorted by start; replaced on change
 
+	wordsOnce sync.Once // StreamWords' probe
+	wordsErr  error
+
 	mu      sync.Mutex
 	closed  bool
 	allocs  map[*CUDABuffer]struct{}

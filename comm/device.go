@@ -92,6 +92,26 @@ type Stream interface {
 	Close() error
 }
 
+// WordStream is a Stream that orders work on 64-bit words of registered
+// host memory itself, with no CPU in between: the GPU backend's streams
+// (cuStreamWriteValue64 / cuStreamWaitValue64) on a device whose
+// StreamWords reports support. word is 8 bytes, 8-byte aligned, of memory
+// registered with the stream's Device.
+type WordStream interface {
+	// WriteWord queues word = v after the work queued before it; the store
+	// is seen, by the CPU and by other devices, only after that work's
+	// writes.
+	WriteWord(word []byte, v uint64) error
+	// WaitWord makes the work queued after it wait until word ≥ v.
+	WaitWord(word []byte, v uint64) error
+}
+
+// WordDevice is a Device whose streams may be WordStreams: StreamWords
+// returns nil where they work (probed once per device), else why not.
+type WordDevice interface {
+	StreamWords() error
+}
+
 // Event marks a point in a Stream.
 type Event interface {
 	// Done reports whether the work before the event has completed.

@@ -97,6 +97,15 @@ func (t *ShmTransport) Arena() []byte { return t.ctl.Data() }
 // Flag loads flag i.
 func (t *ShmTransport) Flag(i int) uint64 { return t.ctl.Flag(i).Load() }
 
+// FlagMemory is the page-aligned memory that holds every flag, for a device
+// to register; FlagWord is flag i's 8 bytes within it. A device that
+// writes a flag word wakes no futex sleeper: its waiters must poll (the
+// small all-reduce on the devices waits on the device too).
+func (t *ShmTransport) FlagMemory() []byte { return t.ctl.FlagMemory() }
+
+// FlagWord is flag i's 8-byte word (see FlagMemory).
+func (t *ShmTransport) FlagWord(i int) []byte { return t.ctl.FlagBytes(i) }
+
 // Set stores v in flag i (flags this rank owns only) and wakes its waiters.
 func (t *ShmTransport) Set(i int, v uint64) { t.ctl.SetFlag(i, v) }
 
@@ -176,7 +185,7 @@ func (t *ShmTransport) WaitSpin(ctx context.Context, i int, v uint64, spin time.
 				return err
 			}
 			if err := ctx.Err(); err != nil {
-				return t.deadline(err, i, v)
+				return t.deadline(err, fmt.Sprintf("waiting for flag %d to reach %#x (at %#x)", i, v, f.Load()))
 			}
 			if err := t.CheckPeers(); err != nil {
 				t.abortFor(err)
@@ -237,10 +246,29 @@ func (t *ShmTransport) CheckPeers() error {
 	return nil
 }
 
+// Check makes a wait's checks without waiting, for a caller that polls
+// something else (a device event whose work waits for flags on the device):
+// it returns an error, after raising the abort flag, when another rank
+// aborted, when ctx ended (naming the peer with the stalest heartbeat, as
+// Wait does; what says what was awaited) or when a peer is dead.
+func (t *ShmTransport) Check(ctx context.Context, what string) error {
+	if err := t.Aborted(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return t.deadline(err, what)
+	}
+	if err := t.CheckPeers(); err != nil {
+		t.abortFor(err)
+		return err
+	}
+	return nil
+}
+
 // deadline raises the abort flag for a wait whose ctx ended and returns its
 // error. It names the peer whose heartbeat is stalest (beyond a few missed
 // beats) as the suspect: a stopped rank makes the others time out.
-func (t *ShmTransport) deadline(cause error, i int, v uint64) error {
+func (t *ShmTransport) deadline(cause error, where string) error {
 	t.mu.Lock()
 	now, suspect, idle := time.Now(), -1, max(50*time.Millisecond, 5*t.opts.Heartbeat)
 	for q := range t.world {
@@ -255,7 +283,6 @@ func (t *ShmTransport) deadline(cause error, i int, v uint64) error {
 		}
 	}
 	t.mu.Unlock()
-	where := fmt.Sprintf("waiting for flag %d to reach %#x (at %#x)", i, v, t.ctl.Flag(i).Load())
 	if suspect < 0 {
 		t.abort(AbortError{Rank: t.rank, Cause: AbortDeadline})
 		return fmt.Errorf("%s: %w", where, cause)

@@ -284,15 +284,18 @@ func TestFromEnv(t *testing.T) {
 
 // MIGCTL_TUNING: every key, and what is refused.
 func TestParseTuning(t *testing.T) {
-	got, err := ParseTuning("chunk=2MiB,small=16KiB,slots=8,depth=4,workers=3,spin=300us")
+	got, err := ParseTuning("chunk=2MiB,small=16KiB,slots=8,depth=4,workers=3,spin=300us,smallon=device")
 	require.NoError(t, err)
 	require.Equal(t, Tuning{Chunk: 2 << 20, SmallBytes: 16 << 10, Slots: 8, Depth: 4, ReduceWorkers: 3,
-		Spin: 300 * time.Microsecond}, got)
+		Spin: 300 * time.Microsecond, SmallOnDevice: true}, got)
+	got, err = ParseTuning("smallon=cpu")
+	require.NoError(t, err)
+	require.False(t, got.SmallOnDevice)
 	got, err = ParseTuning(" ")
 	require.NoError(t, err)
 	require.Zero(t, got)
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}
@@ -439,4 +442,49 @@ func TestGroupAcrossHostsFailsAtInit(t *testing.T) {
 	require.NotContains(t, err.Error(), "Init succeeded")
 	require.ErrorContains(t, err, "2 hosts")
 	require.Less(t, time.Since(start), 10*time.Second)
+}
+
+// WithTuning(SmallOnDevice): on the gpu backend (fake driver, whose streams
+// wait for and write the flag words) small all-reduces reduce on the
+// devices and say so; on the host backend the CPU carries the flags. Both
+// give the exact sums, call after call.
+func TestSmallOnDevice(t *testing.T) {
+	const n, count = 3, 300
+	for _, backend := range []Backend{BackendGPU, BackendHost} {
+		errs := world(t, n, func(int) []Option {
+			opts := []Option{WithBackend(backend), WithTuning(Tuning{SmallOnDevice: true})}
+			if backend == BackendGPU {
+				f := cuda.NewFake()
+				comm.InstallFakeCUDAKernels(f)
+				opts = append(opts, withCUDA(f))
+			}
+			return opts
+		}, func(g *Group) error {
+			want := map[Backend]string{BackendGPU: "device", BackendHost: "device, flags by the CPU"}[backend]
+			if got := g.SmallOn(); got != want {
+				return fmt.Errorf("%s backend: small all-reduces on %q, want %q", backend, got, want)
+			}
+			for call := range 4 {
+				send := make([]float32, count)
+				for i := range send {
+					send[i] = input(g.Rank(), i+call)
+				}
+				recv := make([]float32, count)
+				if err := g.AllReduce(context.Background(), HostSlice(send), HostSlice(recv), Sum); err != nil {
+					return err
+				}
+				for i := range recv {
+					var s float32
+					for q := range n {
+						s += input(q, i+call)
+					}
+					if recv[i] != s {
+						return fmt.Errorf("%s backend, call %d: element %d = %v, want %v", backend, call, i, recv[i], s)
+					}
+				}
+			}
+			return nil
+		})
+		requireAll(t, errs)
+	}
 }

@@ -127,6 +127,11 @@ type Tuning struct {
 	// SmallBytes is the largest all-reduce that takes the small-message
 	// schedule (0: the default, 64 KiB; negative: never).
 	SmallBytes int
+	// SmallOnDevice reduces small-message all-reduces on the devices: each
+	// rank's stream waits for the peers' staged inputs and reduces them
+	// from mapped host memory, with no CPU step between (allreduce.Options).
+	// Off by default. Ranks may differ (both ways stage and flag alike).
+	SmallOnDevice bool
 }
 
 // Option configures Init.

@@ -85,6 +85,16 @@ func (g *Group) resolveGPUShare() (int, error) {
 	return share, nil
 }
 
+// SmallOn says where the group's small-message all-reduces reduce
+// (allreduce.Communicator.SmallOn; "cpu" for communicators without the
+// choice).
+func (g *Group) SmallOn() string {
+	if s, ok := any(g.cm).(interface{ SmallOn() string }); ok {
+		return s.SmallOn()
+	}
+	return "cpu"
+}
+
 // GPUShare is the part of every chunk of a host-staged all-reduce, in
 // thousandths (allreduce.GPUShareOne: all), that the devices reduce; 0
 // when the CPU threads reduce it all or another algorithm runs.

@@ -104,6 +104,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.chunk, "chunk", "auto", "shared-memory slot size (pipeline chunk), a multiple of 4KiB (same units as -b); auto: with --backend gpu 16MiB/np within 1-8MiB (what measured best on H200s), else 4MiB")
 	f.IntVar(&o.spec.Slots, "slots", 8, "slots per rank in shared memory (pipeline depth)")
 	f.StringVar(&o.small, "small-bytes", "64KiB", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
+	f.StringVar(&o.spec.SmallOn, "small-on", "cpu", "where small-message all-reduces reduce: cpu (every rank sums the staged inputs and copies the result in) or device (every rank's stream waits for the peers' flags itself and reduces their staged inputs from mapped host memory: no CPU step between the copies)")
 	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
 	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
 	f.DurationVar(&o.spec.Spin, "spin", 0, "how long waits poll before they sleep (0: defaults, 20µs for flags, 30µs for device events, 300µs in small messages and barriers when the ranks are at most half the cores)")
@@ -225,6 +226,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
 	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
 		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
+	case s.SmallOn != "cpu" && s.SmallOn != "device":
+		return fmt.Errorf("--small-on %q: want cpu or device", s.SmallOn)
 	case reduceOnInvalid(s.ReduceOn) != nil:
 		return fmt.Errorf("--reduce-on: %w", reduceOnInvalid(s.ReduceOn))
 	case s.MinBytes < 0 || s.MaxBytes < s.MinBytes:

@@ -24,6 +24,9 @@ func runRank(ctx context.Context, spec benchrank.Config, addr, token string, ran
 func newBenchReport(spec benchrank.Config, r *benchrank.Report) *benchReport {
 	rep := &benchReport{Coll: spec.Coll, NP: r.NP, Backend: r.Backend, Transport: r.Transport,
 		Algorithm: r.Algorithm, GPUShare: r.GPUShare, InPlace: spec.InPlace, Iters: spec.Iters}
+	if r.SmallOn != "cpu" {
+		rep.SmallOn = r.SmallOn
+	}
 	for _, x := range r.Rows {
 		row := benchRow{Bytes: x.Bytes, Count: x.Count, Type: spec.DType, Op: spec.Op, Root: spec.Root,
 			TimeUS: x.TimeUS, Wrong: x.Wrong}

@@ -62,6 +62,10 @@ type benchReport struct {
 	// GPUShare is the thousandths of every chunk of a host-staged
 	// all-reduce that the devices reduced (--reduce-on; 0: the CPU).
 	GPUShare int `json:"gpuShare" yaml:"gpuShare"`
+	// SmallOn is where small-message all-reduces reduced (--small-on)
+	// when not on the CPU: "device", or "device, flags by the CPU" where
+	// the streams could not wait for the flags themselves.
+	SmallOn string `json:"smallOn,omitempty" yaml:"smallOn,omitempty"`
 	// MPS says the local ranks ran under a private MPS server (--mps).
 	MPS bool `json:"mps,omitempty" yaml:"mps,omitempty"`
 }

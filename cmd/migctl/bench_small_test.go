@@ -30,17 +30,24 @@ func TestBenchSmallMessages(t *testing.T) {
 		small     string
 		smallMax  int // largest size expected on the small path (0: none)
 		inPlace   bool
+		smallOn   string // --small-on (default cpu)
 	}{
 		{np: 3, op: "sum", dtype: "float", small: "64KiB", smallMax: 64 << 10},
 		{np: 7, op: "avg", dtype: "float", small: "4KiB", smallMax: 4 << 10, inPlace: true},
 		{np: 2, op: "max", dtype: "bfloat16", small: "0"},
 		{np: 1, op: "sum", dtype: "int32", small: "64KiB", smallMax: 64 << 10},
+		// On the devices: the host backend's streams cannot wait for the
+		// flags, so the CPU does and the host stream reduces.
+		{np: 3, op: "avg", dtype: "half", small: "64KiB", smallMax: 64 << 10, smallOn: "device"},
 	}
 	for _, tc := range tests {
-		t.Run(fmt.Sprintf("np%d/%s/%s/small=%s", tc.np, tc.op, tc.dtype, tc.small), func(t *testing.T) {
+		t.Run(fmt.Sprintf("np%d/%s/%s/small=%s/on=%s", tc.np, tc.op, tc.dtype, tc.small, tc.smallOn), func(t *testing.T) {
 			args := []string{"bench", "allreduce", "--np", strconv.Itoa(tc.np), "--backend", "host", "--op", tc.op,
 				"--dtype", tc.dtype, "-b", "4", "-e", "256KiB", "-f", "4", "-n", "3", "-w", "1", "-c", "1",
 				"--chunk", "64KiB", "--slots", "4", "--small-bytes", tc.small, "--timeout", "60s", "--shm-dir", shmDir, "-q", "-o", "json"}
+			if tc.smallOn != "" {
+				args = append(args, "--small-on", tc.smallOn)
+			}
 			if tc.inPlace {
 				args = append(args, "--inplace")
 			}
@@ -54,6 +61,11 @@ func TestBenchSmallMessages(t *testing.T) {
 			var rep benchReport
 			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 			require.Len(t, rep.Results, 9)
+			if tc.smallOn == "device" {
+				require.Equal(t, "device, flags by the CPU", rep.SmallOn)
+			} else {
+				require.Empty(t, rep.SmallOn)
+			}
 			for _, row := range rep.Results {
 				require.Zero(t, row.Wrong, "row %+v", row)
 			}

@@ -104,5 +104,16 @@ func (c *Control) PID(r int) *atomic.Uint64 { return c.u64(c.l.ranksOff() + r*Li
 // grows; readers wait for it to reach a value.
 func (c *Control) Flag(i int) *atomic.Uint64 { return c.u64(c.l.flagsOff() + i*Line) }
 
+// FlagMemory is the segment's head up to the arena, page-aligned at both
+// ends: the header, every rank's line and every flag. A device registers it
+// (apart from the arena) to wait for and write flags itself.
+func (c *Control) FlagMemory() []byte { return c.mem[:c.l.dataOff()] }
+
+// FlagBytes is flag i's 8-byte word within FlagMemory.
+func (c *Control) FlagBytes(i int) []byte {
+	off := c.l.flagsOff() + i*Line
+	return c.mem[off : off+8 : off+8]
+}
+
 // Data is the arena: slots of FIFOs and host-staged buffers.
 func (c *Control) Data() []byte { return c.mem[c.l.dataOff():c.l.Size()] }

@@ -41,7 +41,10 @@ type Config struct {
 	// Small is the largest all-reduce that takes the small-message
 	// schedule (0: never); Trace is MIGCTL_TRACE ("": off, "all": every rank,
 	// anything else: rank 0).
-	Small   int    `json:"small"`
+	Small int `json:"small"`
+	// SmallOn is where small all-reduces reduce: "cpu" ("" too) or
+	// "device" (trainer.Tuning.SmallOnDevice).
+	SmallOn string `json:"smallOn,omitempty"`
 	Trace   string `json:"trace,omitempty"`
 	ShmRoot string `json:"shmRoot"`
 	Job     string `json:"job"`
@@ -134,7 +137,7 @@ func groupOptions(c Config, rank int, trace io.Writer) []trainer.Option {
 		trainer.WithTransport(trainer.Transport(c.Transport)),
 		trainer.WithAlgorithm(trainer.Algorithm(c.Algorithm)),
 		trainer.WithTuning(trainer.Tuning{Chunk: c.Chunk, Slots: c.Slots, Depth: c.Depth,
-			ReduceWorkers: c.Workers, Spin: c.Spin, SmallBytes: smallBytes(c.Small)}),
+			ReduceWorkers: c.Workers, Spin: c.Spin, SmallBytes: smallBytes(c.Small), SmallOnDevice: c.SmallOn == "device"}),
 		trainer.WithTimeout(c.Timeout),
 		trainer.WithShmRoot(c.ShmRoot),
 		trainer.WithJob(c.Job),

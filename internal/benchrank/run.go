@@ -39,7 +39,9 @@ type Report struct {
 	// GPUShare is the thousandths of every chunk of a host-staged
 	// all-reduce that the devices reduced (0: the CPU).
 	GPUShare int
-	Rows     []Row
+	// SmallOn is where small all-reduces reduced (trainer.Group.SmallOn).
+	SmallOn string
+	Rows    []Row
 }
 
 // Row is one message size.
@@ -165,7 +167,7 @@ func merge(ctx context.Context, g *trainer.Group, cfg Config, coll allreduce.Col
 		perRank[q] = rs
 	}
 	rep := &Report{NP: n, Backend: string(g.Backend()), Transport: string(g.Transport()),
-		Algorithm: g.Algorithm(), GPUShare: g.GPUShare(), Rows: mergeRows(coll, dt, sizes, cfg.Check, perRank)}
+		Algorithm: g.Algorithm(), GPUShare: g.GPUShare(), SmallOn: g.SmallOn(), Rows: mergeRows(coll, dt, sizes, cfg.Check, perRank)}
 	if err := st.Barrier(ctx, DoneBarrier); err != nil {
 		return nil, err
 	}

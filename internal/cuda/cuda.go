@@ -77,6 +77,14 @@ const (
 	StreamNonBlocking uint32 = 0x1
 )
 
+// Flags for StreamWaitValue64 (CU_STREAM_WAIT_VALUE_*) and StreamWriteValue64
+// (CU_STREAM_WRITE_VALUE_*).
+const (
+	StreamWaitValueGEQ      uint32 = 0x0
+	StreamWaitValueEQ       uint32 = 0x1
+	StreamWriteValueDefault uint32 = 0x0
+)
+
 // Flags for EventCreate (CU_EVENT_*).
 const (
 	EventDefault       uint32 = 0x0
@@ -150,6 +158,15 @@ type Interface interface {
 	StreamSynchronize(s Stream) error
 	// StreamWaitEvent makes future work on s wait for e's current recording.
 	StreamWaitEvent(s Stream, e Event, flags uint32) error
+	// StreamWaitValue64 makes future work on s wait until the 64-bit word
+	// at addr (device memory, or registered host memory through its device
+	// address) satisfies flags' test against v: StreamWaitValueGEQ, *addr ≥ v
+	// (cuStreamWaitValue64_v2). The device, not the CPU, waits.
+	StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error
+	// StreamWriteValue64 queues *addr = v on s, after the work queued before
+	// it; StreamWriteValueDefault orders it after that work's memory writes
+	// as seen from anywhere in the system (cuStreamWriteValue64_v2).
+	StreamWriteValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error
 
 	EventCreate(flags uint32) (Event, error)
 	EventDestroy(e Event) error

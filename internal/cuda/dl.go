@@ -62,6 +62,8 @@ static CUresult (*p_cuStreamDestroy_v2)(void *);
 static CUresult (*p_cuStreamQuery)(void *);
 static CUresult (*p_cuStreamSynchronize)(void *);
 static CUresult (*p_cuStreamWaitEvent)(void *, void *, unsigned int);
+static CUresult (*p_cuStreamWaitValue64_v2)(void *, unsigned long long, unsigned long long, unsigned int);
+static CUresult (*p_cuStreamWriteValue64_v2)(void *, unsigned long long, unsigned long long, unsigned int);
 static CUresult (*p_cuEventCreate)(void **, unsigned int);
 static CUresult (*p_cuEventDestroy_v2)(void *);
 static CUresult (*p_cuEventRecord)(void *, void *);
@@ -93,7 +95,7 @@ static int mig_open(const char *path) {
 	SYM(cuMemHostRegister_v2); SYM(cuMemHostUnregister); SYM(cuMemHostGetDevicePointer_v2);
 	SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuMemcpyHtoDAsync_v2); SYM(cuMemcpyDtoHAsync_v2);
 	SYM(cuMemcpyDtoDAsync_v2); SYM(cuMemcpy2DAsync_v2); SYM(cuStreamCreate); SYM(cuStreamDestroy_v2); SYM(cuStreamQuery);
-	SYM(cuStreamSynchronize); SYM(cuStreamWaitEvent); SYM(cuEventCreate); SYM(cuEventDestroy_v2);
+	SYM(cuStreamSynchronize); SYM(cuStreamWaitEvent); SYM(cuStreamWaitValue64_v2); SYM(cuStreamWriteValue64_v2); SYM(cuEventCreate); SYM(cuEventDestroy_v2);
 	SYM(cuEventRecord); SYM(cuEventQuery); SYM(cuEventSynchronize); SYM(cuIpcGetMemHandle);
 	SYM(cuIpcOpenMemHandle_v2); SYM(cuIpcCloseMemHandle); SYM(cuIpcGetEventHandle);
 	SYM(cuIpcOpenEventHandle); SYM(cuModuleLoadData); SYM(cuModuleUnload); SYM(cuModuleGetFunction);
@@ -146,6 +148,8 @@ static int w_streamDestroy(uintptr_t s) { return CALL(cuStreamDestroy_v2, P(s));
 static int w_streamQuery(uintptr_t s) { return CALL(cuStreamQuery, P(s)); }
 static int w_streamSync(uintptr_t s) { return CALL(cuStreamSynchronize, P(s)); }
 static int w_streamWaitEvent(uintptr_t s, uintptr_t e, unsigned int f) { return CALL(cuStreamWaitEvent, P(s), P(e), f); }
+static int w_streamWaitValue64(uintptr_t s, unsigned long long a, unsigned long long v, unsigned int f) { return CALL(cuStreamWaitValue64_v2, P(s), a, v, f); }
+static int w_streamWriteValue64(uintptr_t s, unsigned long long a, unsigned long long v, unsigned int f) { return CALL(cuStreamWriteValue64_v2, P(s), a, v, f); }
 static int w_eventCreate(uintptr_t *e, unsigned int f) { void *x = 0; int r = CALL(cuEventCreate, &x, f); *e = (uintptr_t)x; return r; }
 static int w_eventDestroy(uintptr_t e) { return CALL(cuEventDestroy_v2, P(e)); }
 static int w_eventRecord(uintptr_t e, uintptr_t s) { return CALL(cuEventRecord, P(e), P(s)); }
@@ -368,6 +372,14 @@ func (driver) StreamSynchronize(s Stream) error {
 
 func (driver) StreamWaitEvent(s Stream, e Event, flags uint32) error {
 	return r(C.w_streamWaitEvent(C.uintptr_t(s), C.uintptr_t(e), C.uint(flags)))
+}
+
+func (driver) StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error {
+	return r(C.w_streamWaitValue64(C.uintptr_t(s), C.ulonglong(addr), C.ulonglong(v), C.uint(flags)))
+}
+
+func (driver) StreamWriteValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error {
+	return r(C.w_streamWriteValue64(C.uintptr_t(s), C.ulonglong(addr), C.ulonglong(v), C.uint(flags)))
 }
 
 func (driver) EventCreate(flags uint32) (Event, error) {

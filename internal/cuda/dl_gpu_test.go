@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -255,3 +256,44 @@ func TestGPUKernelLaunch(t *testing.T) {
 	require.ErrorIs(t, api.LaunchKernel(scale, grid, cuda.Dim3{X: 4096, Y: 1, Z: 1}, 0, s, &args), cuda.ErrInvalidValue,
 		"more than 1024 threads per block")
 }
+
+// TestDriverStreamMemOps: on the GPU, a stream waits for a word of mapped
+// host memory that the CPU writes, and another stream's write lands in host
+// memory after the copy queued before it.
+func TestDriverStreamMemOps(t *testing.T) {
+	api, _ := openGPU(t)
+	host := hostArena(t, 4096)
+	hp := unsafe.Pointer(&host[0])
+	require.NoError(t, api.MemHostRegister(hp, 4096, cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap))
+	defer func() { require.NoError(t, api.MemHostUnregister(hp)) }()
+	base, err := api.MemHostGetDevicePointer(hp, 0)
+	require.NoError(t, err)
+	flag := (*uint64)(hp)
+	p, err := api.MemAlloc(64)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, api.MemFree(p)) }()
+	require.NoError(t, api.MemsetD8(p, 0x11, 64))
+	s, err := api.StreamCreate(cuda.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, api.StreamDestroy(s)) }()
+
+	// Wait for flag >= 3, then copy 64 bytes to host[64:], then write 7 to word 1.
+	require.NoError(t, api.StreamWaitValue64(s, base, 3, cuda.StreamWaitValueGEQ))
+	require.NoError(t, api.MemcpyDtoHAsync(unsafe.Pointer(&host[64]), p, 64, s))
+	require.NoError(t, api.StreamWriteValue64(s, base+8, 7, cuda.StreamWriteValueDefault))
+	time.Sleep(20 * time.Millisecond)
+	require.ErrorIs(t, api.StreamQuery(s), cuda.ErrNotReady, "the stream waits for the flag")
+	require.Zero(t, host[64])
+	atomicStore(flag, 2)
+	time.Sleep(5 * time.Millisecond)
+	require.ErrorIs(t, api.StreamQuery(s), cuda.ErrNotReady, "2 < 3")
+	start := time.Now()
+	atomicStore(flag, 3)
+	require.NoError(t, api.StreamSynchronize(s))
+	t.Logf("released %v after the CPU's store", time.Since(start))
+	require.Equal(t, byte(0x11), host[64])
+	require.Equal(t, byte(0x11), host[127])
+	require.Equal(t, uint64(7), binary.LittleEndian.Uint64(host[8:]))
+}
+
+func atomicStore(p *uint64, v uint64) { (*atomic.Uint64)(unsafe.Pointer(p)).Store(v) }

@@ -3,10 +3,12 @@ package cuda
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -770,6 +772,73 @@ func (f *Fake) StreamWaitEvent(s Stream, e Event, flags uint32) error {
 		for ev.done < gen && f.sticky == nil {
 			f.cond.Wait()
 		}
+		return nil
+	})
+}
+
+// memWord resolves the 8-byte word at device address addr (device memory
+// or mapped registered host memory) for StreamWaitValue64 and
+// StreamWriteValue64; it counts a failed call as enter would.
+func (f *Fake) memWord(method string, addr DevicePtr) (*atomic.Uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.memory(addr, 8)
+	if err == nil && addr%8 != 0 {
+		err = ErrInvalidValue
+	}
+	if err != nil {
+		f.calls[method]++
+		return nil, err
+	}
+	return (*atomic.Uint64)(unsafe.Pointer(unsafe.SliceData(b))), nil
+}
+
+// StreamWaitValue64 queues a wait that polls the word until it passes the
+// test. The wait ends early, letting later work run, only when the stream
+// is destroyed or an error is sticky (a real wait would hang: tests must
+// not).
+func (f *Fake) StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error {
+	if flags != StreamWaitValueGEQ && flags != StreamWaitValueEQ {
+		return ErrInvalidValue
+	}
+	w, err := f.memWord("StreamWaitValue64", addr)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	st := f.streams[s]
+	f.mu.Unlock()
+	return f.enqueue("StreamWaitValue64", s, func() error {
+		for i := 0; ; i++ {
+			if x := w.Load(); flags == StreamWaitValueGEQ && x >= v || flags == StreamWaitValueEQ && x == v {
+				return nil
+			}
+			f.mu.Lock()
+			quit := f.sticky != nil || st != nil && st.gone
+			f.mu.Unlock()
+			if quit {
+				return nil
+			}
+			if i < 1000 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	})
+}
+
+// StreamWriteValue64 queues a store of v into the word.
+func (f *Fake) StreamWriteValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error {
+	if flags != StreamWriteValueDefault {
+		return ErrInvalidValue
+	}
+	w, err := f.memWord("StreamWriteValue64", addr)
+	if err != nil {
+		return err
+	}
+	return f.enqueue("StreamWriteValue64", s, func() error {
+		w.Store(v)
 		return nil
 	})
 }

@@ -220,3 +220,55 @@ func TestFakeIPCBetweenTwoProcesses(t *testing.T) {
 	require.NoError(t, b.EventSynchronize(peerEv))
 	require.NoError(t, b.EventQuery(peerEv))
 }
+
+// TestFakeStreamMemOps: a wait on a word of registered host memory holds
+// the stream's later work until another stream (or the CPU) writes a value
+// that passes its test; the write lands after the work queued before it.
+func TestFakeStreamMemOps(t *testing.T) {
+	f := cuda.NewFake()
+	onThread(t, f)
+	words := make([]uint64, 512) // 4 KiB of host memory: word 0 is the flag, word 8 a copy target
+	hostMem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)
+	hp := unsafe.Pointer(&hostMem[0])
+	require.NoError(t, f.MemHostRegister(hp, uint64(len(hostMem)), cuda.HostRegisterDeviceMap))
+	flag, err := f.MemHostGetDevicePointer(hp, 0)
+	require.NoError(t, err)
+	waiter, err := f.StreamCreate(cuda.StreamNonBlocking)
+	require.NoError(t, err)
+	writer, err := f.StreamCreate(cuda.StreamNonBlocking)
+	require.NoError(t, err)
+	p, err := f.MemAlloc(8)
+	require.NoError(t, err)
+
+	// The waiter copies device memory to word 8 once the flag reaches 5.
+	require.NoError(t, f.MemsetD8(p, 7, 8))
+	require.NoError(t, f.StreamWaitValue64(waiter, flag, 5, cuda.StreamWaitValueGEQ))
+	require.NoError(t, f.MemcpyDtoHAsync(unsafe.Pointer(&words[8]), p, 8, waiter))
+	// The writer stores 4 (not enough), then 9 after a memset of p to 3.
+	require.NoError(t, f.StreamWriteValue64(writer, flag, 4, cuda.StreamWriteValueDefault))
+	require.NoError(t, f.StreamSynchronize(writer))
+	time.Sleep(5 * time.Millisecond)
+	require.ErrorIs(t, f.StreamQuery(waiter), cuda.ErrNotReady, "4 < 5: still waiting")
+	require.Zero(t, words[8])
+	require.NoError(t, f.MemsetD8Async(p, 3, 8, writer))
+	require.NoError(t, f.StreamWriteValue64(writer, flag, 9, cuda.StreamWriteValueDefault))
+	require.NoError(t, f.StreamSynchronize(waiter))
+	require.Equal(t, uint64(0x0303030303030303), words[8], "the copy ran after the write, which ran after the memset")
+	require.Equal(t, uint64(9), words[0])
+
+	// EQ waits for that exact value; a word outside known memory, a
+	// misaligned one and unknown flags are refused at once.
+	require.NoError(t, f.StreamWaitValue64(waiter, flag, 9, cuda.StreamWaitValueEQ))
+	require.NoError(t, f.StreamSynchronize(waiter))
+	require.ErrorIs(t, f.StreamWaitValue64(waiter, flag+4, 1, cuda.StreamWaitValueGEQ), cuda.ErrInvalidValue)
+	require.ErrorIs(t, f.StreamWriteValue64(writer, 0x10, 1, cuda.StreamWriteValueDefault), cuda.ErrIllegalAddress)
+	require.ErrorIs(t, f.StreamWaitValue64(waiter, flag, 1, 0x40), cuda.ErrInvalidValue)
+	require.ErrorIs(t, f.StreamWriteValue64(writer, flag, 1, 0x1), cuda.ErrInvalidValue)
+
+	// A wait nobody satisfies ends when its stream is destroyed (the fake's
+	// escape hatch, so a failed test cannot hang).
+	require.NoError(t, f.StreamWaitValue64(waiter, flag, 100, cuda.StreamWaitValueGEQ))
+	require.NoError(t, f.StreamDestroy(waiter))
+	require.NoError(t, f.StreamDestroy(writer))
+	require.NoError(t, f.MemHostUnregister(hp))
+}

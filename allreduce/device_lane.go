@@ -1,0 +1,170 @@
+package allreduce
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// The small all-reduce on the devices (Options.SmallOnDevice) runs its one
+// lane with the flags on the device: the CPU queues every step at once
+// (copy out, write of this rank's flag, waits for the peers' flags, copy
+// in, reduction) and then only waits for the end, so no CPU round trip sits
+// between a peer's staged input and this rank's reduction of it.
+
+// wordTransport is a Transport whose flags are words of memory a device
+// can register (comm.ShmTransport).
+type wordTransport interface {
+	FlagMemory() []byte
+	FlagWord(i int) []byte
+}
+
+// checker is a Transport that makes a wait's checks (abort, deadline, dead
+// peers) for a caller that polls something else (comm.ShmTransport).
+type checker interface {
+	Check(ctx context.Context, what string) error
+}
+
+var (
+	_ wordTransport = (*comm.ShmTransport)(nil)
+	_ checker       = (*comm.ShmTransport)(nil)
+)
+
+// streamWords returns tr as a wordTransport when dev's streams can wait for
+// and write its flags (dev passes its probe, every stream is a
+// comm.WordStream, tr checks and exposes its flags, and its flag memory
+// registers with dev); else nil, and the CPU handles the flags.
+func streamWords(dev comm.Device, tr Transport, streams [NumLanes]comm.Stream) wordTransport {
+	wd, ok := dev.(comm.WordDevice)
+	if !ok || wd.StreamWords() != nil {
+		return nil
+	}
+	wt, ok := tr.(wordTransport)
+	if _, chk := tr.(checker); !ok || !chk {
+		return nil
+	}
+	for _, s := range streams {
+		if _, ok := s.(comm.WordStream); !ok {
+			return nil
+		}
+	}
+	if err := dev.Register(wt.FlagMemory()); err != nil {
+		return nil
+	}
+	return wt
+}
+
+// deviceFlags reports whether a lane has steps whose flags the device
+// handles.
+func deviceFlags(steps []*Step) bool {
+	for _, st := range steps {
+		if st.DeviceFlags {
+			return true
+		}
+	}
+	return false
+}
+
+// runDeviceLane queues every step of the lane on its stream, the
+// DeviceFlags steps as stream waits and writes of the flag words, records
+// one event and waits for it, making the transport's checks as it polls.
+func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int) error {
+	s := e.streams[lane]
+	ws := s.(comm.WordStream)
+	var tr []stepTrace
+	if e.trace != nil {
+		tr = e.trace.cur.lanes[lane]
+	}
+	for i, st := range steps {
+		if tr != nil {
+			tr[i].reach = e.trace.since()
+			tr[i].ready = tr[i].reach
+		}
+		var err error
+		if st.Kind == Nop && st.DeviceFlags {
+			for _, c := range st.Wait {
+				if err = ws.WaitWord(e.words.FlagWord(c.Flag), epoch|c.Value); err != nil {
+					break
+				}
+			}
+			for _, c := range st.Set {
+				if err == nil {
+					err = ws.WriteWord(e.words.FlagWord(c.Flag), epoch|c.Value)
+				}
+			}
+		} else if len(st.Wait) > 0 || len(st.Set) > 0 {
+			err = fmt.Errorf("a %s step with CPU flags in a lane of device flags: %w", st.Kind, ErrUnsupported)
+		} else {
+			_, err = e.enqueue(lane, st, call, world)
+		}
+		if err != nil {
+			return fmt.Errorf("lane %d: %s step: %w", lane, st.Kind, err)
+		}
+		if tr != nil {
+			tr[i].issued = e.trace.since()
+		}
+	}
+	ev, err := s.Record()
+	if err != nil {
+		return fmt.Errorf("lane %d: %w", lane, err)
+	}
+	if err := e.waitDevice(ctx, ev); err != nil {
+		return fmt.Errorf("lane %d: waiting for the device's flags and reduction: %w", lane, err)
+	}
+	if tr != nil {
+		end := e.trace.since()
+		for i := range tr {
+			tr[i].done = end
+		}
+	}
+	return nil
+}
+
+// waitDevice polls ev: back to back for the small spin, then napping, with
+// the transport's checks every 64 polls (the device, not the CPU, waits for
+// the peers, so this is where a dead peer or the deadline is noticed).
+func (e *Executor) waitDevice(ctx context.Context, ev comm.Event) error {
+	chk := e.tr.(checker)
+	spin := max(e.opts.SmallSpin, e.opts.EventSpin)
+	start := time.Now()
+	for i := 0; ; i++ {
+		done, err := ev.Done()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if i&63 == 63 {
+			if err := chk.Check(ctx, "waiting for the device, whose stream waits for the peers' flags"); err != nil {
+				return err
+			}
+		}
+		if time.Since(start) < spin {
+			comm.SpinPause(i)
+			continue
+		}
+		nap(eventNap)
+	}
+}
+
+// releaseWaits, after a failed call, stores the largest value in every flag
+// that this rank's streams may be waiting for on the device, so that they
+// (and every peer's) drain instead of hanging forever; the abort flag is
+// already up, so no rank takes what follows for a result (Run checks it
+// after a small all-reduce on the devices).
+func (e *Executor) releaseWaits(sched Schedule) {
+	if e.words == nil || !sched.Params.SmallOnDevice {
+		return
+	}
+	for _, st := range sched.Steps[e.tr.Rank()] {
+		if st.DeviceFlags {
+			for _, c := range st.Wait {
+				e.tr.Set(c.Flag, math.MaxUint64)
+			}
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package allreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// TestSmallOnDeviceFakeCUDA runs small all-reduces reduced on the devices
+// (each rank its own fake driver, whose streams wait for and write the
+// shared flag words themselves) and requires every rank's result to equal
+// the expected values and, byte for byte, the CPU path's: every dtype and
+// op, odd sizes, in place or not, calls back to back (the parity areas
+// alternate) and mixed with large host-staged ones. With more than 9 ranks
+// the device adds in two kernel launches (at most 8 sources each), so
+// half-precision results may round differently from the CPU's single
+// rounding there: only the expected values are required.
+func TestSmallOnDeviceFakeCUDA(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	for _, world := range []int{1, 2, 3, 7, 10} {
+		opts := Options{Chunk: 16 << 10, Slots: 3, SmallBytes: 4 << 10}
+		cpu := newCUDAGroup(t, world, opts)
+		opts.SmallOnDevice = true
+		dev := newCUDAGroup(t, world, opts)
+		for r := range world {
+			require.NotNil(t, dev.comms[r].exec.words, "the fake driver's streams wait for the flags themselves")
+			require.Nil(t, cpu.comms[r].exec.words)
+		}
+		for _, dt := range allDTypes {
+			for _, op := range allOps {
+				for call := range 3 {
+					limit := min(4<<10, SmallCapacity(world, 16<<10, 3)) / dt.Size()
+					count := 1 + rng.IntN(limit)
+					if call == 1 && dt == comm.Float32 {
+						count = 3000 // past SmallBytes: a host-staged call between two small ones
+					}
+					inPlace := rng.IntN(2) == 0
+					name := fmt.Sprintf("n%d/dt%d/op%d/call%d/count%d/inplace=%v", world, dt, op, call, count, inPlace)
+					want := Expected(AllReduce, dt, op, world, 0, 0, count)
+					gotCPU := cpu.allReduce(t, dt, op, count, inPlace)
+					gotDev := dev.allReduce(t, dt, op, count, inPlace)
+					for r := range world {
+						require.Zero(t, Wrong(gotDev[r], want, dt), "%s rank %d", name, r)
+						if world <= 9 || dt != comm.Float16 && dt != comm.BFloat16 {
+							require.Equal(t, gotCPU[r], gotDev[r], "%s rank %d: differs from the CPU path", name, r)
+						}
+						require.Equal(t, gotDev[0], gotDev[r], "%s rank %d: differs from rank 0", name, r)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestSmallOnDeviceHostBackend: on the host backend, whose streams cannot
+// wait for flags, the same schedule runs with the CPU waiting and writing
+// the flags and the host stream reducing: every collective still right.
+func TestSmallOnDeviceHostBackend(t *testing.T) {
+	for _, world := range []int{1, 2, 5} {
+		g := newGroup(t, world, HostStaged, Options{Chunk: 16 << 10, Slots: 2, SmallBytes: 2 << 10, SmallOnDevice: true})
+		for r := range world {
+			require.Nil(t, g.comms[r].exec.words, "host streams are not comm.WordStreams")
+		}
+		for _, dt := range allDTypes {
+			for _, op := range allOps {
+				for _, count := range []int{1, 129, 2048 / dt.Size(), 5000} {
+					g.check(t, AllReduce, dt, op, count, count%2 == 1, 0)
+				}
+			}
+		}
+	}
+}
+
+// TestSmallOnDeviceFailures: the device waits for the peers' flags, so the
+// CPU's wait for the device must notice what a flag wait would: a rank that
+// never comes (the deadline) and a rank that aborts. Either way every
+// waiting rank fails, releases the device waits on the flags it awaited
+// (largest value: the streams drain instead of hanging), and is broken.
+func TestSmallOnDeviceFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		late  func(g *cudaGroup)
+		cause error
+	}{
+		{"deadline", func(*cudaGroup) {}, context.DeadlineExceeded},
+		{"abort", func(g *cudaGroup) { g.comms[2].exec.tr.Abort() }, comm.ErrAborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
+			bufs := make([]comm.Buffer, 3)
+			for r := range 3 {
+				var err error
+				bufs[r], err = g.devs[r].Alloc(1024)
+				require.NoError(t, err)
+			}
+			timeout := 30 * time.Second
+			if tc.cause == context.DeadlineExceeded {
+				timeout = 300 * time.Millisecond
+			}
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			start := time.Now()
+			for r := range 2 { // rank 2 never calls
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), timeout)
+					defer cancel()
+					errs[r] = g.comms[r].AllReduce(ctx, bufs[r], bufs[r], 256, comm.Float32, comm.Sum)
+				}()
+			}
+			time.Sleep(50 * time.Millisecond)
+			tc.late(g)
+			wg.Wait()
+			require.Less(t, time.Since(start), 10*time.Second)
+			for r := range 2 {
+				require.Error(t, errs[r], "rank %d", r)
+				require.True(t, errors.Is(errs[r], tc.cause) || errors.Is(errs[r], comm.ErrAborted), "rank %d: %v", r, errs[r])
+			}
+			require.Equal(t, uint64(math.MaxUint64), g.comms[0].exec.tr.Flag(FlagOf(2, roleA)), "the awaited flag is released")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for r := range 2 {
+				require.NoError(t, g.comms[r].exec.streams[LaneIn].Synchronize(ctx), "rank %d: its stream drained", r)
+				require.Error(t, g.comms[r].AllReduce(ctx, bufs[r], bufs[r], 256, comm.Float32, comm.Sum), "rank %d is broken", r)
+			}
+		})
+	}
+}

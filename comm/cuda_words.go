@@ -1,0 +1,119 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// Stream words: a CUDA stream that waits for and writes flag words of
+// registered host memory itself (the small all-reduce reduced on the
+// devices, allreduce.Params.SmallOnDevice).
+
+var (
+	_ WordDevice = (*CUDADevice)(nil)
+	_ WordStream = (*cudaStream)(nil)
+)
+
+// StreamWords reports whether this device's streams can wait for and write
+// words of registered host memory (nil), else why not. The first call
+// probes the driver: a stream waits for a word the CPU stores, then writes
+// another; drivers without the entry points, or whose wait never sees the
+// CPU's store within a second, fail it.
+func (d *CUDADevice) StreamWords() error {
+	d.wordsOnce.Do(func() {
+		if err := d.probeWords(); err != nil {
+			d.wordsErr = fmt.Errorf("stream memory operations on this device: %w", err)
+		}
+	})
+	return d.wordsErr
+}
+
+func (d *CUDADevice) probeWords() error {
+	page, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return fmt.Errorf("mapping a probe page: %w", err)
+	}
+	defer func() { _ = unix.Munmap(page) }()
+	if err := d.Register(page); err != nil {
+		return err
+	}
+	defer func() { _ = d.Unregister(page) }()
+	st, err := d.NewStream()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = st.Close() }()
+	s := st.(*cudaStream)
+	gate, out := page[0:8], page[64:72]
+	if err := s.WaitWord(gate, 1); err != nil {
+		return err
+	}
+	if err := s.WriteWord(out, 7); err != nil {
+		// The wait is queued: open the gate so that the stream drains.
+		(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(1)
+		_ = s.Synchronize(context.Background())
+		return err
+	}
+	(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := s.Synchronize(ctx); err != nil {
+		return fmt.Errorf("a stream waiting for a word the CPU stored: %w", err)
+	}
+	if got := (*atomic.Uint64)(unsafe.Pointer(&out[0])).Load(); got != 7 {
+		return fmt.Errorf("a stream wrote 7 to a host word, read back %d", got)
+	}
+	return nil
+}
+
+// word resolves an 8-byte word of registered host memory to its device
+// address.
+func (s *cudaStream) word(w []byte) (cuda.DevicePtr, error) {
+	if len(w) != 8 || hostAddr(w)%8 != 0 {
+		return 0, fmt.Errorf("a stream word is 8 bytes at an 8-byte boundary, not %d at %#x: %w", len(w), hostAddr(w), ErrInvalid)
+	}
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	return s.d.mapped(w)
+}
+
+// WriteWord queues word = v (cuStreamWriteValue64 with its default memory
+// barrier: the store follows the writes of the work before it).
+func (s *cudaStream) WriteWord(w []byte, v uint64) error {
+	p, err := s.word(w)
+	if err != nil {
+		return err
+	}
+	if err := s.d.bind(); err != nil {
+		return err
+	}
+	defer s.d.unbind()
+	if err := s.d.api.StreamWriteValue64(s.s, p, v, cuda.StreamWriteValueDefault); err != nil {
+		return fmt.Errorf("queueing a flag write: %w", err)
+	}
+	return nil
+}
+
+// WaitWord queues a wait until word ≥ v (cuStreamWaitValue64, GEQ).
+func (s *cudaStream) WaitWord(w []byte, v uint64) error {
+	p, err := s.word(w)
+	if err != nil {
+		return err
+	}
+	if err := s.d.bind(); err != nil {
+		return err
+	}
+	defer s.d.unbind()
+	if err := s.d.api.StreamWaitValue64(s.s, p, v, cuda.StreamWaitValueGEQ); err != nil {
+		return fmt.Errorf("queueing a flag wait: %w", err)
+	}
+	return nil
+}
