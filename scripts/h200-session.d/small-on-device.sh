@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The small all-reduce on the devices (--small-on device; issue 9's 8-KiB row, issue 11's per-call
+# cost), one H200, one call, each row beside its CPU-path twin in the same call:
+#  1. GPU unit tests of the stream memory operations (bin/cuda.test, bin/comm.test when present);
+#  2. bench rows, -c 1, GPU 0: 8 KiB 7 ranks cpu/device interleaved three times (MPS auto), then
+#     --mps off (time-sliced contexts: a stream waiting on a flag may hold the GPU; timeout-bounded),
+#     a traced device row, 2 ranks and 1 rank, 64 KiB 7 ranks, device rows in half/bfloat16/int32
+#     with avg/max (every element checked);
+#  3. gloo at 8 KiB, 7 ranks (the peer);
+#  4. PyTorch per-call cost (python/tests/overhead_check.py, 7 ranks) with MIGCTL_TUNING smallon=cpu
+#     and smallon=device.
+# Build here first: make build lib; go test -c -o bin/cuda.test ./internal/cuda;
+# go test -c -o bin/comm.test ./comm (strip: -ldflags='-s -w'); cp ../shared/bench/gloo_allreduce.py bin/.
+# Output: $OUT/smalldev/summary.txt, logs.tgz. About 4 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/h200-session.d/lib.sh
+session_init smalldev
+
+say "== 1. GPU unit tests"
+for t in "cuda.test TestDriverStreamMemOps" "comm.test TestCUDADeviceGPUStreamWords"; do
+  set -- $t
+  if [ -x "bin/$1" ]; then
+    timeout 60 "bin/$1" -test.run "$2" -test.v >"$W/$1.out" 2>&1
+    say "$1 $2 rc=$? $(grep -E -- '^(--- |ok|FAIL)|released' "$W/$1.out" | tr '\n' ' ')"
+  else
+    say "$1: not built, skipped"
+  fi
+done
+
+say "== 2. bench rows"
+for i in 1 2 3; do
+  row "r7-8K-cpu-$i" 7 8KiB 2000 200 --small-on cpu
+  row "r7-8K-dev-$i" 7 8KiB 2000 200 --small-on device
+done
+say "r7-8K-dev-1 smallOn: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("smallOn", "cpu"))' "$W/r7-8K-dev-1.json" 2>/dev/null)"
+row r7-8K-cpu-mpsoff 7 8KiB 1000 100 --small-on cpu --mps off
+row r7-8K-dev-mpsoff 7 8KiB 1000 100 --small-on device --mps off
+MIGCTL_TRACE=1 row r7-8K-dev-trace 7 8KiB 1000 100 --small-on device
+say "trace: $(grep -m1 -A12 'hoststaged-small 8192 B' "$W/r7-8K-dev-trace.err" | tr -s ' ' | head -c 1500)"
+for np in 2 1; do
+  row "r$np-8K-cpu" "$np" 8KiB 2000 200 --small-on cpu
+  row "r$np-8K-dev" "$np" 8KiB 2000 200 --small-on device
+done
+row r7-64K-cpu 7 64KiB 1000 100 --small-on cpu
+row r7-64K-dev 7 64KiB 1000 100 --small-on device
+for dt in half bfloat16 int32; do
+  for op in avg max; do row "r7-8K-dev-$dt-$op" 7 8KiB 200 20 --small-on device --dtype "$dt" --op "$op"; done
+done
+
+say "== 3. gloo"
+GLOO=bin/gloo_allreduce.py
+if [ -f "$GLOO" ]; then
+  timeout 120 python3 "$GLOO" --np 7 --sizes 8K --iters 200 >"$W/gloo.txt" 2>"$W/gloo.err"
+  say "gloo rc=$? $(grep -h 'np=7' "$W/gloo.txt" | head -3 | tr '\n' ' ')"
+else
+  say "gloo: bin/gloo_allreduce.py missing, skipped"
+fi
+
+say "== 4. PyTorch per-call cost, 7 ranks"
+for on in cpu device cpu device; do
+  MIGCTL_TUNING=smallon=$on N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
+    python3 python/tests/overhead_check.py --device cuda >"$W/ovh-$on.out" 2>&1
+  say "ovh np=7 smallon=$on rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$W/ovh-$on.out" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "c_abi_us", "c_run_us", "bench_us") if rows and k in rows[0]))')"
+done
