@@ -3,6 +3,7 @@ package comm
 import (
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -84,13 +85,43 @@ func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) er
 	return nil
 }
 
-// reduceRange reduces bytes [lo, hi) block by block.
+// reduceRange reduces bytes [lo, hi) block by block. With StreamStores,
+// each block is reduced into a cache-resident scratch block and stored to
+// dst with non-temporal stores (same arithmetic, same bits).
 func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int) {
+	if StreamStores && hi-lo >= blockBytes {
+		scratch := scratchPool.Get().(*[blockBytes]byte)
+		defer scratchPool.Put(scratch)
+		for b := lo; b < hi; b += blockBytes {
+			e := min(b+blockBytes, hi)
+			s := scratch[:e-b]
+			reduceBlock(s, srcs, b, dt, op, div)
+			if k := streamCopy(dst[b:e], s); k < len(s) {
+				copy(dst[b+k:e], s[k:])
+			}
+		}
+		return
+	}
 	for b := lo; b < hi; b += blockBytes {
 		e := min(b+blockBytes, hi)
 		reduceBlock(dst[b:e], srcs, b, dt, op, div)
 	}
 }
+
+// StreamStores makes host reductions of a block or more store their results
+// with non-temporal stores (amd64; elsewhere plain stores): a result line
+// is then written without being read from memory first (no
+// read-for-ownership), one pass over host memory less per reduction, at the
+// cost of the result not being in the cache when the copies in read it.
+// Which wins depends on the host (MIGCTL_STREAM_STORES=1 turns it on;
+// default off). Set before any reduction runs. On the 2-core dev VM, 32 MiB
+// float32 outputs, 2 workers (BenchmarkReduceHost .../stream=): 2 sources
+// 22-25 -> 16 GB/s, 7 sources 7.1-8.6 -> 6.0-6.6 GB/s, i.e. slower where
+// the CPU, not host memory, binds; untried on a GPU host under DMA, the
+// case it is for (scripts/h200-session.d/small-on-device.sh measures it).
+var StreamStores = os.Getenv("MIGCTL_STREAM_STORES") == "1"
+
+var scratchPool = sync.Pool{New: func() any { return new([blockBytes]byte) }}
 
 func reduceBlock(dst []byte, srcs [][]byte, off int, dt DType, op Op, div int) {
 	n := len(dst)

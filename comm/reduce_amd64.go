@@ -1,6 +1,10 @@
 package comm
 
-import "golang.org/x/sys/cpu"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 // AVX2 float32 sums (reduce_amd64.s); the Go loops do the rest and every
 // other type and op.
@@ -16,6 +20,21 @@ func sum4F32(d, a, b, c, e *float32, n int)
 
 // simdF32 turns the assembly on (tests turn it off to compare).
 var simdF32 = cpu.X86.HasAVX2
+
+//go:noescape
+func ntCopy(d, s *byte, n int)
+
+// streamCopy copies src into dst with non-temporal stores where it can (a
+// 16-byte aligned dst, whole 64-byte lines) and returns how many leading
+// bytes it did; the caller copies the rest.
+func streamCopy(dst, src []byte) int {
+	n := min(len(dst), len(src)) &^ 63
+	if n == 0 || uintptr(unsafe.Pointer(&dst[0]))%16 != 0 {
+		return 0
+	}
+	ntCopy(&dst[0], &src[0], n)
+	return n
+}
 
 // fsum2, fsum3 and fsum4 sum equally long sources into d (which may be
 // one of them) with AVX2 and return how many leading elements they did (a

@@ -71,3 +71,30 @@ loop4:
 done4:
 	VZEROUPPER
 	RET
+
+// func ntCopy(d, s *byte, n int)
+// Copies n bytes (a multiple of 64) from s to d (16-byte aligned) with
+// non-temporal stores (MOVNTDQ): the lines go to memory without being read
+// first and without staying in the cache. SFENCE orders them before any
+// later store (the flag that publishes them).
+TEXT ·ntCopy(SB), NOSPLIT, $0-24
+	MOVQ d+0(FP), DI
+	MOVQ s+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+loopnt:
+	CMPQ AX, CX
+	JAE  donent
+	MOVOU (SI)(AX*1), X0
+	MOVOU 16(SI)(AX*1), X1
+	MOVOU 32(SI)(AX*1), X2
+	MOVOU 48(SI)(AX*1), X3
+	MOVNTO X0, (DI)(AX*1)
+	MOVNTO X1, 16(DI)(AX*1)
+	MOVNTO X2, 32(DI)(AX*1)
+	MOVNTO X3, 48(DI)(AX*1)
+	ADDQ $64, AX
+	JMP  loopnt
+donent:
+	SFENCE
+	RET

@@ -34,6 +34,27 @@ func BenchmarkReduceHost(b *testing.B) {
 			}
 		}
 	}
+	for _, stream := range []bool{false, true} {
+		// The result stored plainly or past the cache (StreamStores).
+		for _, k := range []int{2, 7} {
+			b.Run(fmt.Sprintf("f32/srcs%d/workers2/stream=%v", k, stream), func(b *testing.B) {
+				defer func(old bool) { StreamStores = old }(StreamStores)
+				StreamStores = stream
+				in := make([][]byte, k)
+				for i := range in {
+					in[i] = make([]byte, n)
+				}
+				dst := make([]byte, n)
+				b.SetBytes(n)
+				b.ResetTimer()
+				for range b.N {
+					if err := ReduceHost(dst, in, Float32, Sum, 2); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
 	b.Run("memcpy", func(b *testing.B) {
 		src, dst := make([]byte, n), make([]byte, n)
 		copy(dst, src)

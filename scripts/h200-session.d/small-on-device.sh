@@ -6,12 +6,13 @@
 #     --mps off (time-sliced contexts: a stream waiting on a flag may hold the GPU; timeout-bounded),
 #     a traced device row, 2 ranks and 1 rank, 64 KiB 7 ranks, device rows in half/bfloat16/int32
 #     with avg/max (every element checked);
+#     2b: 256 MiB 2 and 7 ranks with MIGCTL_STREAM_STORES=0/1 interleaved (non-temporal result stores);
 #  3. gloo at 8 KiB, 7 ranks (the peer);
 #  4. PyTorch per-call cost (python/tests/overhead_check.py, 7 ranks) with MIGCTL_TUNING smallon=cpu
 #     and smallon=device.
 # Build here first: make build lib; go test -c -o bin/cuda.test ./internal/cuda;
 # go test -c -o bin/comm.test ./comm (strip: -ldflags='-s -w'); cp ../shared/bench/gloo_allreduce.py bin/.
-# Output: $OUT/smalldev/summary.txt, logs.tgz. About 4 minutes.
+# Output: $OUT/smalldev/summary.txt, logs.tgz. About 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
@@ -46,6 +47,12 @@ row r7-64K-cpu 7 64KiB 1000 100 --small-on cpu
 row r7-64K-dev 7 64KiB 1000 100 --small-on device
 for dt in half bfloat16 int32; do
   for op in avg max; do row "r7-8K-dev-$dt-$op" 7 8KiB 200 20 --small-on device --dtype "$dt" --op "$op"; done
+done
+
+say "== 2b. 256 MiB with the reductions' results stored past the cache (MIGCTL_STREAM_STORES)"
+for i in 1 2; do
+  for s in 0 1; do MIGCTL_STREAM_STORES=$s row "r2-256M-nt$s-$i" 2 256MiB 10 3; done
+  for s in 0 1; do MIGCTL_STREAM_STORES=$s row "r7-256M-nt$s-$i" 7 256MiB 10 3; done
 done
 
 say "== 3. gloo"
