@@ -16,7 +16,9 @@ With -c 1 every element of every rank's result is compared with the exactly pred
 expected value; the command exits non-zero if any is wrong or any rank fails.
 
 All-reduces up to --small-bytes take the small-message path (every rank reduces every
-input itself: one copy each way, one flag round). MIGCTL_TRACE=1 in the environment makes
+input itself: one copy each way, one flag round); with --small-on device each rank's GPU
+stream waits for the peers' flags and reduces their staged inputs itself, with no CPU step
+between the copies (the JSON's smallOn says whether the device or the CPU carried the flags). MIGCTL_TRACE=1 in the environment makes
 rank 0 print, at the end, where the time of each size went: per step, the wait for other
 ranks' flags, the time to issue it and the device's time to complete it (MIGCTL_TRACE=all:
 every rank).
