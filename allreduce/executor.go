@@ -147,6 +147,39 @@ type Executor struct {
 	broken  error
 	prev    Params  // the previous call's schedule parameters
 	trace   *tracer // nil unless Options.Trace
+
+	// Reused from call to call, so that a call allocates nothing here:
+	// each schedule's steps split by lane (keyed by the rank's first
+	// step: the Communicator caches schedules), each lane's queue of steps
+	// in flight and its list of host sources.
+	split   map[*Step]laneSplit
+	flights [NumLanes][]inflight
+	srcs    [NumLanes][][]byte
+}
+
+// laneSplit is one rank's steps of a schedule by lane.
+type laneSplit struct {
+	n     int // the rank's step count (a different slice of steps splits anew)
+	lanes [NumLanes][]*Step
+}
+
+// lanesOf splits steps by lane, once per schedule.
+func (e *Executor) lanesOf(steps []Step) [NumLanes][]*Step {
+	if len(steps) == 0 {
+		return [NumLanes][]*Step{}
+	}
+	if s, ok := e.split[&steps[0]]; ok && s.n == len(steps) {
+		return s.lanes
+	}
+	var lanes [NumLanes][]*Step
+	for i := range steps {
+		lanes[steps[i].Lane] = append(lanes[steps[i].Lane], &steps[i])
+	}
+	if e.split == nil || len(e.split) >= 1024 {
+		e.split = map[*Step]laneSplit{}
+	}
+	e.split[&steps[0]] = laneSplit{len(steps), lanes}
+	return lanes
 }
 
 // NewExecutor registers the transport's arena with dev and opens one stream
@@ -362,11 +395,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			e.trace.cur.fence = e.trace.since()
 		}
 	}
-	var lanes [NumLanes][]*Step
-	steps := sched.Steps[r]
-	for i := range steps {
-		lanes[steps[i].Lane] = append(lanes[steps[i].Lane], &steps[i])
-	}
+	lanes := e.lanesOf(sched.Steps[r])
 	busy := 0
 	for l := range lanes {
 		if len(lanes[l]) > 0 {
@@ -522,14 +551,20 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 	if spin > 0 {
 		evSpin = spin
 	}
-	var q []inflight
+	// q[head:] are the steps in flight, oldest first (the lane's reused
+	// array: a call allocates nothing for it).
+	q, head := e.flights[lane][:0], 0
+	defer func() { e.flights[lane] = q[:0] }()
 	var tr []stepTrace // this lane's trace records (nil unless tracing)
 	if e.trace != nil {
 		tr = e.trace.cur.lanes[lane]
 	}
 	complete := func() error {
-		f := q[0]
-		q = q[1:]
+		f := q[head]
+		q[head] = inflight{}
+		if head++; head == len(q) {
+			q, head = q[:0], 0
+		}
 		if err := waitEvent(ctx, f.ev, e.tr, evSpin); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
@@ -547,14 +582,14 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			tr[i].reach = e.trace.since()
 			tr[i].ready = tr[i].reach
 		}
-		if len(q) >= e.opts.Depth {
+		if len(q)-head >= e.opts.Depth {
 			if err := complete(); err != nil {
 				return err
 			}
 			continue
 		}
 		if !e.ready(st.Wait, epoch) {
-			if len(q) > 0 {
+			if len(q) > head {
 				if err := complete(); err != nil {
 					return err
 				}
@@ -575,7 +610,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			st.Kind == ReducePeer || st.Kind == CopyPeer)
 		if !async {
 			// Flags are ordered per lane: finish what is in flight first.
-			for len(q) > 0 {
+			for len(q) > head {
 				if err := complete(); err != nil {
 					return err
 				}
@@ -594,9 +629,12 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			e.publish(st.Set, epoch)
 			continue
 		}
+		if len(q) == cap(q) && head > 0 { // slide the live entries down rather than grow
+			q, head = q[:copy(q, q[head:])], 0
+		}
 		q = append(q, inflight{st, i - 1, ev})
 	}
-	for len(q) > 0 {
+	for len(q) > head {
 		if err := complete(); err != nil {
 			return err
 		}
@@ -648,10 +686,11 @@ func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, err
 				return false, err
 			}
 		}
-		hosts := make([][]byte, len(st.Hosts))
-		for i, h := range st.Hosts {
-			hosts[i] = e.host(h)
+		hosts := e.srcs[lane][:0] // reused: the streams keep no reference to the list
+		for _, h := range st.Hosts {
+			hosts = append(hosts, e.host(h))
 		}
+		e.srcs[lane] = hosts
 		op := call.Op
 		if op == comm.Avg {
 			op = comm.Sum
@@ -705,10 +744,11 @@ func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, err
 		if st.Host.Len == 0 {
 			return false, nil
 		}
-		hosts := make([][]byte, len(st.Hosts))
-		for i, h := range st.Hosts {
-			hosts[i] = e.host(h)
+		hosts := e.srcs[lane][:0] // reused: the streams keep no reference to the list
+		for _, h := range st.Hosts {
+			hosts = append(hosts, e.host(h))
 		}
+		e.srcs[lane] = hosts
 		op := call.Op
 		if op == comm.Avg && !st.Final {
 			op = comm.Sum

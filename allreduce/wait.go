@@ -3,6 +3,7 @@ package allreduce
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -32,6 +33,17 @@ type readyEvent interface {
 // waitEvent waits until ev completes, ctx ends, or the job is aborted.
 func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Duration) error {
 	if re, ok := ev.(readyEvent); ok {
+		// Short host-stream work is usually done within a few scheduler
+		// turns: look before setting up a ticker (a runtime timer per wait).
+		ready := re.Ready()
+		for range 64 {
+			select {
+			case <-ready:
+				return nil
+			default:
+			}
+			runtime.Gosched()
+		}
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
 		for {

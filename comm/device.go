@@ -83,7 +83,9 @@ type Stream interface {
 	CopyBuffer(dst Buffer, dstOff int, src Buffer, srcOff int, n int) error
 	// ReduceFromHost queues dst[dstOff:] = op(dst[dstOff:], srcs...) elementwise
 	// over len(srcs[i]) bytes; every src is registered host memory of equal length.
-	// With Avg, the caller divides once at the end with Scale.
+	// With Avg, the caller divides once at the end with Scale. The stream
+	// keeps no reference to the srcs list itself (the caller may reuse it),
+	// only to the memory it names.
 	ReduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DType, op Op) error
 	// Scale queues dst[off:off+n] /= div (used to finish an Avg).
 	Scale(dst Buffer, off, n int, dt DType, div int) error

@@ -145,19 +145,28 @@ func (h *holdState) deadline(ctx context.Context, timeout time.Duration) (contex
 	mu.Lock()
 	t = time.AfterFunc(timeout, check)
 	mu.Unlock()
-	dctx, dcancel := cctx, context.CancelFunc(func() {})
+	dctx := context.Context(cctx)
 	if _, ok := ctx.Deadline(); !ok {
-		dctx, dcancel = context.WithDeadline(cctx, start.Add(100*365*24*time.Hour))
+		// Only reported: the timer above ends the call, so a context.WithDeadline
+		// (and its own timer, set and stopped every call) is not needed.
+		dctx = farDeadline{cctx, start.Add(100 * 365 * 24 * time.Hour)}
 	}
 	return dctx, func() {
 		mu.Lock()
 		stopped = true
 		t.Stop()
 		mu.Unlock()
-		dcancel()
 		cancel(nil)
 	}
 }
+
+// farDeadline is a context that reports a deadline it never enforces.
+type farDeadline struct {
+	context.Context
+	d time.Time
+}
+
+func (f farDeadline) Deadline() (time.Time, bool) { return f.d, true }
 
 // OnSwapOut registers f to run when the job is swapped out (before the
 // daemon is told the swap is done). f must not call collectives.

@@ -1,0 +1,38 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkSmallAllReduce is the SDK's cost per call around the executor:
+// 8-byte all-reduces of host slices on in-process ranks of the host
+// backend, back to back (go test -bench SmallAllReduce -benchmem ./trainer).
+// On the 2-core dev VM, 1 rank: 10.3 µs and 43 allocations per call before
+// the executor reused its lane splits and queues and the collective's
+// context stopped setting a second timer, 5.0-5.9 µs and 23 after.
+func BenchmarkSmallAllReduce(b *testing.B) {
+	for _, n := range []int{1, 2} {
+		b.Run(fmt.Sprintf("ranks%d", n), func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			err := runLocal(ctx, n, func(int) []Option { return []Option{WithTimeout(time.Minute)} }, func(g *Group) error {
+				send, recv := make([]float32, 2), make([]float32, 2)
+				if g.Rank() == 0 {
+					b.ResetTimer()
+				}
+				for range b.N {
+					if err := g.AllReduce(context.Background(), HostSlice(send), HostSlice(recv), Sum); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
