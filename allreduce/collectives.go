@@ -129,7 +129,9 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 		// Small messages: one copy each way and one flag round (every rank
 		// reduces all inputs itself); consecutive calls alternate areas.
 		p.Algorithm, p.Parity, p.Groups = HostStagedSmall, c.small&1, ""
-		p.SmallOnDevice = c.exec.opts.SmallOnDevice
+		// On the devices, but not an unsigned-byte average: the device's
+		// byte sum would wrap before the division (the CPU's does not).
+		p.SmallOnDevice = c.exec.opts.SmallOnDevice && !(dt == comm.Uint8 && op == comm.Avg)
 		c.small++
 	}
 	if p.Algorithm == HostStaged {

@@ -2,6 +2,7 @@ package allreduce
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -9,10 +10,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
 )
 
 // TestSmallOnDeviceFakeCUDA runs small all-reduces reduced on the devices
@@ -77,6 +80,15 @@ func TestSmallOnDeviceHostBackend(t *testing.T) {
 				}
 			}
 		}
+		// Every small schedule ran on the devices but the byte averages.
+		small := 0
+		for p := range g.comms[0].cache {
+			if p.Algorithm == HostStagedSmall {
+				small++
+				require.Equal(t, !(p.ElemSize == 1 && p.Avg), p.SmallOnDevice, "%+v", p)
+			}
+		}
+		require.Positive(t, small)
 	}
 }
 
@@ -135,4 +147,59 @@ func TestSmallOnDeviceFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSmallOnDeviceSameBitsEverywhere: on inputs whose sums round (random
+// float32), every rank's result on the devices is the same bits: rank 0's
+// input plus every other rank's in rank order, one by one, as the kernels
+// (and the fake drivers, which follow them) add.
+func TestSmallOnDeviceSameBitsEverywhere(t *testing.T) {
+	const world, count = 7, 1000
+	g := newCUDAGroup(t, world, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
+	rng := rand.New(rand.NewPCG(9, 10))
+	inputs := make([][]float32, world)
+	bufs := make([]comm.Buffer, world)
+	for r := range world {
+		inputs[r] = make([]float32, count)
+		for i := range inputs[r] {
+			inputs[r][i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(8)-4)))
+		}
+		var err error
+		bufs[r], err = g.devs[r].Alloc(4 * count)
+		require.NoError(t, err)
+		mem, err := g.fakes[r].Memory(bufs[r].(*comm.CUDABuffer).Ptr(), 4*count)
+		require.NoError(t, err)
+		copy(mem, unsafe.Slice((*byte)(unsafe.Pointer(&inputs[r][0])), 4*count))
+	}
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs[r] = g.comms[r].AllReduce(ctx, bufs[r], bufs[r], count, comm.Float32, comm.Sum)
+		}()
+	}
+	wg.Wait()
+	differ := 0
+	for i := range count {
+		want := inputs[0][i]
+		pairs := (inputs[0][i] + inputs[1][i]) + (inputs[2][i] + inputs[3][i])
+		for r := 1; r < world; r++ {
+			want += inputs[r][i]
+		}
+		pairs = (pairs + inputs[4][i]) + (inputs[5][i] + inputs[6][i])
+		if pairs != want {
+			differ++
+		}
+		for r := range world {
+			require.NoError(t, errs[r])
+			mem, err := g.fakes[r].Memory(bufs[r].(*comm.CUDABuffer).Ptr()+cuda.DevicePtr(4*i), 4)
+			require.NoError(t, err)
+			require.Equal(t, math.Float32bits(want), binary.LittleEndian.Uint32(mem), "rank %d element %d", r, i)
+		}
+	}
+	require.Positive(t, differ, "the inputs must be ones where the association matters")
 }

@@ -69,7 +69,9 @@ type Options struct {
 	// devices (Params.SmallOnDevice): each rank's stream waits for the
 	// peers' staged inputs and reduces them itself, where the device can
 	// wait for flags (comm.WordDevice; elsewhere the CPU waits and the
-	// device still reduces). Like Chunk, the same on every rank.
+	// device still reduces). Like Chunk, the same on every rank: the device
+	// folds the inputs one by one where the CPU adds them in pairs, so float
+	// results may differ in the last bit between the two ways.
 	SmallOnDevice bool
 }
 

@@ -45,7 +45,7 @@ func fakeReduce(dt DType, op Op) cuda.FakeKernel {
 		if err != nil {
 			return err
 		}
-		all := [][]byte{dst}
+		var all [][]byte
 		for j := 0; j < k; j++ {
 			p := binary.LittleEndian.Uint64(srcs[8*j:])
 			if p%es != 0 {
@@ -57,8 +57,87 @@ func fakeReduce(dt DType, op Op) cuda.FakeKernel {
 			}
 			all = append(all, b)
 		}
-		return ReduceHost(dst, all, dt, op, 1)
+		foldSeq(dst, all, dt, op)
+		return nil
 	}
+}
+
+// foldSeq is mig_reduce_<op>_<dt>'s arithmetic: per element, dst then each
+// source in turn, acc = op(acc, src) (not the CPU's pairs), half precision
+// accumulated in fp32 and rounded once, integers wrapping.
+func foldSeq(dst []byte, srcs [][]byte, dt DType, op Op) {
+	le := binary.LittleEndian
+	es := dt.Size()
+	f := func(a, b float64) float64 {
+		switch op {
+		case Min:
+			if b < a {
+				return b
+			}
+			return a
+		case Max:
+			if b > a {
+				return b
+			}
+			return a
+		}
+		return a + b
+	}
+	for i := 0; i < len(dst)/es; i++ {
+		at := es * i
+		switch dt {
+		case Float32:
+			acc := math.Float32frombits(le.Uint32(dst[at:]))
+			for _, s := range srcs {
+				acc = float32(f(float64(acc), float64(math.Float32frombits(le.Uint32(s[at:])))))
+			}
+			le.PutUint32(dst[at:], math.Float32bits(acc))
+		case Float64:
+			acc := math.Float64frombits(le.Uint64(dst[at:]))
+			for _, s := range srcs {
+				acc = f(acc, math.Float64frombits(le.Uint64(s[at:])))
+			}
+			le.PutUint64(dst[at:], math.Float64bits(acc))
+		case Float16, BFloat16:
+			from, to := Float16FromBits, Float16Bits
+			if dt == BFloat16 {
+				from, to = BFloat16FromBits, BFloat16Bits
+			}
+			acc := from(le.Uint16(dst[at:]))
+			for _, s := range srcs {
+				acc = float32(f(float64(acc), float64(from(le.Uint16(s[at:])))))
+			}
+			le.PutUint16(dst[at:], to(acc))
+		case Int32:
+			acc := int32(le.Uint32(dst[at:]))
+			for _, s := range srcs {
+				acc = foldInt(acc, int32(le.Uint32(s[at:])), op)
+			}
+			le.PutUint32(dst[at:], uint32(acc))
+		case Int64:
+			acc := int64(le.Uint64(dst[at:]))
+			for _, s := range srcs {
+				acc = foldInt(acc, int64(le.Uint64(s[at:])), op)
+			}
+			le.PutUint64(dst[at:], uint64(acc))
+		case Uint8:
+			acc := dst[at]
+			for _, s := range srcs {
+				acc = foldInt(acc, s[at], op)
+			}
+			dst[at] = acc
+		}
+	}
+}
+
+func foldInt[T int32 | int64 | uint8](a, b T, op Op) T {
+	switch op {
+	case Min:
+		return min(a, b)
+	case Max:
+		return max(a, b)
+	}
+	return a + b // wraps, as on the GPU
 }
 
 func fakeScale(dt DType) cuda.FakeKernel {

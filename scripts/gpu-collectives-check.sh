@@ -37,6 +37,14 @@ done
 run "reducescatter-bf16-max" reducescatter --np 5 --transport shm --dtype bf16 --op max -b 960 -e 960KiB -f 1000
 run "broadcast-root3" broadcast --np 5 --transport shm --root 3 -b 8 -e 4MiB -f 64
 run "allreduce-ring" allreduce --np 4 --transport shm --algo ring -b 8 -e 8MiB -f 32
+# The small all-reduce on the devices (streams wait for the flags; up to --small-bytes, then the
+# host-staged schedule, so calls of both kinds follow each other)
+for np in 2 7; do
+  run "allreduce-smallondevice-np$np" allreduce --np "$np" --transport shm --small-on device -b 4 -e 1MiB -f 4
+done
+for dt in float16 bfloat16 int32 uint8; do
+  run "allreduce-smallondevice-$dt-avg" allreduce --np 5 --transport shm --small-on device --dtype "$dt" --op avg -b 1000 -e 64KiB -f 4 --inplace
+done
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${ngpu:-0}" -ge 2 ] && [ "$BACKEND" = gpu ]; then
   run "allreduce-ipc-2gpu" allreduce --np 2 --transport ipc --gpu 0,1 -b 8 -e 64MiB -f 16

@@ -203,6 +203,7 @@ func (g *Group) self() rendezvous.Peer {
 	p.Settings["trainer.chunk"] = strconv.Itoa(t.Chunk)
 	p.Settings["trainer.slots"] = strconv.Itoa(t.Slots)
 	p.Settings["trainer.small"] = strconv.Itoa(t.SmallBytes)
+	p.Settings["trainer.smallon"] = map[bool]string{false: "cpu", true: "device"}[t.SmallOnDevice]
 	return p
 }
 

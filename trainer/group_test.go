@@ -487,4 +487,9 @@ func TestSmallOnDevice(t *testing.T) {
 		})
 		requireAll(t, errs)
 	}
+	// Ranks that disagree fail at the rendezvous: the two ways' float
+	// results may differ in the last bit.
+	errs := world(t, 2, func(r int) []Option { return []Option{WithTuning(Tuning{SmallOnDevice: r == 1})} },
+		func(*Group) error { return nil })
+	require.ErrorContains(t, errs, "trainer.smallon")
 }

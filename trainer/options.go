@@ -130,7 +130,9 @@ type Tuning struct {
 	// SmallOnDevice reduces small-message all-reduces on the devices: each
 	// rank's stream waits for the peers' staged inputs and reduces them
 	// from mapped host memory, with no CPU step between (allreduce.Options).
-	// Off by default. Ranks may differ (both ways stage and flag alike).
+	// Off by default. Every rank must set the same (the rendezvous compares
+	// it): the device adds the inputs in another association than the CPU,
+	// so floating-point results may differ in the last bit between the two.
 	SmallOnDevice bool
 }
 
