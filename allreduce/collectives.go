@@ -114,12 +114,33 @@ func need(b comm.Buffer, n int, what string) error {
 // AllReduce sets recv[0:count] = op over every rank's send[0:count]. send and
 // recv may be the same buffer (in place).
 func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) error {
-	n := count * dt.Size()
-	if err := need(send, n, "send"); err != nil {
+	s, err := c.allReduce(send, recv, count, dt, op)
+	if err != nil {
 		return err
 	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op})
+}
+
+// AllReduceOrdered is AllReduce for a caller that orders its own stream
+// after the returned event (Executor.RunOrdered): a small all-reduce on the
+// devices returns once queued, with the event after which recv holds the
+// result; any other returns when done, with a nil event.
+func (c *Communicator) AllReduceOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) (comm.Event, error) {
+	s, err := c.allReduce(send, recv, count, dt, op)
+	if err != nil {
+		return nil, err
+	}
+	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op})
+}
+
+// allReduce is the schedule of an all-reduce call.
+func (c *Communicator) allReduce(send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) (Schedule, error) {
+	n := count * dt.Size()
+	if err := need(send, n, "send"); err != nil {
+		return Schedule{}, err
+	}
 	if err := need(recv, n, "receive"); err != nil {
-		return err
+		return Schedule{}, err
 	}
 	p := Params{Coll: AllReduce, Algorithm: c.alg, Bytes: n, ElemSize: dt.Size(), Avg: op == comm.Avg, InPlace: send == recv}
 	if c.alg == Hierarchical {
@@ -137,11 +158,7 @@ func (c *Communicator) AllReduce(ctx context.Context, send, recv comm.Buffer, co
 	if p.Algorithm == HostStaged {
 		p.GPUShare = c.gpuShare // reduced on the devices, in part or all (split.go)
 	}
-	s, err := c.schedule(p)
-	if err != nil {
-		return err
-	}
-	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op})
+	return c.schedule(p)
 }
 
 // ReduceScatter sets recv[0:count] = op over every rank's block

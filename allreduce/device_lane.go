@@ -68,10 +68,30 @@ func deviceFlags(steps []*Step) bool {
 	return false
 }
 
-// runDeviceLane queues every step of the lane on its stream, the
-// DeviceFlags steps as stream waits and writes of the flag words, records
-// one event and waits for it, making the transport's checks as it polls.
+// runDeviceLane queues every step of the lane on its stream (queueDeviceLane)
+// and waits for the end, making the transport's checks as it polls.
 func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int) error {
+	ev, err := e.queueDeviceLane(lane, steps, call, epoch, world)
+	if err != nil {
+		return err
+	}
+	if err := e.waitDevice(ctx, ev); err != nil {
+		return fmt.Errorf("lane %d: waiting for the device's flags and reduction: %w", lane, err)
+	}
+	if e.trace != nil {
+		end := e.trace.since()
+		tr := e.trace.cur.lanes[lane]
+		for i := range tr {
+			tr[i].done = end
+		}
+	}
+	return nil
+}
+
+// queueDeviceLane queues every step of the lane on its stream, the
+// DeviceFlags steps as stream waits and writes of the flag words, and
+// returns an event recorded after the last.
+func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch uint64, world int) (comm.Event, error) {
 	s := e.streams[lane]
 	ws := s.(comm.WordStream)
 	var tr []stepTrace
@@ -101,7 +121,7 @@ func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, 
 			_, err = e.enqueue(lane, st, call, world)
 		}
 		if err != nil {
-			return fmt.Errorf("lane %d: %s step: %w", lane, st.Kind, err)
+			return nil, fmt.Errorf("lane %d: %s step: %w", lane, st.Kind, err)
 		}
 		if tr != nil {
 			tr[i].issued = e.trace.since()
@@ -109,18 +129,9 @@ func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, 
 	}
 	ev, err := s.Record()
 	if err != nil {
-		return fmt.Errorf("lane %d: %w", lane, err)
+		return nil, fmt.Errorf("lane %d: %w", lane, err)
 	}
-	if err := e.waitDevice(ctx, ev); err != nil {
-		return fmt.Errorf("lane %d: waiting for the device's flags and reduction: %w", lane, err)
-	}
-	if tr != nil {
-		end := e.trace.since()
-		for i := range tr {
-			tr[i].done = end
-		}
-	}
-	return nil
+	return ev, nil
 }
 
 // waitDevice polls ev: back to back for the small spin, then napping, with

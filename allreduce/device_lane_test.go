@@ -203,3 +203,146 @@ func TestSmallOnDeviceSameBitsEverywhere(t *testing.T) {
 	}
 	require.Positive(t, differ, "the inputs must be ones where the association matters")
 }
+
+// TestSmallOnDeviceOrdered: a stream-ordered small all-reduce on the devices
+// returns once queued — with every fake driver held, nothing has run yet —
+// and its event completes with the result in place once the drivers run;
+// calls back to back queue up to maxPending and settle in order (the
+// end-of-call flag follows), and a host-staged call settles what is left.
+func TestSmallOnDeviceOrdered(t *testing.T) {
+	const world, count = 3, 500
+	g := newCUDAGroup(t, world, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
+	bufs := make([]comm.Buffer, world)
+	big := make([]comm.Buffer, world)
+	fill := func(r, call int) {
+		mem, err := g.fakes[r].Memory(bufs[r].(*comm.CUDABuffer).Ptr(), 4*count)
+		require.NoError(t, err)
+		for i := range count {
+			binary.LittleEndian.PutUint32(mem[4*i:], math.Float32bits(float32((r+1)*1000+i+call)))
+		}
+	}
+	check := func(r, call int) {
+		mem, err := g.fakes[r].Memory(bufs[r].(*comm.CUDABuffer).Ptr(), 4*count)
+		require.NoError(t, err)
+		for i := range count {
+			want := float32(0)
+			for q := range world {
+				want += float32((q+1)*1000 + i + call)
+			}
+			require.Equal(t, want, math.Float32frombits(binary.LittleEndian.Uint32(mem[4*i:])), "rank %d call %d element %d", r, call, i)
+		}
+	}
+	for r := range world {
+		var err error
+		bufs[r], err = g.devs[r].Alloc(4 * count)
+		require.NoError(t, err)
+		big[r], err = g.devs[r].Alloc(64 << 10)
+		require.NoError(t, err)
+		require.NoError(t, g.fakes[r].MemsetD8(big[r].(*comm.CUDABuffer).Ptr(), 0, 64<<10))
+		fill(r, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	onAll := func(f func(r int) error) {
+		errs := make([]error, world)
+		var wg sync.WaitGroup
+		for r := range world {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[r] = f(r) }()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+	}
+
+	// Held drivers: every rank returns with an unfinished event.
+	for _, f := range g.fakes {
+		f.Hold()
+	}
+	evs := make([]comm.Event, world)
+	onAll(func(r int) (err error) {
+		evs[r], err = g.comms[r].AllReduceOrdered(ctx, bufs[r], bufs[r], count, comm.Float32, comm.Sum)
+		return err
+	})
+	for r := range world {
+		require.NotNil(t, evs[r], "rank %d: queued, not run", r)
+		done, err := evs[r].Done()
+		require.NoError(t, err)
+		require.False(t, done, "rank %d: nothing runs while the drivers are held", r)
+	}
+	for _, f := range g.fakes {
+		f.Release()
+	}
+	for r := range world {
+		require.NoError(t, evs[r].Wait(ctx))
+		check(r, 0)
+	}
+
+	// Back to back, twice maxPending: each call's input is the previous
+	// call's result plus nothing else, so wait for each before refilling.
+	for call := 1; call <= 2*maxPending; call++ {
+		onAll(func(r int) error {
+			if err := evs[r].Wait(ctx); err != nil {
+				return err
+			}
+			fill(r, call)
+			var err error
+			evs[r], err = g.comms[r].AllReduceOrdered(ctx, bufs[r], bufs[r], count, comm.Float32, comm.Sum)
+			return err
+		})
+		for r := range world {
+			g.comms[r].exec.ord.mu.Lock()
+			n := len(g.comms[r].exec.ord.pending)
+			g.comms[r].exec.ord.mu.Unlock()
+			require.LessOrEqual(t, n, maxPending)
+		}
+	}
+	for r := range world {
+		require.NoError(t, evs[r].Wait(ctx))
+		check(r, 2*maxPending)
+	}
+	// A host-staged call settles every outstanding one first.
+	onAll(func(r int) error {
+		return g.comms[r].AllReduce(ctx, big[r], big[r], 16<<10, comm.Float32, comm.Sum)
+	})
+	for r := range world {
+		require.Empty(t, g.comms[r].exec.ord.pending)
+		require.Equal(t, g.comms[r].exec.calls<<32|1, g.comms[r].exec.tr.Flag(FlagOf(r, RoleFin)), "rank %d: end-of-call flag", r)
+	}
+}
+
+// TestSmallOnDeviceOrderedWatchdog: stream-ordered calls that cannot
+// finish (rank 2 never comes) are found by the watchdog within their
+// deadline, which raises the abort flag and releases the device waits: the
+// queued work drains, and the next call fails.
+func TestSmallOnDeviceOrderedWatchdog(t *testing.T) {
+	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
+	bufs := make([]comm.Buffer, 3)
+	for r := range 3 {
+		var err error
+		bufs[r], err = g.devs[r].Alloc(1024)
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	evs := make([]comm.Event, 2)
+	for r := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		var err error
+		evs[r], err = g.comms[r].AllReduceOrdered(ctx, bufs[r], bufs[r], 256, comm.Float32, comm.Sum)
+		cancel()
+		require.NoError(t, err)
+		require.NotNil(t, evs[r])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r := range 2 {
+		require.NoError(t, evs[r].Wait(ctx), "rank %d: released", r)
+	}
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Error(t, g.comms[0].exec.tr.Aborted())
+	for r := range 2 {
+		_, err := g.comms[r].AllReduceOrdered(ctx, bufs[r], bufs[r], 256, comm.Float32, comm.Sum)
+		require.ErrorIs(t, err, comm.ErrAborted, "rank %d", r)
+	}
+}

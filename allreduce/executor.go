@@ -157,6 +157,8 @@ type Executor struct {
 	split   map[*Step]laneSplit
 	flights [NumLanes][]inflight
 	srcs    [NumLanes][][]byte
+
+	ord orderedState // stream-ordered calls outstanding (ordered.go)
 }
 
 // laneSplit is one rank's steps of a schedule by lane.
@@ -219,10 +221,10 @@ func (e *Executor) Options() Options { return e.opts }
 // Close closes the streams and unregisters the arena (and writes the trace
 // summary when tracing).
 func (e *Executor) Close() error {
+	errs := []error{e.closeOrdered()}
 	if e.trace != nil {
 		e.trace.summary()
 	}
-	var errs []error
 	for _, s := range e.streams {
 		if s != nil {
 			errs = append(errs, s.Close())
@@ -252,18 +254,12 @@ type Call struct {
 // done (its receive buffer holds the result) or fails. After a failure the
 // executor is broken: every later Run fails at once.
 func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
-	if e.broken != nil {
-		return fmt.Errorf("communicator unusable after an earlier failure: %w", e.broken)
-	}
-	if err := e.tr.Aborted(); err != nil {
-		e.broken = err
+	if err := e.precheck(ctx, sched); err != nil {
 		return err
 	}
-	if sched.Params.World != e.tr.World() {
-		return fmt.Errorf("schedule for %d ranks on a %d-rank transport: %w", sched.Params.World, e.tr.World(), comm.ErrInvalid)
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		return fmt.Errorf("collective without a deadline: %w", comm.ErrInvalid)
+	// Stream-ordered calls still outstanding finish first (ordered.go).
+	if err := e.settle(ctx, -1); err != nil {
+		return err
 	}
 	e.calls++
 	epoch := e.calls << 32
@@ -291,11 +287,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 		err = e.leaveDirect(ctx, direct, epoch)
 	}
 	if err != nil {
-		e.tr.Abort()
-		e.broken = err
-		e.releaseWaits(sched)
-		e.drain()
-		return err
+		return e.fail(sched, err)
 	}
 	return nil
 }

@@ -29,7 +29,20 @@ type ExternalDevice interface {
 	RecordStream(stream uintptr) (Event, error)
 }
 
-var _ ExternalDevice = (*CUDADevice)(nil)
+// StreamOrderer is an ExternalDevice that can make a caller's stream wait
+// for one of its events on the device (a collective that completes in
+// stream order: allreduce.Communicator.AllReduceOrdered).
+type StreamOrderer interface {
+	// OrderStream makes the work queued on the caller's stream from now on
+	// wait until ev has completed, without blocking the calling thread.
+	// Same threading rules as RecordStream.
+	OrderStream(stream uintptr, ev Event) error
+}
+
+var (
+	_ ExternalDevice = (*CUDADevice)(nil)
+	_ StreamOrderer  = (*CUDADevice)(nil)
+)
 
 // WrapHostBytes returns a host-device Buffer over b without copying: the
 // collective reads and writes b itself. b must stay valid while it is used.
@@ -61,15 +74,11 @@ func (d *CUDADevice) RecordStream(stream uintptr) (Event, error) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	prev, perr := d.api.CtxGetCurrent()
-	if perr != nil || prev != d.ctx {
-		if err := d.api.CtxSetCurrent(d.ctx); err != nil {
-			return nil, fmt.Errorf("making the CUDA context current: %w", err)
-		}
-		if perr == nil && prev != 0 {
-			defer func() { _ = d.api.CtxSetCurrent(prev) }()
-		}
+	restore, err := d.callerContext()
+	if err != nil {
+		return nil, err
 	}
+	defer restore()
 	// A stream with nothing queued needs no event (an 8 KiB collective
 	// issued after its input is ready would otherwise poll one through the
 	// GPU: tens of microseconds with several processes on it).
@@ -89,6 +98,47 @@ func (d *CUDADevice) RecordStream(stream uintptr) (Event, error) {
 	ev := &cudaEvent{d: d, e: e}
 	runtime.AddCleanup(ev, func(e cuda.Event) { d.recycle(e) }, e)
 	return ev, nil
+}
+
+// OrderStream implements StreamOrderer.
+func (d *CUDADevice) OrderStream(stream uintptr, ev Event) error {
+	e, ok := ev.(*cudaEvent)
+	if !ok || e.d != d {
+		return fmt.Errorf("event %T is not this device's: %w", ev, ErrInvalid)
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return fmt.Errorf("cuda device: %w", ErrClosed)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	restore, err := d.callerContext()
+	if err != nil {
+		return err
+	}
+	defer restore()
+	if err := d.api.StreamWaitEvent(cuda.Stream(stream), e.e, 0); err != nil {
+		return fmt.Errorf("ordering the caller's stream after the collective: %w", err)
+	}
+	return nil
+}
+
+// callerContext makes the device's context current on the calling (locked)
+// thread and returns what puts the thread's previous one back.
+func (d *CUDADevice) callerContext() (func(), error) {
+	prev, perr := d.api.CtxGetCurrent()
+	if perr == nil && prev == d.ctx {
+		return func() {}, nil
+	}
+	if err := d.api.CtxSetCurrent(d.ctx); err != nil {
+		return nil, fmt.Errorf("making the CUDA context current: %w", err)
+	}
+	if perr == nil && prev != 0 {
+		return func() { _ = d.api.CtxSetCurrent(prev) }, nil
+	}
+	return func() {}, nil
 }
 
 // completeEvent is an Event that has completed (RecordStream on an idle stream).

@@ -53,6 +53,9 @@ type Buffer struct {
 	// no event is recorded on stream.
 	ordered bool
 	after   comm.Event
+	// streamDone: DeviceBufferOrdered, whose collective may complete in
+	// stream order on stream.
+	streamDone bool
 }
 
 // HostSlice is a Buffer over s (no copy: the collective reads and writes s).

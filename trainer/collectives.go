@@ -27,6 +27,9 @@ func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *W
 		if g.transport == TransportIPC && n > 0 {
 			return g.allReduceIPC(ctx, send, recv, op)
 		}
+		if stream, ok := g.orderedOn(send, recv); ok {
+			return g.allReduceOrdered(ctx, stream, send, recv, op)
+		}
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.AllReduce(ctx, s, r, n, send.dtype, op)
 		})

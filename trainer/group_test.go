@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -492,4 +494,79 @@ func TestSmallOnDevice(t *testing.T) {
 	errs := world(t, 2, func(r int) []Option { return []Option{WithTuning(Tuning{SmallOnDevice: r == 1})} },
 		func(*Group) error { return nil })
 	require.ErrorContains(t, errs, "trainer.smallon")
+}
+
+// A stream-ordered small all-reduce on the devices (DeviceBufferOrdered,
+// what libmigctl passes): with every rank's fake driver held, nothing can
+// run, yet the call returns — it is only queued — and the caller's stream,
+// ordered after it, reads the sums once the drivers run.
+func TestStreamOrderedAllReduce(t *testing.T) {
+	const n, count = 3, 300
+	fakes := make([]*cuda.Fake, n)
+	for r := range fakes {
+		fakes[r] = cuda.NewFake()
+		comm.InstallFakeCUDAKernels(fakes[r])
+	}
+	errs := world(t, n, func(r int) []Option {
+		return []Option{withCUDA(fakes[r]), WithBackend(BackendGPU), WithTuning(Tuning{SmallOnDevice: true})}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		f := fakes[g.Rank()]
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cctx, err := f.DevicePrimaryCtxRetain(0)
+		if err != nil {
+			return err
+		}
+		if err := f.CtxSetCurrent(cctx); err != nil {
+			return err
+		}
+		d, err := g.Alloc(count, Float32)
+		if err != nil {
+			return err
+		}
+		in := make([]float32, count)
+		for i := range in {
+			in[i] = input(g.Rank(), i)
+		}
+		if err := g.Write(ctx, d, HostSlice(in).Host()); err != nil {
+			return err
+		}
+		user, err := f.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			return err
+		}
+		ptr := d.own.(*comm.CUDABuffer).Ptr()
+		buf := DeviceBufferOrdered(uintptr(ptr), count, Float32, uintptr(user), nil)
+		f.Hold()
+		if err := g.AllReduce(ctx, buf, buf, Sum); err != nil {
+			f.Release()
+			return err
+		}
+		out := make([]float32, count)
+		if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), ptr, 4*count, user); err != nil {
+			f.Release()
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+		if out[0] != 0 {
+			f.Release()
+			return errors.New("the caller's copy ran while the driver was held")
+		}
+		f.Release()
+		if err := f.StreamSynchronize(user); err != nil {
+			return err
+		}
+		for i := range out {
+			var want float32
+			for q := range n {
+				want += input(q, i)
+			}
+			if out[i] != want {
+				return fmt.Errorf("rank %d element %d = %v, want %v", g.Rank(), i, out[i], want)
+			}
+		}
+		return nil
+	})
+	requireAll(t, errs)
 }

@@ -264,7 +264,9 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 		return trainer.Buffer{}
 	}
 	if device && ordered {
-		return trainer.DeviceBufferAfter(uintptr(p), count, dt, mark)
+		// Stream-ordered where the group allows it (a small all-reduce on
+		// the devices): the header's ABI 6 semantics.
+		return trainer.DeviceBufferOrdered(uintptr(p), count, dt, stream, mark)
 	}
 	if device {
 		return trainer.DeviceBuffer(uintptr(p), count, dt, stream)

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 OK = 0
 PENDING = 1

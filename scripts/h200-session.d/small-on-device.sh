@@ -8,8 +8,9 @@
 #     with avg/max (every element checked);
 #     2b: 256 MiB 2 and 7 ranks with MIGCTL_STREAM_STORES=0/1 interleaved (non-temporal result stores);
 #  3. gloo at 8 KiB, 7 ranks (the peer);
-#  4. PyTorch per-call cost (python/tests/overhead_check.py, 7 ranks) with MIGCTL_TUNING smallon=cpu
-#     and smallon=device.
+#  4. PyTorch with MIGCTL_TUNING=smallon=device: gpu_checks.py (every op; a kernel-written input
+#     must not be read early), then the per-call cost (overhead_check.py, 7 ranks) with smallon=cpu
+#     and smallon=device (device: small CUDA all-reduces finish in stream order, ABI 6).
 # Build here first: make build lib; go test -c -o bin/cuda.test ./internal/cuda;
 # go test -c -o bin/comm.test ./comm (strip: -ldflags='-s -w'); cp ../shared/bench/gloo_allreduce.py bin/.
 # Output: $OUT/smalldev/summary.txt, logs.tgz. About 5 minutes.
@@ -64,7 +65,10 @@ else
   say "gloo: bin/gloo_allreduce.py missing, skipped"
 fi
 
-say "== 4. PyTorch per-call cost, 7 ranks"
+say "== 4. PyTorch: correctness (gpu_checks.py, stream order included) and per-call cost, 7 ranks"
+MIGCTL_TUNING=smallon=device timeout 300 $M run --gpus 0 --np 7 -q --timeout 120s -- \
+  python3 python/tests/gpu_checks.py >"$W/gpu-checks-dev.out" 2>&1
+say "gpu_checks smallon=device rc=$?"; grep -h '"failures"' "$W/gpu-checks-dev.out" | head -1 | cut -c 1-300 >>"$S"
 for on in cpu device cpu device; do
   MIGCTL_TUNING=smallon=$on N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
     python3 python/tests/overhead_check.py --device cuda >"$W/ovh-$on.out" 2>&1

@@ -1,0 +1,233 @@
+package allreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// Stream-ordered calls (RunOrdered): a small all-reduce on the devices whose
+// streams wait for the flags themselves needs no CPU once it is queued, so
+// RunOrdered returns as soon as it is, with the event that completes with
+// it; the caller orders its own stream after that event (as NCCL's callers
+// do) instead of waiting. The executor settles such calls later, in order:
+// before any other call, when more than maxPending are outstanding, and at
+// Close — settling waits for the event with the transport's checks and then
+// publishes the end-of-call flag. Meanwhile a watchdog goroutine polls the
+// outstanding calls and, when one cannot finish (the abort flag, a dead
+// peer, its deadline), raises the abort flag and releases the device waits
+// of every outstanding call, so that no stream (the caller's included)
+// waits forever; the next call then fails.
+
+// maxPending bounds the stream-ordered calls outstanding: the next one
+// first settles the oldest.
+const maxPending = 8
+
+// watchEvery is how often the watchdog looks at outstanding calls.
+const watchEvery = 2 * time.Millisecond
+
+// pendingCall is a stream-ordered call queued and not yet settled.
+type pendingCall struct {
+	ev       comm.Event
+	epoch    uint64
+	sched    Schedule
+	deadline time.Time
+}
+
+// orderedState is the executor's part for stream-ordered calls.
+type orderedState struct {
+	mu       sync.Mutex
+	pending  []pendingCall
+	watching bool
+	stop     chan struct{} // closed by Close: the watchdog ends
+	stopped  chan struct{} // closed by the watchdog when it ends
+}
+
+// CanOrder reports whether RunOrdered would queue sched and return rather
+// than run it to the end: a small all-reduce on the devices, on streams
+// that wait for the flags themselves, without tracing.
+func (e *Executor) CanOrder(sched Schedule) bool {
+	p := sched.Params
+	return e.words != nil && e.trace == nil && p.SmallOnDevice && p.Algorithm == HostStagedSmall && p.Coll == AllReduce &&
+		p.World == e.tr.World() && len(e.lanesOf(sched.Steps[e.tr.Rank()])[LaneIn]) == len(sched.Steps[e.tr.Rank()])
+}
+
+// RunOrdered is Run for a caller that orders its own stream after the
+// returned event: for a schedule CanOrder accepts it queues the call and
+// returns its completion event (the receive buffer holds the result once
+// the event has completed); for any other it runs Run and returns a nil
+// event. ctx's deadline bounds the call also after RunOrdered returned
+// (the watchdog enforces it).
+func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (comm.Event, error) {
+	if !e.CanOrder(sched) || e.calls > 0 && needsFence(e.prev, sched.Params) {
+		return nil, e.Run(ctx, sched, call)
+	}
+	if err := e.precheck(ctx, sched); err != nil {
+		return nil, err
+	}
+	e.ord.mu.Lock()
+	full := len(e.ord.pending) >= maxPending
+	e.ord.mu.Unlock()
+	if full {
+		if err := e.settle(ctx, 1); err != nil {
+			return nil, err
+		}
+	}
+	e.calls++
+	epoch := e.calls << 32
+	e.prev = sched.Params
+	r := e.tr.Rank()
+	ev, err := e.queueDeviceLane(LaneIn, e.lanesOf(sched.Steps[r])[LaneIn], call, epoch, sched.Params.World)
+	if err != nil {
+		return nil, e.fail(sched, err)
+	}
+	deadline, _ := ctx.Deadline()
+	e.ord.mu.Lock()
+	e.ord.pending = append(e.ord.pending, pendingCall{ev: ev, epoch: epoch, sched: sched, deadline: deadline})
+	if !e.ord.watching {
+		e.ord.watching = true
+		e.ord.stop, e.ord.stopped = make(chan struct{}), make(chan struct{})
+		go e.watch(e.ord.stop, e.ord.stopped)
+	}
+	e.ord.mu.Unlock()
+	return ev, nil
+}
+
+// precheck is what every call checks first.
+func (e *Executor) precheck(ctx context.Context, sched Schedule) error {
+	if e.broken != nil {
+		return fmt.Errorf("communicator unusable after an earlier failure: %w", e.broken)
+	}
+	if err := e.tr.Aborted(); err != nil {
+		e.broken = err
+		e.releasePending()
+		return err
+	}
+	if sched.Params.World != e.tr.World() {
+		return fmt.Errorf("schedule for %d ranks on a %d-rank transport: %w", sched.Params.World, e.tr.World(), comm.ErrInvalid)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		return fmt.Errorf("collective without a deadline: %w", comm.ErrInvalid)
+	}
+	return nil
+}
+
+// settle waits for the oldest n outstanding stream-ordered calls (n < 0:
+// all) in order and publishes each one's end-of-call flag.
+func (e *Executor) settle(ctx context.Context, n int) error {
+	for i := 0; n < 0 || i < n; i++ {
+		e.ord.mu.Lock()
+		if len(e.ord.pending) == 0 {
+			e.ord.mu.Unlock()
+			return nil
+		}
+		p := e.ord.pending[0]
+		e.ord.mu.Unlock()
+		err := e.waitDevice(ctx, p.ev)
+		if err == nil {
+			err = e.tr.Aborted() // a failed rank released the device waits
+		}
+		if err != nil {
+			return e.fail(p.sched, fmt.Errorf("a small all-reduce queued before this call: %w", err))
+		}
+		e.tr.Set(FlagOf(e.tr.Rank(), RoleFin), p.epoch|1)
+		e.ord.mu.Lock()
+		e.ord.pending = e.ord.pending[1:]
+		e.ord.mu.Unlock()
+	}
+	return nil
+}
+
+// fail marks the executor broken by err after raising the abort flag,
+// releases the device waits of sched and of every outstanding call, lets
+// the streams drain and returns err.
+func (e *Executor) fail(sched Schedule, err error) error {
+	e.tr.Abort()
+	e.broken = err
+	e.releaseWaits(sched)
+	e.releasePending()
+	e.drain()
+	return err
+}
+
+// releasePending releases the device waits of every outstanding
+// stream-ordered call (after a failure) and forgets them.
+func (e *Executor) releasePending() {
+	e.ord.mu.Lock()
+	pending := e.ord.pending
+	e.ord.pending = nil
+	e.ord.mu.Unlock()
+	for _, p := range pending {
+		e.releaseWaits(p.sched)
+	}
+}
+
+// watch is the watchdog of the outstanding stream-ordered calls.
+func (e *Executor) watch(stop <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	chk := e.tr.(checker)
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		e.ord.mu.Lock()
+		pending := append([]pendingCall(nil), e.ord.pending...)
+		e.ord.mu.Unlock()
+		var err error
+		for _, p := range pending {
+			var done bool
+			if done, err = p.ev.Done(); err != nil || done {
+				if err != nil {
+					break
+				}
+				continue
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), p.deadline)
+			err = chk.Check(ctx, "waiting for a small all-reduce queued on the device")
+			cancel()
+			break // the oldest unfinished call speaks for the rest
+		}
+		if err != nil {
+			e.tr.Abort()
+			for _, p := range pending {
+				e.releaseWaits(p.sched)
+			}
+			return
+		}
+	}
+}
+
+// closeOrdered settles what is outstanding (briefly) and stops the
+// watchdog; Close calls it first.
+func (e *Executor) closeOrdered() error {
+	var err error
+	e.ord.mu.Lock()
+	outstanding := len(e.ord.pending) > 0
+	e.ord.mu.Unlock()
+	if outstanding && e.broken == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = e.settle(ctx, -1)
+		cancel()
+	}
+	e.releasePending()
+	e.ord.mu.Lock()
+	stop, stopped, watching := e.ord.stop, e.ord.stopped, e.ord.watching
+	e.ord.watching = false
+	e.ord.mu.Unlock()
+	if watching {
+		close(stop)
+		<-stopped
+	}
+	if err != nil && !errors.Is(err, comm.ErrAborted) {
+		return fmt.Errorf("settling the queued small all-reduces: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/migctl/migctl/comm"
+)
+
+// DeviceBufferOrdered is DeviceBufferAfter for a caller that orders its own
+// work after the collective on stream instead of waiting for it (as NCCL's
+// callers do): the collective may complete — its Work done, the blocking
+// call returned — as soon as it is queued on the device, the result then
+// being there for the work queued on stream afterwards (for the host or
+// other streams only once they synchronize with stream). Only a small
+// all-reduce on the devices (Tuning.SmallOnDevice, outside a swap job) does
+// so, when send and receive buffer are both such buffers of one stream;
+// every other collective completes as for DeviceBufferAfter.
+func DeviceBufferOrdered(ptr uintptr, count int, dt DType, stream uintptr, after comm.Event) Buffer {
+	b := DeviceBufferAfter(ptr, count, dt, after)
+	b.stream, b.streamDone = stream, true
+	return b
+}
+
+// orderedAllReducer is the communicator's stream-ordered all-reduce
+// (allreduce.Communicator).
+type orderedAllReducer interface {
+	AllReduceOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) (comm.Event, error)
+}
+
+// orderedOn returns the stream an all-reduce of send into recv may
+// complete on (DeviceBufferOrdered for both, one stream), and whether it
+// may: the group's communicator and device support it and no swap daemon
+// may hold the job (a hold between queued and finished work could leave a
+// peer's stream waiting for a held rank).
+func (g *Group) orderedOn(send, recv Buffer) (uintptr, bool) {
+	if !send.streamDone || !recv.streamDone || send.stream != recv.stream || !g.cfg.tuning.SmallOnDevice ||
+		g.cfg.swapSocket != "" || g.transport == TransportIPC {
+		return 0, false
+	}
+	if _, ok := any(g.cm).(orderedAllReducer); !ok {
+		return 0, false
+	}
+	if _, ok := g.dev.(comm.StreamOrderer); !ok {
+		return 0, false
+	}
+	return send.stream, true
+}
+
+// allReduceOrdered runs the all-reduce through the communicator's
+// stream-ordered call and, when it returned queued, orders the caller's
+// stream after it. The call's deadline is the group's timeout from now
+// (the executor's watchdog enforces it after this returns).
+func (g *Group) allReduceOrdered(ctx context.Context, stream uintptr, send, recv Buffer, op Op) error {
+	ext := g.dev.(comm.ExternalDevice)
+	s, err := ext.WrapPointer(send.ptr, send.Bytes())
+	if err != nil {
+		return err
+	}
+	r := s
+	if !same(send, recv) {
+		if r, err = ext.WrapPointer(recv.ptr, recv.Bytes()); err != nil {
+			return err
+		}
+	}
+	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.cfg.timeout))
+	defer cancel()
+	ev, err := any(g.cm).(orderedAllReducer).AllReduceOrdered(dctx, s, r, send.count, send.dtype, op)
+	if err != nil || ev == nil {
+		return err
+	}
+	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
+		return fmt.Errorf("ordering the caller's stream after the all-reduce: %w", err)
+	}
+	return nil
+}
