@@ -43,6 +43,7 @@ type orderedState struct {
 	mu       sync.Mutex
 	pending  []pendingCall
 	watching bool
+	kick     chan struct{} // a call was queued: the watchdog wakes (it sleeps while none is outstanding)
 	stop     chan struct{} // closed by Close: the watchdog ends
 	stopped  chan struct{} // closed by the watchdog when it ends
 }
@@ -90,8 +91,12 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	e.ord.pending = append(e.ord.pending, pendingCall{ev: ev, epoch: epoch, sched: sched, deadline: deadline})
 	if !e.ord.watching {
 		e.ord.watching = true
-		e.ord.stop, e.ord.stopped = make(chan struct{}), make(chan struct{})
-		go e.watch(e.ord.stop, e.ord.stopped)
+		e.ord.kick, e.ord.stop, e.ord.stopped = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go e.watch(e.ord.kick, e.ord.stop, e.ord.stopped)
+	}
+	select {
+	case e.ord.kick <- struct{}{}:
+	default:
 	}
 	e.ord.mu.Unlock()
 	return ev, nil
@@ -166,11 +171,12 @@ func (e *Executor) releasePending() {
 	}
 }
 
-// watch is the watchdog of the outstanding stream-ordered calls.
-func (e *Executor) watch(stop <-chan struct{}, stopped chan<- struct{}) {
+// watch is the watchdog of the outstanding stream-ordered calls: every
+// watchEvery while some are outstanding, asleep while none is.
+func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
 	chk := e.tr.(checker)
-	tick := time.NewTicker(watchEvery)
+	tick := time.NewTimer(watchEvery)
 	defer tick.Stop()
 	for {
 		select {
@@ -181,6 +187,16 @@ func (e *Executor) watch(stop <-chan struct{}, stopped chan<- struct{}) {
 		e.ord.mu.Lock()
 		pending := append([]pendingCall(nil), e.ord.pending...)
 		e.ord.mu.Unlock()
+		if len(pending) == 0 {
+			select {
+			case <-stop:
+				return
+			case <-kick:
+			}
+			tick.Reset(watchEvery)
+			continue
+		}
+		tick.Reset(watchEvery)
 		var err error
 		for _, p := range pending {
 			var done bool
