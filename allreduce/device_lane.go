@@ -71,13 +71,14 @@ func deviceFlags(steps []*Step) bool {
 // runDeviceLane queues every step of the lane on its stream (queueDeviceLane)
 // and waits for the end, making the transport's checks as it polls.
 func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int) error {
-	ev, err := e.queueDeviceLane(lane, steps, call, epoch, world)
+	ev, err := e.queueDeviceLane(lane, steps, call, epoch, world, true)
 	if err != nil {
 		return err
 	}
 	if err := e.waitDevice(ctx, ev); err != nil {
 		return fmt.Errorf("lane %d: waiting for the device's flags and reduction: %w", lane, err)
 	}
+	e.consumed(lane, ev)
 	if e.trace != nil {
 		end := e.trace.since()
 		tr := e.trace.cur.lanes[lane]
@@ -90,8 +91,9 @@ func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, 
 
 // queueDeviceLane queues every step of the lane on its stream, the
 // DeviceFlags steps as stream waits and writes of the flag words, and
-// returns an event recorded after the last.
-func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch uint64, world int) (comm.Event, error) {
+// returns an event recorded after the last (a consumed one again when
+// reuse: the caller gives it back once it completed).
+func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch uint64, world int, reuse bool) (comm.Event, error) {
 	s := e.streams[lane]
 	ws := s.(comm.WordStream)
 	var tr []stepTrace
@@ -127,7 +129,13 @@ func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch ui
 			tr[i].issued = e.trace.since()
 		}
 	}
-	ev, err := s.Record()
+	var ev comm.Event
+	var err error
+	if reuse {
+		ev, err = e.record(lane)
+	} else {
+		ev, err = s.Record()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lane %d: %w", lane, err)
 	}

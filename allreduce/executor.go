@@ -157,6 +157,11 @@ type Executor struct {
 	split   map[*Step]laneSplit
 	flights [NumLanes][]inflight
 	srcs    [NumLanes][][]byte
+	// free are each lane's events that completed and were consumed,
+	// recorded again rather than new ones (streams that can:
+	// comm.EventStream; a new event costs a few allocations and a
+	// finalizer).
+	free [NumLanes][]comm.Event
 
 	ord orderedState // stream-ordered calls outstanding (ordered.go)
 }
@@ -562,6 +567,7 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 		if err := waitEvent(ctx, f.ev, e.tr, evSpin); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
+		e.consumed(lane, f.ev)
 		if tr != nil {
 			tr[f.idx].done = e.trace.since()
 		}
@@ -651,7 +657,30 @@ func (e *Executor) issue(lane Lane, st *Step, call Call, world int) (comm.Event,
 	if queued, err := e.enqueue(lane, st, call, world); !queued || err != nil {
 		return nil, err
 	}
-	return e.streams[lane].Record()
+	return e.record(lane)
+}
+
+// record records an event at the end of lane's stream: a consumed one again
+// where the stream can, else a new one.
+func (e *Executor) record(lane Lane) (comm.Event, error) {
+	s := e.streams[lane]
+	if f := e.free[lane]; len(f) > 0 {
+		ev := f[len(f)-1]
+		e.free[lane] = f[:len(f)-1]
+		if err := s.(comm.EventStream).RecordEvent(ev); err != nil {
+			return nil, err
+		}
+		return ev, nil
+	}
+	return s.Record()
+}
+
+// consumed gives back an event of lane that completed and that nothing
+// refers to any more, for record.
+func (e *Executor) consumed(lane Lane, ev comm.Event) {
+	if _, ok := e.streams[lane].(comm.EventStream); ok && len(e.free[lane]) < 64 {
+		e.free[lane] = append(e.free[lane], ev)
+	}
 }
 
 // enqueue queues an asynchronous step on its lane's stream (true) or runs a

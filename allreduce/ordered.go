@@ -82,7 +82,9 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	epoch := e.calls << 32
 	e.prev = sched.Params
 	r := e.tr.Rank()
-	ev, err := e.queueDeviceLane(LaneIn, e.lanesOf(sched.Steps[r])[LaneIn], call, epoch, sched.Params.World)
+	// A new event, not a reused one: the caller's stream waits for it and
+	// the watchdog polls it until it is settled.
+	ev, err := e.queueDeviceLane(LaneIn, e.lanesOf(sched.Steps[r])[LaneIn], call, epoch, sched.Params.World, false)
 	if err != nil {
 		return nil, e.fail(sched, err)
 	}
