@@ -67,6 +67,7 @@ type Group struct {
 	stopped chan struct{}
 
 	hold   *holdState
+	clock  *callClock // the deadline of the worker's collectives
 	swap   *swapMember
 	daemon *daemonLink
 
@@ -107,6 +108,7 @@ func Init(ctx context.Context, opts ...Option) (_ *Group, err error) {
 	}
 	g := &Group{cfg: c, queue: make(chan *Work, 64), stopped: make(chan struct{}), scratch: map[string]comm.Buffer{},
 		hold: newHoldState()}
+	g.clock = newCallClock(g.hold)
 	defer func() {
 		if err != nil {
 			if g.kv != nil {

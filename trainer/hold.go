@@ -108,56 +108,115 @@ func (h *holdState) waitReleased(ctx context.Context) error {
 	}
 }
 
-// deadline derives from ctx the context one collective runs under: it ends
-// when the collective has spent timeout not held by a swap (with cause
-// ErrTimeout), or when ctx ends. The executor needs a deadline: ctx's own,
-// else one far away. stop releases it.
-func (h *holdState) deadline(ctx context.Context, timeout time.Duration) (context.Context, func()) {
-	cctx, cancel := context.WithCancelCause(ctx)
-	start := time.Now()
-	held0 := h.heldTime(start)
-	var mu sync.Mutex
-	var t *time.Timer
-	stopped := false
-	check := func() {
-		now := time.Now()
-		heldFor := h.heldTime(now) - held0
-		active := now.Sub(start) - heldFor
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return // the collective ended while this check was waiting for mu
+// callClock is the deadline of the worker's collectives, one at a time: the
+// context a collective runs under ends when the collective has spent its
+// timeout not held by a swap (with cause ErrTimeout), or when the caller's
+// context ends. The executor needs a deadline: the caller's own, else one
+// far away (only reported: the clock's timer ends the call). One context
+// and one timer serve call after call while the callers pass the same
+// context and no call times out (a collective then costs no allocation
+// here); only the worker goroutine calls begin and end.
+type callClock struct {
+	h *holdState
+
+	mu      sync.Mutex
+	timer   *time.Timer // runs check; reset by every begin
+	running bool        // between begin and end
+	start   time.Time
+	held0   time.Duration // held time when the call began
+	timeout time.Duration
+	parent  context.Context
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	endFn   func()
+}
+
+func newCallClock(h *holdState) *callClock {
+	c := &callClock{h: h}
+	c.endFn = c.end
+	return c
+}
+
+// begin starts the clock of a collective called with parent; end stops it.
+func (c *callClock) begin(parent context.Context, timeout time.Duration) (context.Context, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil || !sameContext(c.parent, parent) || c.ctx.Err() != nil {
+		if c.cancel != nil {
+			c.cancel(nil) // the previous caller's: let its parent forget it
 		}
-		if active >= timeout && !h.isHeld() {
-			cause := fmt.Errorf("%w: %v", ErrTimeout, timeout)
-			if heldFor > 0 {
-				cause = fmt.Errorf("%w: %v (not counting %v held by a swap)", ErrTimeout, timeout, heldFor.Round(time.Millisecond))
-			}
-			cancel(cause)
-			return
+		cctx, cancel := context.WithCancelCause(parent)
+		c.parent, c.cancel, c.ctx = parent, cancel, cctx
+		if _, ok := parent.Deadline(); !ok {
+			c.ctx = farDeadline{cctx, time.Now().Add(100 * 365 * 24 * time.Hour)}
 		}
-		next := timeout - active
-		if h.isHeld() || next < 10*time.Millisecond {
-			next = max(next, 100*time.Millisecond)
+	}
+	c.running = true
+	c.start = time.Now()
+	c.held0 = c.h.heldTime(c.start)
+	c.timeout = timeout
+	if c.timer == nil {
+		c.timer = time.AfterFunc(timeout, c.check)
+	} else {
+		c.timer.Reset(timeout)
+	}
+	return c.ctx, c.endFn
+}
+
+// sameContext reports a == b, and false where comparing them would panic (a
+// caller's context type that is not comparable).
+func sameContext(a, b context.Context) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
 		}
-		t.Reset(next)
+	}()
+	return a == b
+}
+
+func (c *callClock) end() {
+	c.mu.Lock()
+	c.running = false
+	c.timer.Stop()
+	c.mu.Unlock()
+}
+
+// close releases the context (the worker has ended).
+func (c *callClock) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
-	mu.Lock()
-	t = time.AfterFunc(timeout, check)
-	mu.Unlock()
-	dctx := context.Context(cctx)
-	if _, ok := ctx.Deadline(); !ok {
-		// Only reported: the timer above ends the call, so a context.WithDeadline
-		// (and its own timer, set and stopped every call) is not needed.
-		dctx = farDeadline{cctx, start.Add(100 * 365 * 24 * time.Hour)}
+	if c.cancel != nil {
+		c.cancel(nil)
 	}
-	return dctx, func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-		cancel(nil)
+}
+
+// check runs when the timer fires: it ends the call once it has spent its
+// timeout not held, else sets the timer for the rest.
+func (c *callClock) check() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.running {
+		return // the call ended while this check waited for mu
 	}
+	now := time.Now()
+	heldFor := c.h.heldTime(now) - c.held0
+	active := now.Sub(c.start) - heldFor
+	if active >= c.timeout && !c.h.isHeld() {
+		cause := fmt.Errorf("%w: %v", ErrTimeout, c.timeout)
+		if heldFor > 0 {
+			cause = fmt.Errorf("%w: %v (not counting %v held by a swap)", ErrTimeout, c.timeout, heldFor.Round(time.Millisecond))
+		}
+		c.cancel(cause)
+		return
+	}
+	next := c.timeout - active
+	if c.h.isHeld() || next < 10*time.Millisecond {
+		next = max(next, 100*time.Millisecond)
+	}
+	c.timer.Reset(next)
 }
 
 // farDeadline is a context that reports a deadline it never enforces.

@@ -81,6 +81,7 @@ func (g *Group) submit(ctx context.Context, name, op string, bytes int, run func
 // work runs the queued collectives one at a time, in order.
 func (g *Group) work() {
 	defer close(g.stopped)
+	defer g.clock.close()
 	for w := range g.queue {
 		w.err = g.runWork(w)
 		close(w.done)
@@ -95,7 +96,7 @@ func (g *Group) runWork(w *Work) error {
 	if err := g.hold.waitReleased(w.ctx); err != nil {
 		return fmt.Errorf("%s: %w", w.name, err)
 	}
-	ctx, stop := g.hold.deadline(w.ctx, g.cfg.timeout)
+	ctx, stop := g.clock.begin(w.ctx, g.cfg.timeout)
 	defer stop()
 	for _, e := range w.after {
 		if err := e.Wait(ctx); err != nil {
