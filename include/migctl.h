@@ -24,10 +24,11 @@
  * when it has finished, the result is in place, so work queued afterwards on
  * any stream sees it. Except, with MIGCTL_TUNING=smallon=device (outside a
  * swap job), a small all-reduce of device memory (up to the small-message
- * size, one stream for both buffers): it finishes once it is queued on the
- * GPU, as NCCL's collectives do, and its result is in place for the work
- * queued afterwards on that stream; other streams and the host see it once
- * they synchronize with the stream. The issuing call leaves the calling thread's current
+ * size, one stream for both buffers) made with migctl_run: it returns once
+ * the all-reduce is queued on the GPU, as NCCL's collectives do, and its
+ * result is in place for the work queued afterwards on that stream; other
+ * streams and the host see it once they synchronize with the stream. The
+ * issuing call leaves the calling thread's current
  * CUDA context as it was (a thread without one is left with the device's
  * primary context, as the CUDA runtime would). The buffers belong to the
  * collective until migctl_wait() returns for it.
@@ -65,8 +66,8 @@ extern "C" {
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
                               5: migctl_run (issue and wait in one call); MIGCTL_STAT_RUNS;
-                              6: small device all-reduces on the devices (smallon=device) finish
-                                 in stream order */
+                              6: migctl_run of a small device all-reduce on the devices
+                                 (smallon=device) returns in stream order */
 
 /* Result codes. */
 #define MIGCTL_OK 0

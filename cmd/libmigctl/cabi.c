@@ -211,7 +211,7 @@ static void wake_dispatcher(void) {
 }
 
 static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                     uintptr_t stream) {
+                     uintptr_t stream, int streamed) {
 	int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
 	if (st == 0) return set_error(MIGCTL_ERR_NOT_INITIALIZED, "libmigctl: not initialised: call migctl_init_from_env first");
 	if (st == 2) return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
@@ -264,6 +264,7 @@ static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, 
 	s->device = device;
 	s->stream = stream;
 	s->order = order;
+	s->streamed = streamed;
 	s->t_issue = now;
 	s->t_take = s->t_done = 0;
 	s->code = 0;
@@ -480,40 +481,40 @@ int migctl_allreduce(const void *send, void *recv, size_t count, int dtype, int 
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream), work);
+	return out(issue(MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream, 0), work);
 }
 
 int migctl_reduce_scatter(const void *send, void *recv, size_t recv_count, int dtype, int op,
                           int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream), work);
+	return out(issue(MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream, 0), work);
 }
 
 int migctl_all_gather(const void *send, void *recv, size_t send_count, int dtype,
                       int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream), work);
+	return out(issue(MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream, 0), work);
 }
 
 int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int root,
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream), work);
+	return out(issue(MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream, 0), work);
 }
 
 int migctl_barrier(migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0), work);
+	return out(issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0, 0), work);
 }
 
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
-	return issue(kind, (void *)send, recv, count, dtype, op, root, device, stream);
+	return issue(kind, (void *)send, recv, count, dtype, op, root, device, stream, 0);
 }
 
 // wait_for is migctl_wait of a valid handle; the waiter spins at most
@@ -544,7 +545,7 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
 int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root, int device,
                uintptr_t stream) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
-	int64_t h = issue(kind, (void *)send, recv, count, dtype, op, root, device, stream);
+	int64_t h = issue(kind, (void *)send, recv, count, dtype, op, root, device, stream, 1);
 	if (h < 0) return (int)h;
 	stat_add(MIGCTL_STAT_RUNS, 1);
 	return wait_for(&ring[h % MIGCTL_SLOTS], (migctl_work_t)h, -1,

@@ -15,6 +15,7 @@ typedef struct {
 	size_t count;
 	uintptr_t stream;
 	uint64_t order;   // device buffers: the mark of the caller's stream taken at the issue (0: none needed)
+	int streamed;     // issued by migctl_run: the result may be ordered on the stream rather than waited for
 	int64_t t_issue, t_take, t_done; // CLOCK_MONOTONIC ns: issued, taken by the dispatcher, finished
 	uint32_t word;    // 0 queued or running, 1 done, 2 running with a waiter asleep on it
 	int code;         // the result once done

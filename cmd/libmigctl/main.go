@@ -258,15 +258,19 @@ func migctlGoDropOrder(id C.uint64_t) { takeMark(uint64(id)) }
 
 // buffer is count elements of dt at p: host memory, or device memory with
 // the stream its contents are produced on, or (ordered) with the mark of
-// that stream taken at the issue.
-func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream uintptr, ordered bool, mark comm.Event) trainer.Buffer {
+// that stream taken at the issue — and (streamed: migctl_run) whose result
+// may be ordered on that stream rather than waited for.
+func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream uintptr, ordered, streamed bool, mark comm.Event) trainer.Buffer {
 	if p == nil {
 		return trainer.Buffer{}
 	}
-	if device && ordered {
+	if device && ordered && streamed {
 		// Stream-ordered where the group allows it (a small all-reduce on
-		// the devices): the header's ABI 6 semantics.
+		// the devices): the header's ABI 6 semantics for migctl_run.
 		return trainer.DeviceBufferOrdered(uintptr(p), count, dt, stream, mark)
+	}
+	if device && ordered {
+		return trainer.DeviceBufferAfter(uintptr(p), count, dt, mark)
 	}
 	if device {
 		return trainer.DeviceBuffer(uintptr(p), count, dt, stream)
@@ -288,8 +292,9 @@ func run(g *trainer.Group, s *C.migctl_slot_t) error {
 	// backend device memory fails in the trainer, as the header says.
 	ordered := onDev && g.Backend() == trainer.BackendGPU
 	mark := takeMark(uint64(s.order))
+	streamed := s.streamed != 0 // migctl_run: the caller goes on on the stream
 	buf := func(p unsafe.Pointer, count int) trainer.Buffer {
-		return buffer(p, count, dt, onDev, st, ordered, mark)
+		return buffer(p, count, dt, onDev, st, ordered, streamed, mark)
 	}
 	inPlace := send == recv
 	ctx := context.Background()

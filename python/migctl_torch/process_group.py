@@ -151,11 +151,11 @@ _ISSUED, _CLAIMED, _DONE = 0, 1, 2
 
 class Work(dist._Work):
     """A collective in flight: wait() blocks until it has finished (the result
-    is then in the output tensors, for CUDA tensors too — except that with
-    MIGCTL_TUNING=smallon=device a small all-reduce of CUDA tensors finishes
-    once queued on the GPU, in stream order, as NCCL's do: the current
-    stream sees the result) and raises its error; get_future() is a torch
-    Future completed with the output tensors.
+    is then in the output tensors, for CUDA tensors too; only a synchronous
+    dist.all_reduce of CUDA tensors, with MIGCTL_TUNING=smallon=device and
+    small, returns once queued on the GPU, in stream order, as NCCL's do: the
+    current stream sees the result) and raises its error; get_future() is a
+    torch Future completed with the output tensors.
 
     Issuing never waits: the library queues the collective and returns a
     handle. The first thread to need the result claims the handles and waits
