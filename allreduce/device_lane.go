@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/migctl/migctl/comm"
 )
@@ -147,27 +146,9 @@ func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch ui
 // the peers, so this is where a dead peer or the deadline is noticed).
 func (e *Executor) waitDevice(ctx context.Context, ev comm.Event) error {
 	chk := e.tr.(checker)
-	spin := max(e.opts.SmallSpin, e.opts.EventSpin)
-	start := time.Now()
-	for i := 0; ; i++ {
-		done, err := ev.Done()
-		if err != nil {
-			return err
-		}
-		if done {
-			return nil
-		}
-		if i&63 == 63 {
-			if err := chk.Check(ctx, "waiting for the device, whose stream waits for the peers' flags"); err != nil {
-				return err
-			}
-		}
-		if time.Since(start) < spin {
-			comm.SpinPause(i)
-			continue
-		}
-		nap(eventNap)
-	}
+	return pollEvent(ev, max(e.opts.SmallSpin, e.opts.EventSpin), func() error {
+		return chk.Check(ctx, "waiting for the device, whose stream waits for the peers' flags")
+	})
 }
 
 // releaseWaits, after a failed call, stores the largest value in every flag

@@ -107,13 +107,7 @@ func TestSmallOnDeviceFailures(t *testing.T) {
 		{"abort", func(g *cudaGroup) { g.comms[2].exec.tr.Abort() }, comm.ErrAborted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
-			bufs := make([]comm.Buffer, 3)
-			for r := range 3 {
-				var err error
-				bufs[r], err = g.devs[r].Alloc(1024)
-				require.NoError(t, err)
-			}
+			g, bufs := smallDeviceGroup(t)
 			timeout := 30 * time.Second
 			if tc.cause == context.DeadlineExceeded {
 				timeout = 300 * time.Millisecond
@@ -317,13 +311,7 @@ func TestSmallOnDeviceOrdered(t *testing.T) {
 // deadline, which raises the abort flag and releases the device waits: the
 // queued work drains, and the next call fails.
 func TestSmallOnDeviceOrderedWatchdog(t *testing.T) {
-	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
-	bufs := make([]comm.Buffer, 3)
-	for r := range 3 {
-		var err error
-		bufs[r], err = g.devs[r].Alloc(1024)
-		require.NoError(t, err)
-	}
+	g, bufs := smallDeviceGroup(t)
 	start := time.Now()
 	evs := make([]comm.Event, 2)
 	for r := range 2 {
@@ -345,4 +333,17 @@ func TestSmallOnDeviceOrderedWatchdog(t *testing.T) {
 		_, err := g.comms[r].AllReduceOrdered(ctx, bufs[r], bufs[r], 256, comm.Float32, comm.Sum)
 		require.ErrorIs(t, err, comm.ErrAborted, "rank %d", r)
 	}
+}
+
+// smallDeviceGroup is 3 ranks on fake drivers with small all-reduces on the
+// devices, and a 1-KiB device buffer each.
+func smallDeviceGroup(t *testing.T) (*cudaGroup, []comm.Buffer) {
+	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallOnDevice: true})
+	bufs := make([]comm.Buffer, 3)
+	for r := range 3 {
+		var err error
+		bufs[r], err = g.devs[r].Alloc(1024)
+		require.NoError(t, err)
+	}
+	return g, bufs
 }

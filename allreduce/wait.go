@@ -62,6 +62,17 @@ func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Durat
 			}
 		}
 	}
+	return pollEvent(ev, spin, func() error {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("waiting for the device: %w", err)
+		}
+		return tr.Aborted()
+	})
+}
+
+// pollEvent polls ev back to back for spin, then napping between polls,
+// and calls check every 64 polls: its error ends the wait.
+func pollEvent(ev comm.Event, spin time.Duration, check func() error) error {
 	start := time.Now()
 	for i := 0; ; i++ {
 		done, err := ev.Done()
@@ -72,10 +83,7 @@ func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Durat
 			return nil
 		}
 		if i&63 == 63 {
-			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("waiting for the device: %w", err)
-			}
-			if err := tr.Aborted(); err != nil {
+			if err := check(); err != nil {
 				return err
 			}
 		}

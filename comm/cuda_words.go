@@ -73,47 +73,40 @@ func (d *CUDADevice) probeWords() error {
 	return nil
 }
 
-// word resolves an 8-byte word of registered host memory to its device
-// address.
-func (s *cudaStream) word(w []byte) (cuda.DevicePtr, error) {
+// wordOp queues op (a stream memory operation of the driver) on the
+// device address of word w, an 8-byte aligned word of registered memory.
+func (s *cudaStream) wordOp(w []byte, what string, op func(p cuda.DevicePtr) error) error {
 	if len(w) != 8 || hostAddr(w)%8 != 0 {
-		return 0, fmt.Errorf("a stream word is 8 bytes at an 8-byte boundary, not %d at %#x: %w", len(w), hostAddr(w), ErrInvalid)
+		return fmt.Errorf("a stream word is 8 bytes at an 8-byte boundary, not %d at %#x: %w", len(w), hostAddr(w), ErrInvalid)
 	}
 	if err := s.check(); err != nil {
-		return 0, err
+		return err
 	}
-	return s.d.mapped(w)
+	p, err := s.d.mapped(w)
+	if err != nil {
+		return err
+	}
+	if err := s.d.bind(); err != nil {
+		return err
+	}
+	defer s.d.unbind()
+	if err := op(p); err != nil {
+		return fmt.Errorf("queueing a flag %s: %w", what, err)
+	}
+	return nil
 }
 
 // WriteWord queues word = v (cuStreamWriteValue64 with its default memory
 // barrier: the store follows the writes of the work before it).
 func (s *cudaStream) WriteWord(w []byte, v uint64) error {
-	p, err := s.word(w)
-	if err != nil {
-		return err
-	}
-	if err := s.d.bind(); err != nil {
-		return err
-	}
-	defer s.d.unbind()
-	if err := s.d.api.StreamWriteValue64(s.s, p, v, cuda.StreamWriteValueDefault); err != nil {
-		return fmt.Errorf("queueing a flag write: %w", err)
-	}
-	return nil
+	return s.wordOp(w, "write", func(p cuda.DevicePtr) error {
+		return s.d.api.StreamWriteValue64(s.s, p, v, cuda.StreamWriteValueDefault)
+	})
 }
 
 // WaitWord queues a wait until word ≥ v (cuStreamWaitValue64, GEQ).
 func (s *cudaStream) WaitWord(w []byte, v uint64) error {
-	p, err := s.word(w)
-	if err != nil {
-		return err
-	}
-	if err := s.d.bind(); err != nil {
-		return err
-	}
-	defer s.d.unbind()
-	if err := s.d.api.StreamWaitValue64(s.s, p, v, cuda.StreamWaitValueGEQ); err != nil {
-		return fmt.Errorf("queueing a flag wait: %w", err)
-	}
-	return nil
+	return s.wordOp(w, "wait", func(p cuda.DevicePtr) error {
+		return s.d.api.StreamWaitValue64(s.s, p, v, cuda.StreamWaitValueGEQ)
+	})
 }
