@@ -29,7 +29,16 @@ type CUDAConfig struct {
 	// SmallH2D is how host-to-device copies of fewer than SmallH2DBytes
 	// bytes are queued (default H2D2DRows). See H2DMode.
 	SmallH2D H2DMode
+	// StageReduce makes ReduceFromHost copy sources of at least
+	// StageReduceBytes into a device scratch buffer with the copy engines
+	// and reduce from there, instead of the kernel reading them from
+	// mapped host memory. Off by default (see ReduceFromHost).
+	StageReduce bool
 }
+
+// StageReduceBytes is the smallest source CUDAConfig.StageReduce stages:
+// below it the kernel's own reads cost less than a copy per source.
+const StageReduceBytes = 256 << 10
 
 // H2DMode is how CopyFromHost queues small host-to-device copies.
 //
@@ -96,6 +105,7 @@ type CUDADevice struct {
 	maxBlocks uint32
 	topo      GPUTopology
 	smallH2D  H2DMode
+	stage     bool // CUDAConfig.StageReduce
 
 	regs atomic.Pointer[[]hostRange] // sorted by start; replaced on change
 
@@ -199,6 +209,7 @@ func NewCUDADevice(api cuda.Interface, cfg CUDAConfig) (*CUDADevice, error) {
 	if d.smallH2D, err = ParseH2DMode(string(cfg.SmallH2D)); err != nil {
 		return fail(err)
 	}
+	d.stage = cfg.StageReduce
 	d.maxBlocks = uint32(cfg.MaxBlocks)
 	if d.maxBlocks == 0 {
 		d.maxBlocks = uint32(max(d.topo.SMs, 1) * 8)

@@ -40,6 +40,35 @@ func TestCUDADeviceFakeReduce(t *testing.T) {
 	runReduceCases(t, d, reduceMatrix([]int{1, 37, 1027}, []int{1, 3, 8, 11}), 10*time.Second)
 }
 
+// TestCUDADeviceFakeStagedReduce: with StageReduce the reductions of
+// sources of StageReduceBytes and more copy them into a device buffer
+// (grown when a larger call comes) and give the same results; smaller ones
+// are read from host memory as before.
+func TestCUDADeviceFakeStagedReduce(t *testing.T) {
+	var cases []reduceCase
+	staged := 0 // sources the staging device copies
+	for _, c := range reduceMatrix([]int{37, comm.StageReduceBytes/4 + 3}, []int{1, 3, 8, 11}) {
+		if c.dt == comm.Float32 || c.dt == comm.Int32 || c.n == 37 { // 4-byte elements: staged at the larger n
+			cases = append(cases, c)
+			if c.n*c.dt.Size() >= comm.StageReduceBytes {
+				staged += c.k
+			}
+		}
+	}
+	copies := map[bool]int{}
+	for _, stage := range []bool{false, true} {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		d, err := comm.NewCUDADevice(f, comm.CUDAConfig{PTX: []byte("// fake module"), StageReduce: stage})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, d.Close()) }) // after runReduceCases' own cleanups
+		runReduceCases(t, d, cases, 30*time.Second)
+		copies[stage] = f.Calls("MemcpyHtoDAsync")
+	}
+	require.Positive(t, staged)
+	require.Equal(t, staged, copies[true]-copies[false], "every large source, and only those, went through the copy engines")
+}
+
 func TestCUDADeviceFakeCopies(t *testing.T) {
 	_, d := newFakeCUDA(t, nil)
 	arena := mmapArena(t, 1<<16)

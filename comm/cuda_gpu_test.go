@@ -23,6 +23,13 @@ import (
 
 func gpuDevice(t *testing.T) *comm.CUDADevice {
 	t.Helper()
+	return gpuDeviceWith(t, comm.CUDAConfig{})
+}
+
+// gpuDeviceWith is gpuDevice with cfg (its PTX is the embedded or
+// MIGCTL_PTX's).
+func gpuDeviceWith(t *testing.T, cfg comm.CUDAConfig) *comm.CUDADevice {
+	t.Helper()
 	api, err := cuda.Open()
 	if err != nil {
 		t.Skipf("no CUDA driver: %v", err)
@@ -39,7 +46,8 @@ func gpuDevice(t *testing.T) *comm.CUDADevice {
 		require.NoError(t, err)
 	}
 	start := time.Now()
-	d, err := comm.NewCUDADevice(api, comm.CUDAConfig{PTX: ptx})
+	cfg.PTX = ptx
+	d, err := comm.NewCUDADevice(api, cfg)
 	require.NoError(t, err)
 	t.Logf("device opened (module JIT included) in %v", time.Since(start))
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
@@ -49,6 +57,14 @@ func gpuDevice(t *testing.T) *comm.CUDADevice {
 func TestCUDADeviceGPUReduce(t *testing.T) {
 	d := gpuDevice(t)
 	runReduceCases(t, d, reduceMatrix([]int{1, 37, 4099, 1<<20 + 3}, []int{1, 7, 8, 11}), time.Minute)
+}
+
+// TestCUDADeviceGPUStagedReduce: with StageReduce, sources of 256 KiB and
+// more reach the kernel through the copy engines and a device buffer; the
+// same results.
+func TestCUDADeviceGPUStagedReduce(t *testing.T) {
+	d := gpuDeviceWith(t, comm.CUDAConfig{StageReduce: true})
+	runReduceCases(t, d, reduceMatrix([]int{37, 1<<18 + 3, 1<<20 + 3}, []int{1, 7, 8, 11}), time.Minute)
 }
 
 func TestCUDADeviceGPUTopology(t *testing.T) {

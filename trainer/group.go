@@ -251,7 +251,8 @@ func (g *Group) openDevice() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", EnvSmallH2D, err)
 	}
-	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: c.device, PTX: kernels.PTX, SmallH2D: mode})
+	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: c.device, PTX: kernels.PTX, SmallH2D: mode,
+		StageReduce: os.Getenv(EnvReduceStage) == "1"})
 	if err != nil {
 		return fmt.Errorf("opening CUDA device %d: %w", c.device, err)
 	}

@@ -51,6 +51,11 @@ const (
 	// EnvSmallH2D picks how small host-to-device copies are queued
 	// (comm.H2DMode: plain, 2d, 2drows, dtod, pad).
 	EnvSmallH2D = "MIGCTL_H2D"
+	// EnvReduceStage: "1" makes the device's reductions of host memory copy
+	// sources of 256 KiB and more into device memory first (the copy
+	// engines) instead of reading them over the link from the kernel
+	// (comm.CUDAConfig.StageReduce): experiments.
+	EnvReduceStage = "MIGCTL_REDUCE_STAGE"
 	// EnvTrace: "1" makes rank 0 print per-step timings at Close, "all"
 	// every rank.
 	EnvTrace = "MIGCTL_TRACE"

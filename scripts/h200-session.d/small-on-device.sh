@@ -7,20 +7,22 @@
 #     a traced device row, 2 ranks and 1 rank, 64 KiB 7 ranks, device rows in half/bfloat16/int32
 #     with avg/max (every element checked);
 #     2b: 256 MiB 2 and 7 ranks with MIGCTL_STREAM_STORES=0/1 interleaved (non-temporal result stores);
+#     2c: 256 MiB with MIGCTL_REDUCE_STAGE=0/1 (device reductions fed by the copy engines): 2 ranks
+#     --algo hierarchical and --reduce-on gpu, 7 ranks --reduce-on gpu and split:0.25, and defaults;
 #  3. gloo at 8 KiB, 7 ranks (the peer);
 #  4. PyTorch with MIGCTL_TUNING=smallon=device: gpu_checks.py (every op; a kernel-written input
 #     must not be read early), then the per-call cost (overhead_check.py, 7 ranks) with smallon=cpu
 #     and smallon=device (device: small CUDA all-reduces finish in stream order, ABI 6).
 # Build here first: make build lib; go test -c -o bin/cuda.test ./internal/cuda;
 # go test -c -o bin/comm.test ./comm (strip: -ldflags='-s -w'); cp ../shared/bench/gloo_allreduce.py bin/.
-# Output: $OUT/smalldev/summary.txt, logs.tgz. About 5 minutes.
+# Output: $OUT/smalldev/summary.txt, logs.tgz. About 7 minutes (one call; trim 2c if short of time).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init smalldev
 
 say "== 1. GPU unit tests"
-for t in "cuda.test TestDriverStreamMemOps" "comm.test TestCUDADeviceGPUStreamWords"; do
+for t in "cuda.test TestDriverStreamMemOps" "comm.test TestCUDADeviceGPUStreamWords|TestCUDADeviceGPUStagedReduce"; do
   set -- $t
   if [ -x "bin/$1" ]; then
     timeout 60 "bin/$1" -test.run "$2" -test.v >"$W/$1.out" 2>&1
@@ -55,6 +57,17 @@ for i in 1 2; do
   for s in 0 1; do MIGCTL_STREAM_STORES=$s row "r2-256M-nt$s-$i" 2 256MiB 10 3; done
   for s in 0 1; do MIGCTL_STREAM_STORES=$s row "r7-256M-nt$s-$i" 7 256MiB 10 3; done
 done
+
+say "== 2c. 256 MiB, device reductions fed by the copy engines (MIGCTL_REDUCE_STAGE=1) vs read over the link"
+# 2 ranks, one group: no CPU step, host memory 4S instead of the host-staged (3n+1)S; the link binds.
+for st in 0 1; do
+  MIGCTL_REDUCE_STAGE=$st row "r2-256M-hier-stage$st" 2 256MiB 10 3 --algo hierarchical
+  MIGCTL_REDUCE_STAGE=$st row "r2-256M-gpu-stage$st" 2 256MiB 10 3 --reduce-on gpu
+  MIGCTL_REDUCE_STAGE=$st row "r7-256M-gpu-stage$st" 7 256MiB 10 3 --reduce-on gpu
+  MIGCTL_REDUCE_STAGE=$st row "r7-256M-split-stage$st" 7 256MiB 10 3 --reduce-on split:0.25
+done
+row r2-256M-default 2 256MiB 10 3
+row r7-256M-default 7 256MiB 10 3
 
 say "== 3. gloo"
 GLOO=bin/gloo_allreduce.py
