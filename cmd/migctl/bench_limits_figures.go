@@ -176,7 +176,14 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 				groups[r] = s.GPUs[r%len(s.GPUs)]
 			}
 		}
-		return rep.setLimits(s, m, source, groups)
+		mm, src := m, source
+		if os.Getenv(trainer.EnvReduceStage) == "1" && mm.LinkGiBs > 0 {
+			// The device reductions' reads of host memory go through the
+			// copy engines (comm.CUDAConfig.StageReduce): at the link's rate.
+			mm.DeviceReadGiBs = mm.LinkGiBs
+			src += "; " + trainer.EnvReduceStage + "=1: device reads at the link's rate"
+		}
+		return rep.setLimits(s, mm, src, groups)
 	}
 }
 
