@@ -3,7 +3,6 @@ package allreduce
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/migctl/migctl/comm"
 )
@@ -151,11 +150,14 @@ func (e *Executor) waitDevice(ctx context.Context, ev comm.Event) error {
 	})
 }
 
-// releaseWaits, after a failed call, stores the largest value in every flag
-// that this rank's streams may be waiting for on the device, so that they
-// (and every peer's) drain instead of hanging forever; the abort flag is
-// already up, so no rank takes what follows for a result (Run checks it
-// after a small all-reduce on the devices).
+// releaseWaits, after a failed call, stores comm.ReleaseFlag in every flag that
+// this rank's streams may be waiting for on the device, so that they (and
+// every peer's) drain instead of hanging forever. The abort flag is already
+// up: Run fails the call; a stream-ordered call's result, though, is
+// undefined (the caller's stream goes on), and the next call reports the
+// failure. A peer's stream may still write its own flag afterwards,
+// lowering it again: the callers release until their streams drained
+// (releaseUntilDrained, the watchdog).
 func (e *Executor) releaseWaits(sched Schedule) {
 	if e.words == nil || !sched.Params.SmallOnDevice {
 		return
@@ -163,7 +165,7 @@ func (e *Executor) releaseWaits(sched Schedule) {
 	for _, st := range sched.Steps[e.tr.Rank()] {
 		if st.DeviceFlags {
 			for _, c := range st.Wait {
-				e.tr.Set(c.Flag, math.MaxUint64)
+				e.tr.Set(c.Flag, comm.ReleaseFlag)
 			}
 		}
 	}

@@ -332,11 +332,26 @@ func (e *Executor) leaveDirect(ctx context.Context, direct bool, epoch uint64) e
 
 // drain waits briefly for queued device work so that buffers are not
 // written after Run returned an error.
-func (e *Executor) drain() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, s := range e.streams {
-		_ = s.Synchronize(ctx)
+//
+// With the device waiting for flags (small all-reduces on the devices), it
+// releases the waits of scheds again on every round: a peer's stream may
+// lower a released flag when it writes its own afterwards.
+func (e *Executor) drain(scheds ...Schedule) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for _, s := range scheds {
+			e.releaseWaits(s)
+		}
+		idle := true
+		for _, s := range e.streams {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+			err := s.Synchronize(ctx)
+			cancel()
+			idle = idle && !errors.Is(err, context.DeadlineExceeded) // other errors: nothing to wait for
+		}
+		if idle || time.Now().After(deadline) {
+			return
+		}
 	}
 }
 

@@ -150,36 +150,43 @@ func (e *Executor) settle(ctx context.Context, n int) error {
 }
 
 // fail marks the executor broken by err after raising the abort flag,
-// releases the device waits of sched and of every outstanding call, lets
-// the streams drain and returns err.
+// releases the device waits of sched and of every outstanding call until
+// the streams drained (drain) and returns err.
 func (e *Executor) fail(sched Schedule, err error) error {
 	e.tr.Abort()
 	e.broken = err
-	e.releaseWaits(sched)
-	e.releasePending()
-	e.drain()
+	e.drain(append(e.releasePending(), sched)...)
 	return err
 }
 
 // releasePending releases the device waits of every outstanding
-// stream-ordered call (after a failure) and forgets them.
-func (e *Executor) releasePending() {
+// stream-ordered call (after a failure), forgets them and returns their
+// schedules.
+func (e *Executor) releasePending() []Schedule {
 	e.ord.mu.Lock()
 	pending := e.ord.pending
 	e.ord.pending = nil
 	e.ord.mu.Unlock()
+	scheds := make([]Schedule, 0, len(pending)+1)
 	for _, p := range pending {
 		e.releaseWaits(p.sched)
+		scheds = append(scheds, p.sched)
 	}
+	return scheds
 }
 
 // watch is the watchdog of the outstanding stream-ordered calls: every
-// watchEvery while some are outstanding, asleep while none is.
+// watchEvery while one is unfinished, asleep otherwise (until the next is
+// queued). When one cannot finish it raises the abort flag and releases the
+// device waits of every call it knows of, and goes on releasing them every
+// tick until their events completed: a peer's stream may write its own
+// flag after a release and lower it again.
 func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
 	chk := e.tr.(checker)
 	tick := time.NewTimer(watchEvery)
 	defer tick.Stop()
+	var stuck []pendingCall // released, not yet complete
 	for {
 		select {
 		case <-stop:
@@ -189,17 +196,11 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 		e.ord.mu.Lock()
 		pending := append([]pendingCall(nil), e.ord.pending...)
 		e.ord.mu.Unlock()
-		if len(pending) == 0 {
-			select {
-			case <-stop:
-				return
-			case <-kick:
-			}
-			tick.Reset(watchEvery)
-			continue
+		if len(stuck) > 0 {
+			stuck = e.rerelease(stuck)
 		}
-		tick.Reset(watchEvery)
 		var err error
+		unfinished := false
 		for _, p := range pending {
 			var done bool
 			if done, err = p.ev.Done(); err != nil || done {
@@ -208,6 +209,7 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 				}
 				continue
 			}
+			unfinished = true
 			ctx, cancel := context.WithDeadline(context.Background(), p.deadline)
 			err = chk.Check(ctx, "waiting for a small all-reduce queued on the device")
 			cancel()
@@ -215,27 +217,51 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 		}
 		if err != nil {
 			e.tr.Abort()
-			for _, p := range pending {
-				e.releaseWaits(p.sched)
-			}
-			return
+			stuck = e.rerelease(append(stuck, pending...))
 		}
+		if !unfinished && len(stuck) == 0 {
+			select { // nothing to watch until the next call is queued
+			case <-stop:
+				return
+			case <-kick:
+			}
+		}
+		tick.Reset(watchEvery)
 	}
 }
 
-// closeOrdered settles what is outstanding (briefly) and stops the
-// watchdog; Close calls it first.
+// rerelease releases the device waits of the calls whose events have not
+// completed and returns those.
+func (e *Executor) rerelease(calls []pendingCall) []pendingCall {
+	left := calls[:0]
+	for _, p := range calls {
+		if done, err := p.ev.Done(); err == nil && !done {
+			e.releaseWaits(p.sched)
+			left = append(left, p)
+		}
+	}
+	return left
+}
+
+// closeOrdered settles what is outstanding (within the calls' own
+// deadlines) and stops the watchdog; Close calls it first.
 func (e *Executor) closeOrdered() error {
 	var err error
 	e.ord.mu.Lock()
+	var deadline time.Time
+	for _, p := range e.ord.pending {
+		if p.deadline.After(deadline) {
+			deadline = p.deadline
+		}
+	}
 	outstanding := len(e.ord.pending) > 0
 	e.ord.mu.Unlock()
 	if outstanding && e.broken == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		err = e.settle(ctx, -1)
 		cancel()
 	}
-	e.releasePending()
+	e.drain(e.releasePending()...)
 	e.ord.mu.Lock()
 	stop, stopped, watching := e.ord.stop, e.ord.stopped, e.ord.watching
 	e.ord.watching = false

@@ -22,6 +22,7 @@ type cudaStream struct {
 	ptrs   [maxKernelSrcs]cuda.DevicePtr
 	pad    *CUDABuffer // scratch of SmallH2DBytes for H2DPadded, allocated on first use
 	stage  *CUDABuffer // scratch of staged reduction sources (CUDAConfig.StageReduce), grown on demand
+	retire []*CUDABuffer // outgrown stage buffers, which queued kernels may still read: freed with the stream
 	closed bool
 	gone   bool // destroyed by the device's Close
 }
@@ -257,16 +258,9 @@ func (s *cudaStream) reduceStaged(dst cuda.DevicePtr, srcs [][]byte, n int, dt D
 	need := min(len(srcs), maxKernelSrcs) * stride
 	if s.stage == nil || s.stage.n < need {
 		if s.stage != nil {
-			// Queued kernels may still read the old buffer.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err := s.Synchronize(ctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			if err := s.d.Free(s.stage); err != nil {
-				return err
-			}
+			// Queued kernels may still read the old buffer: it goes with the
+			// stream (growth is rare: the sizes follow the arena's chunk).
+			s.retire = append(s.retire, s.stage)
 			s.stage = nil
 		}
 		buf, err := s.d.Alloc(need)
@@ -498,15 +492,37 @@ func (s *cudaStream) destroy() error {
 		return nil
 	}
 	s.gone, s.closed = true, true
-	serr := s.d.api.StreamSynchronize(s.s)
+	// Drain by polling, for at most streamDrainTimeout: a stream blocked on
+	// a flag word nobody will write (a failed job) must not hang Close. One
+	// that does not drain is destroyed all the same (the driver frees it
+	// once its work is done) and keeps its scratch buffers.
+	drained, serr := false, error(nil)
+	for deadline := time.Now().Add(streamDrainTimeout); ; {
+		err := s.d.api.StreamQuery(s.s)
+		if err == nil {
+			drained = true
+			break
+		}
+		if err != cuda.ErrNotReady {
+			serr = err
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
 	if err := s.d.api.StreamDestroy(s.s); err != nil {
 		return fmt.Errorf("destroying a CUDA stream: %w", err)
 	}
 	if serr != nil {
 		return fmt.Errorf("draining a CUDA stream: %w", serr)
 	}
+	if !drained {
+		return fmt.Errorf("a CUDA stream still busy after %v: destroyed, its scratch buffers kept", streamDrainTimeout)
+	}
 	// Its scratch buffers go with it (drained: nothing reads them).
-	for _, b := range []*CUDABuffer{s.stage, s.pad} {
+	for _, b := range append(s.retire, s.stage, s.pad) {
 		if b != nil {
 			delete(s.d.allocs, b)
 			if err := s.d.freeLocked(b); err != nil {
@@ -514,9 +530,12 @@ func (s *cudaStream) destroy() error {
 			}
 		}
 	}
-	s.stage, s.pad = nil, nil
+	s.stage, s.pad, s.retire = nil, nil, nil
 	return nil
 }
+
+// streamDrainTimeout bounds how long destroying a stream waits for its work.
+const streamDrainTimeout = 10 * time.Second
 
 // cudaEvent is a CUDA event (disable-timing).
 type cudaEvent struct {

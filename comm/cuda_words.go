@@ -40,32 +40,48 @@ func (d *CUDADevice) probeWords() error {
 	if err != nil {
 		return fmt.Errorf("mapping a probe page: %w", err)
 	}
-	defer func() { _ = unix.Munmap(page) }()
+	// A stream that never drains keeps its page, registration and handle:
+	// closing it would block, and freeing what it may still touch is worse.
+	stuck := false
+	defer func() {
+		if !stuck {
+			_ = unix.Munmap(page)
+		}
+	}()
 	if err := d.Register(page); err != nil {
 		return err
 	}
-	defer func() { _ = d.Unregister(page) }()
+	defer func() {
+		if !stuck {
+			_ = d.Unregister(page)
+		}
+	}()
 	st, err := d.NewStream()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = st.Close() }()
+	defer func() {
+		if !stuck {
+			_ = st.Close()
+		}
+	}()
 	s := st.(*cudaStream)
+	// The stream waits as for call 3 of a collective; the CPU releases it
+	// the way a failed rank does (ReleaseFlag), which must pass.
 	gate, out := page[0:8], page[64:72]
-	if err := s.WaitWord(gate, 1); err != nil {
+	if err := s.WaitWord(gate, 3<<32|1); err != nil {
 		return err
 	}
-	if err := s.WriteWord(out, 7); err != nil {
-		// The wait is queued: open the gate so that the stream drains.
-		(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(1)
-		_ = s.Synchronize(context.Background())
-		return err
-	}
-	(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(1)
+	werr := s.WriteWord(out, 7)
+	(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(ReleaseFlag)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := s.Synchronize(ctx); err != nil {
+		stuck = true
 		return fmt.Errorf("a stream waiting for a word the CPU stored: %w", err)
+	}
+	if werr != nil {
+		return werr
 	}
 	if got := (*atomic.Uint64)(unsafe.Pointer(&out[0])).Load(); got != 7 {
 		return fmt.Errorf("a stream wrote 7 to a host word, read back %d", got)

@@ -27,7 +27,9 @@
  * size, one stream for both buffers) made with migctl_run: it returns once
  * the all-reduce is queued on the GPU, as NCCL's collectives do, and its
  * result is in place for the work queued afterwards on that stream; other
- * streams and the host see it once they synchronize with the stream. The
+ * streams and the host see it once they synchronize with the stream. If the
+ * job fails while it is queued (a dead peer, the timeout), the stream goes
+ * on with an undefined result and the next call reports the failure. The
  * issuing call leaves the calling thread's current
  * CUDA context as it was (a thread without one is left with the device's
  * primary context, as the CUDA runtime would). The buffers belong to the

@@ -794,9 +794,9 @@ func (f *Fake) memWord(method string, addr DevicePtr) (*atomic.Uint64, error) {
 }
 
 // StreamWaitValue64 queues a wait that polls the word until it passes the
-// test. The wait ends early, letting later work run, only when the stream
-// is destroyed or an error is sticky (a real wait would hang: tests must
-// not).
+// test, as the driver compares: GEQ as (int64)(word - v) >= 0 (it wraps).
+// The wait ends early, letting later work run, only when the stream is
+// destroyed or an error is sticky (a real wait would hang: tests must not).
 func (f *Fake) StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint32) error {
 	if flags != StreamWaitValueGEQ && flags != StreamWaitValueEQ {
 		return ErrInvalidValue
@@ -810,7 +810,7 @@ func (f *Fake) StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint3
 	f.mu.Unlock()
 	return f.enqueue("StreamWaitValue64", s, func() error {
 		for i := 0; ; i++ {
-			if x := w.Load(); flags == StreamWaitValueGEQ && x >= v || flags == StreamWaitValueEQ && x == v {
+			if x := w.Load(); flags == StreamWaitValueGEQ && int64(x-v) >= 0 || flags == StreamWaitValueEQ && x == v {
 				return nil
 			}
 			f.mu.Lock()
