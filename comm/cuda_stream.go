@@ -20,8 +20,8 @@ type cudaStream struct {
 	args   cuda.Args
 	srcs   [maxKernelSrcs * 8]byte
 	ptrs   [maxKernelSrcs]cuda.DevicePtr
-	pad    *CUDABuffer // scratch of SmallH2DBytes for H2DPadded, allocated on first use
-	stage  *CUDABuffer // scratch of staged reduction sources (CUDAConfig.StageReduce), grown on demand
+	pad    *CUDABuffer   // scratch of SmallH2DBytes for H2DPadded, allocated on first use
+	stage  *CUDABuffer   // scratch of staged reduction sources (CUDAConfig.StageReduce), grown on demand
 	retire []*CUDABuffer // outgrown stage buffers, which queued kernels may still read: freed with the stream
 	closed bool
 	gone   bool // destroyed by the device's Close
