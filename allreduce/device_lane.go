@@ -150,14 +150,18 @@ func (e *Executor) waitDevice(ctx context.Context, ev comm.Event) error {
 	})
 }
 
-// releaseWaits, after a failed call, stores comm.ReleaseFlag in every flag that
-// this rank's streams may be waiting for on the device, so that they (and
-// every peer's) drain instead of hanging forever. The abort flag is already
-// up: Run fails the call; a stream-ordered call's result, though, is
-// undefined (the caller's stream goes on), and the next call reports the
+// releaseWaits, after a failed call, stores a release value in every flag
+// that this rank's streams may be waiting for on the device, so that they
+// (and every peer's) drain instead of hanging forever. The abort flag is
+// already up: Run fails the call; a stream-ordered call's result, though,
+// is undefined (the caller's stream goes on), and the next call reports the
 // failure. A peer's stream may still write its own flag afterwards,
-// lowering it again: the callers release until their streams drained
-// (releaseUntilDrained, the watchdog).
+// lowering it again: drain and the watchdog release again until the work
+// has finished.
+//
+// The release value is the latest epoch plus 2^62: it passes the CPU's
+// wait (flag >= value) and the device's, whose >= wraps ((int64)(flag -
+// value) >= 0, cuStreamWaitValue64), for every call so far.
 func (e *Executor) releaseWaits(sched Schedule) {
 	if e.words == nil || !sched.Params.SmallOnDevice {
 		return
@@ -165,7 +169,7 @@ func (e *Executor) releaseWaits(sched Schedule) {
 	for _, st := range sched.Steps[e.tr.Rank()] {
 		if st.DeviceFlags {
 			for _, c := range st.Wait {
-				e.tr.Set(c.Flag, comm.ReleaseFlag)
+				e.tr.Set(c.Flag, e.maxEpoch.Load()+1<<62)
 			}
 		}
 	}

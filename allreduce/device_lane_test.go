@@ -132,7 +132,7 @@ func TestSmallOnDeviceFailures(t *testing.T) {
 				require.Error(t, errs[r], "rank %d", r)
 				require.True(t, errors.Is(errs[r], tc.cause) || errors.Is(errs[r], comm.ErrAborted), "rank %d: %v", r, errs[r])
 			}
-			require.Equal(t, uint64(comm.ReleaseFlag), g.comms[0].exec.tr.Flag(FlagOf(2, roleA)), "the awaited flag is released")
+			require.GreaterOrEqual(t, g.comms[0].exec.tr.Flag(FlagOf(2, roleA)), uint64(1<<62), "the awaited flag is released")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			for r := range 2 {

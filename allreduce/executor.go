@@ -163,7 +163,8 @@ type Executor struct {
 	// finalizer).
 	free [NumLanes][]comm.Event
 
-	ord orderedState // stream-ordered calls outstanding (ordered.go)
+	ord      orderedState  // stream-ordered calls outstanding (ordered.go)
+	maxEpoch atomic.Uint64 // the latest call's epoch (what a release must exceed)
 }
 
 // laneSplit is one rank's steps of a schedule by lane.
@@ -230,10 +231,17 @@ func (e *Executor) Close() error {
 	if e.trace != nil {
 		e.trace.summary()
 	}
+	undrained := false
 	for _, s := range e.streams {
 		if s != nil {
-			errs = append(errs, s.Close())
+			err := s.Close()
+			undrained = undrained || errors.Is(err, comm.ErrNotDrained)
+			errs = append(errs, err)
 		}
+	}
+	if undrained {
+		// Work that may still run keeps the memory it was given.
+		return errors.Join(append(errs, fmt.Errorf("the arena and flags stay registered: %w", comm.ErrNotDrained))...)
 	}
 	if e.words != nil {
 		errs = append(errs, e.dev.Unregister(e.words.FlagMemory()))
@@ -268,6 +276,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	}
 	e.calls++
 	epoch := e.calls << 32
+	e.maxEpoch.Store(epoch)
 	r := e.tr.Rank()
 	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
 	e.prev = sched.Params
@@ -337,21 +346,30 @@ func (e *Executor) leaveDirect(ctx context.Context, direct bool, epoch uint64) e
 // releases the waits of scheds again on every round: a peer's stream may
 // lower a released flag when it writes its own afterwards.
 func (e *Executor) drain(scheds ...Schedule) {
+	var evs []comm.Event
+	for _, s := range e.streams {
+		if s == nil {
+			continue
+		}
+		if ev, err := s.Record(); err == nil { // an error: the stream runs nothing more
+			evs = append(evs, ev)
+		}
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		for _, s := range scheds {
 			e.releaseWaits(s)
 		}
+		e.rerelease()
 		idle := true
-		for _, s := range e.streams {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
-			err := s.Synchronize(ctx)
-			cancel()
-			idle = idle && !errors.Is(err, context.DeadlineExceeded) // other errors: nothing to wait for
+		for _, ev := range evs {
+			done, err := ev.Done()
+			idle = idle && (done || err != nil)
 		}
 		if idle || time.Now().After(deadline) {
 			return
 		}
+		nap(eventNap)
 	}
 }
 

@@ -40,8 +40,13 @@ type pendingCall struct {
 
 // orderedState is the executor's part for stream-ordered calls.
 type orderedState struct {
-	mu       sync.Mutex
-	pending  []pendingCall
+	mu      sync.Mutex
+	pending []pendingCall
+	// released are calls released after a failure (releaseWaits) whose
+	// events have not completed: the watchdog releases them again every
+	// tick, without a time limit, until they have (a peer's stream may
+	// write its own flag after a release and lower it).
+	released []pendingCall
 	watching bool
 	kick     chan struct{} // a call was queued: the watchdog wakes (it sleeps while none is outstanding)
 	stop     chan struct{} // closed by Close: the watchdog ends
@@ -80,6 +85,7 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	}
 	e.calls++
 	epoch := e.calls << 32
+	e.maxEpoch.Store(epoch)
 	e.prev = sched.Params
 	r := e.tr.Rank()
 	// A new event, not a reused one: the caller's stream waits for it and
@@ -91,6 +97,14 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	deadline, _ := ctx.Deadline()
 	e.ord.mu.Lock()
 	e.ord.pending = append(e.ord.pending, pendingCall{ev: ev, epoch: epoch, sched: sched, deadline: deadline})
+	e.wakeWatchLocked()
+	e.ord.mu.Unlock()
+	return ev, nil
+}
+
+// wakeWatchLocked starts the watchdog if it is not running and wakes it.
+// The caller holds e.ord.mu.
+func (e *Executor) wakeWatchLocked() {
 	if !e.ord.watching {
 		e.ord.watching = true
 		e.ord.kick, e.ord.stop, e.ord.stopped = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
@@ -100,8 +114,29 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	case e.ord.kick <- struct{}{}:
 	default:
 	}
-	e.ord.mu.Unlock()
-	return ev, nil
+}
+
+// addReleased releases the device waits of calls and hands them to the
+// watchdog, which releases them again until their events completed (each
+// call once: by epoch).
+func (e *Executor) addReleased(calls ...pendingCall) {
+	for _, p := range calls {
+		e.releaseWaits(p.sched)
+	}
+	e.ord.mu.Lock()
+	defer e.ord.mu.Unlock()
+next:
+	for _, p := range calls {
+		for _, q := range e.ord.released {
+			if q.epoch == p.epoch {
+				continue next
+			}
+		}
+		e.ord.released = append(e.ord.released, p)
+	}
+	if len(e.ord.released) > 0 {
+		e.wakeWatchLocked()
+	}
 }
 
 // precheck is what every call checks first.
@@ -111,7 +146,7 @@ func (e *Executor) precheck(ctx context.Context, sched Schedule) error {
 	}
 	if err := e.tr.Aborted(); err != nil {
 		e.broken = err
-		e.releasePending()
+		e.drain(e.releasePending()...)
 		return err
 	}
 	if sched.Params.World != e.tr.World() {
@@ -150,55 +185,61 @@ func (e *Executor) settle(ctx context.Context, n int) error {
 }
 
 // fail marks the executor broken by err after raising the abort flag,
-// releases the device waits of sched and of every outstanding call until
-// the streams drained (drain) and returns err.
+// releases the device waits of sched and of every outstanding call — for as
+// long as their work has not finished (the watchdog goes on after drain) —
+// and returns err.
 func (e *Executor) fail(sched Schedule, err error) error {
 	e.tr.Abort()
 	e.broken = err
-	e.drain(append(e.releasePending(), sched)...)
+	scheds := e.releasePending()
+	if e.words != nil && sched.Params.SmallOnDevice {
+		// The failed call's own waits: followed until its lane has drained.
+		if ev, rerr := e.streams[LaneIn].Record(); rerr == nil {
+			e.addReleased(pendingCall{ev: ev, epoch: e.calls << 32, sched: sched})
+		}
+	}
+	e.drain(append(scheds, sched)...)
 	return err
 }
 
-// releasePending releases the device waits of every outstanding
-// stream-ordered call (after a failure), forgets them and returns their
-// schedules.
+// releasePending hands every outstanding stream-ordered call to the
+// watchdog as released (after a failure), forgets them as outstanding and
+// returns their schedules.
 func (e *Executor) releasePending() []Schedule {
 	e.ord.mu.Lock()
 	pending := e.ord.pending
 	e.ord.pending = nil
 	e.ord.mu.Unlock()
+	e.addReleased(pending...)
 	scheds := make([]Schedule, 0, len(pending)+1)
 	for _, p := range pending {
-		e.releaseWaits(p.sched)
 		scheds = append(scheds, p.sched)
 	}
 	return scheds
 }
 
 // watch is the watchdog of the outstanding stream-ordered calls: every
-// watchEvery while one is unfinished, asleep otherwise (until the next is
-// queued). When one cannot finish it raises the abort flag and releases the
-// device waits of every call it knows of, and goes on releasing them every
-// tick until their events completed: a peer's stream may write its own
-// flag after a release and lower it again.
+// watchEvery while one is unfinished or released calls are left, asleep
+// otherwise (until woken). When an outstanding call cannot finish it raises
+// the abort flag and hands every outstanding call to the released list,
+// whose device waits it releases again every tick until their events
+// completed: a peer's stream may write its own flag after a release and
+// lower it again.
 func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
 	chk := e.tr.(checker)
 	tick := time.NewTimer(watchEvery)
 	defer tick.Stop()
-	var stuck []pendingCall // released, not yet complete
 	for {
 		select {
 		case <-stop:
 			return
 		case <-tick.C:
 		}
+		left := e.rerelease()
 		e.ord.mu.Lock()
 		pending := append([]pendingCall(nil), e.ord.pending...)
 		e.ord.mu.Unlock()
-		if len(stuck) > 0 {
-			stuck = e.rerelease(stuck)
-		}
 		var err error
 		unfinished := false
 		for _, p := range pending {
@@ -217,10 +258,11 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 		}
 		if err != nil {
 			e.tr.Abort()
-			stuck = e.rerelease(append(stuck, pending...))
+			e.addReleased(pending...) // the executor's list stays: its next call finds the abort
+			left = true
 		}
-		if !unfinished && len(stuck) == 0 {
-			select { // nothing to watch until the next call is queued
+		if !unfinished && !left {
+			select { // nothing to watch until woken
 			case <-stop:
 				return
 			case <-kick:
@@ -230,17 +272,34 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 	}
 }
 
-// rerelease releases the device waits of the calls whose events have not
-// completed and returns those.
-func (e *Executor) rerelease(calls []pendingCall) []pendingCall {
-	left := calls[:0]
-	for _, p := range calls {
-		if done, err := p.ev.Done(); err == nil && !done {
-			e.releaseWaits(p.sched)
+// rerelease releases again the device waits of the released calls whose
+// events have not completed, forgets the others, and reports whether any
+// is left.
+func (e *Executor) rerelease() bool {
+	e.ord.mu.Lock()
+	released := append([]pendingCall(nil), e.ord.released...)
+	e.ord.mu.Unlock()
+	if len(released) == 0 {
+		return false
+	}
+	finished := map[uint64]bool{}
+	for _, p := range released {
+		if done, err := p.ev.Done(); err != nil || done {
+			finished[p.epoch] = true // an error: nothing will run any more
+			continue
+		}
+		e.releaseWaits(p.sched)
+	}
+	e.ord.mu.Lock()
+	defer e.ord.mu.Unlock()
+	left := e.ord.released[:0]
+	for _, p := range e.ord.released {
+		if !finished[p.epoch] {
 			left = append(left, p)
 		}
 	}
-	return left
+	e.ord.released = left
+	return len(left) > 0
 }
 
 // closeOrdered settles what is outstanding (within the calls' own
@@ -262,6 +321,11 @@ func (e *Executor) closeOrdered() error {
 		cancel()
 	}
 	e.drain(e.releasePending()...)
+	// Released work still running: keep releasing a while before the
+	// streams are destroyed (which waits no longer than it has to).
+	for deadline := time.Now().Add(10 * time.Second); e.rerelease() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	e.ord.mu.Lock()
 	stop, stopped, watching := e.ord.stop, e.ord.stopped, e.ord.watching
 	e.ord.watching = false

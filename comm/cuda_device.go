@@ -111,6 +111,7 @@ type CUDADevice struct {
 
 	wordsOnce sync.Once // StreamWords' probe
 	wordsErr  error
+	tainted   bool // a stream was destroyed undrained: Close keeps registrations and the module (ErrNotDrained)
 
 	mu      sync.Mutex
 	closed  bool
@@ -536,13 +537,20 @@ func (d *CUDADevice) Close() error {
 	for b := range d.allocs {
 		errs = append(errs, d.freeLocked(b))
 	}
+	// A stream destroyed undrained may still run: leave it the host memory
+	// it was given and the kernels it launched.
 	for _, r := range *d.regs.Load() {
+		if d.tainted {
+			break
+		}
 		if err := d.api.MemHostUnregister(r.base); err != nil {
 			errs = append(errs, fmt.Errorf("unregistering host memory: %w", err))
 		}
 	}
-	if err := d.api.ModuleUnload(d.mod); err != nil {
-		errs = append(errs, fmt.Errorf("unloading the reduction kernels: %w", err))
+	if !d.tainted {
+		if err := d.api.ModuleUnload(d.mod); err != nil {
+			errs = append(errs, fmt.Errorf("unloading the reduction kernels: %w", err))
+		}
 	}
 	if err := d.api.DevicePrimaryCtxRelease(d.dev); err != nil {
 		errs = append(errs, fmt.Errorf("releasing the primary context: %w", err))

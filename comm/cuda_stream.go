@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"time"
 	"unsafe"
@@ -257,6 +258,8 @@ func (s *cudaStream) reduceStaged(dst cuda.DevicePtr, srcs [][]byte, n int, dt D
 	stride := (n + 255) &^ 255
 	need := min(len(srcs), maxKernelSrcs) * stride
 	if s.stage == nil || s.stage.n < need {
+		// Powers of two: a stream outgrows its buffer a few times at most.
+		need = 1 << bits.Len(uint(need-1))
 		if s.stage != nil {
 			// Queued kernels may still read the old buffer: it goes with the
 			// stream (growth is rare: the sizes follow the arena's chunk).
@@ -519,7 +522,17 @@ func (s *cudaStream) destroy() error {
 		return fmt.Errorf("draining a CUDA stream: %w", serr)
 	}
 	if !drained {
-		return fmt.Errorf("a CUDA stream still busy after %v: destroyed, its scratch buffers kept", streamDrainTimeout)
+		// Leak what the work may still touch: the scratch buffers leave
+		// the device's books (its Close would free them), and the device
+		// keeps its registrations and module at Close.
+		for _, b := range append(s.retire, s.stage, s.pad) {
+			if b != nil {
+				delete(s.d.allocs, b)
+			}
+		}
+		s.stage, s.pad, s.retire = nil, nil, nil
+		s.d.tainted = true
+		return fmt.Errorf("a CUDA stream still busy after %v, destroyed: %w", streamDrainTimeout, ErrNotDrained)
 	}
 	// Its scratch buffers go with it (drained: nothing reads them).
 	for _, b := range append(s.retire, s.stage, s.pad) {

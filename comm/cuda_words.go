@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -67,17 +68,18 @@ func (d *CUDADevice) probeWords() error {
 	}()
 	s := st.(*cudaStream)
 	// The stream waits as for call 3 of a collective; the CPU releases it
-	// the way a failed rank does (ReleaseFlag), which must pass.
+	// the way a failed rank does (the latest epoch plus 2^62: the device's
+	// >= wraps), which must pass.
 	gate, out := page[0:8], page[64:72]
 	if err := s.WaitWord(gate, 3<<32|1); err != nil {
 		return err
 	}
 	werr := s.WriteWord(out, 7)
-	(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(ReleaseFlag)
+	(*atomic.Uint64)(unsafe.Pointer(&gate[0])).Store(3<<32 + 1<<62)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := s.Synchronize(ctx); err != nil {
-		stuck = true
+		stuck = errors.Is(err, context.DeadlineExceeded)
 		return fmt.Errorf("a stream waiting for a word the CPU stored: %w", err)
 	}
 	if werr != nil {

@@ -3,7 +3,6 @@ package comm
 import (
 	"context"
 	"fmt"
-	"math"
 )
 
 // DType is the element type of a collective's buffer.
@@ -94,13 +93,6 @@ type Stream interface {
 	Synchronize(ctx context.Context) error
 	Close() error
 }
-
-// ReleaseFlag is a flag value that satisfies every wait for a flag, on the
-// CPU (flag >= value) and on the device, whose GEQ wraps ((int64)(flag -
-// value) >= 0, cuStreamWaitValue64): MaxInt64, not MaxUint64 (which the
-// device reads as -1 - value). After a failure, ranks store it in the flags
-// their streams wait for, so that no stream hangs.
-const ReleaseFlag = math.MaxInt64
 
 // WordStream is a Stream that orders work on 64-bit words of registered
 // host memory itself, with no CPU in between: the GPU backend's streams

@@ -17,6 +17,12 @@ var (
 	ErrAborted = errors.New("collective aborted")
 	// ErrPeerDead reports a peer process that exited or stopped heartbeating.
 	ErrPeerDead = errors.New("peer dead")
+	// ErrNotDrained reports a stream closed while its work had not finished
+	// (a device wait for a flag nobody writes, after a failure): it was
+	// destroyed all the same, and the memory that work may still touch is
+	// kept (registrations, scratch buffers, the kernels' module): the
+	// caller must not unregister or unmap what it handed to it.
+	ErrNotDrained = errors.New("stream did not drain")
 )
 
 // AbortCause says why a rank raised the job's abort flag.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,7 +25,13 @@ func TestSwapGateAndStatusClasses(t *testing.T) {
 		}
 		return out
 	}
-	v := byJob()
+	// The daemon classes a process once it has registered it, which may
+	// come just after the shim's dial returned.
+	var v map[string]processView
+	require.Eventually(t, func() bool {
+		v = byJob()
+		return v["train"].Gate.Class != "" && v["infer"].Gate.Class != "" && v["other"].Gate.Class != ""
+	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, "low", v["train"].Gate.Class)
 	require.Equal(t, "gate", v["train"].Gate.Policy)
 	require.Equal(t, "high", v["infer"].Gate.Class)
