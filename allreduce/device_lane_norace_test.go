@@ -80,7 +80,7 @@ func TestSmallOnDeviceReleaseOverwritten(t *testing.T) {
 	flag0 := func() uint64 { return g.comms[0].exec.tr.Flag(FlagOf(0, roleA)) }
 	require.Eventually(t, func() bool { return flag0() >= 1<<62 }, 5*time.Second, time.Millisecond,
 		"rank 1's watchdog released rank 0's flag")
-	g.fakes[0].Release() // rank 0's stream now writes its own flag: 1<<32|1
+	g.fakes[0].Release() // rank 0's stream now writes its own flag: epochOf(1)|1
 	g.fakes[1].Release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

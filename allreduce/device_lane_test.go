@@ -302,7 +302,7 @@ func TestSmallOnDeviceOrdered(t *testing.T) {
 	})
 	for r := range world {
 		require.Empty(t, g.comms[r].exec.ord.pending)
-		require.Equal(t, g.comms[r].exec.calls<<32|1, g.comms[r].exec.tr.Flag(FlagOf(r, RoleFin)), "rank %d: end-of-call flag", r)
+		require.Equal(t, epochOf(g.comms[r].exec.calls)|1, g.comms[r].exec.tr.Flag(FlagOf(r, RoleFin)), "rank %d: end-of-call flag", r)
 	}
 }
 

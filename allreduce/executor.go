@@ -250,6 +250,20 @@ func (e *Executor) Close() error {
 	return errors.Join(errs...)
 }
 
+// Flag values are epoch | value: the epoch counts the executor's calls in
+// the bits from EpochShift up, the value counts within one call (a step's
+// Cond.Value, below MaxCondValue: Build refuses a schedule that needs
+// more). Flags only grow, and waits compare with >=, so a group's flags are
+// good for 2^(64-EpochShift) calls: 2^36, 40 days of calls back to back
+// at 20k a second (with 32 bits, as before, 2^32: 2.5 days).
+const (
+	EpochShift   = 28
+	MaxCondValue = 1<<EpochShift - 1
+)
+
+// epochOf is the epoch of call number calls (from 1).
+func epochOf(calls uint64) uint64 { return calls << EpochShift }
+
 // Call is one collective call's user buffers.
 type Call struct {
 	Send, Recv comm.Buffer
@@ -275,7 +289,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 		return err
 	}
 	e.calls++
-	epoch := e.calls << 32
+	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
 	r := e.tr.Rank()
 	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
@@ -417,7 +431,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 	r, n := e.tr.Rank(), e.tr.World()
 	// Fence: every rank has finished the previous call, so no arena slot or
 	// flag of it is still in use anywhere.
-	if prev := epoch - 1<<32; fence && prev != 0 {
+	if prev := epoch - epochOf(1); fence && prev != 0 {
 		for q := range n {
 			if err := e.tr.Wait(ctx, FlagOf(q, RoleFin), prev|1); err != nil {
 				return fmt.Errorf("rank %d waiting for rank %d to finish the previous collective: %w", r, q, err)

@@ -84,7 +84,7 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 		}
 	}
 	e.calls++
-	epoch := e.calls << 32
+	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
 	e.prev = sched.Params
 	r := e.tr.Rank()
@@ -195,7 +195,7 @@ func (e *Executor) fail(sched Schedule, err error) error {
 	if e.words != nil && sched.Params.SmallOnDevice {
 		// The failed call's own waits: followed until its lane has drained.
 		if ev, rerr := e.streams[LaneIn].Record(); rerr == nil {
-			e.addReleased(pendingCall{ev: ev, epoch: e.calls << 32, sched: sched})
+			e.addReleased(pendingCall{ev: ev, epoch: epochOf(e.calls), sched: sched})
 		}
 	}
 	e.drain(append(scheds, sched)...)

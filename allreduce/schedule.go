@@ -254,6 +254,11 @@ func (p Params) Validate() error {
 	case p.GPUShare < 0 || p.GPUShare > GPUShareOne || p.GPUShare > 0 && (p.Algorithm != HostStaged || p.Coll != AllReduce):
 		return fmt.Errorf("GPU share %d/%d of a %s %s: want 0..%d, and only for a host-staged all-reduce: %w",
 			p.GPUShare, GPUShareOne, p.Algorithm, p.Coll, GPUShareOne, ErrUnsupported)
+	case p.Bytes/max(64, p.Chunk/p.World&^63)*p.World+16 > MaxCondValue:
+		// Every schedule counts its pieces (at least chunk/world bytes each)
+		// in the flag values, which must stay below MaxCondValue.
+		return fmt.Errorf("%d bytes in chunks of %d: too many pieces for one call's flag values (at most %d): use larger chunks: %w",
+			p.Bytes, p.Chunk, MaxCondValue, ErrUnsupported)
 	case p.Algorithm == Hierarchical && p.Coll == AllReduce && len(p.Groups) != p.World:
 		return fmt.Errorf("hierarchical all-reduce of %d ranks with a grouping of %d: %w", p.World, len(p.Groups), ErrUnsupported)
 	}
@@ -294,7 +299,27 @@ func Build(p Params) (Schedule, error) {
 	default:
 		return Schedule{}, fmt.Errorf("%s with the %s algorithm: %w", p.Coll, p.Algorithm, ErrUnsupported)
 	}
+	if v := s.maxValue(); v > MaxCondValue {
+		return Schedule{}, fmt.Errorf("%d bytes in chunks of %d need flag values up to %d, above %d: use larger chunks: %w",
+			p.Bytes, p.Chunk, v, MaxCondValue, ErrUnsupported)
+	}
 	return s, nil
+}
+
+// maxValue is the largest flag value any step waits for or sets.
+func (s *Schedule) maxValue() uint64 {
+	var v uint64
+	for _, steps := range s.Steps {
+		for i := range steps {
+			for _, c := range steps[i].Wait {
+				v = max(v, c.Value)
+			}
+			for _, c := range steps[i].Set {
+				v = max(v, c.Value)
+			}
+		}
+	}
+	return v
 }
 
 // split returns the start of part i of n of a length in bytes, on element

@@ -663,6 +663,24 @@ func TestSmallOnDeviceShape(t *testing.T) {
 	}
 }
 
+// The flag values of one call stay below MaxCondValue: Build refuses a
+// call that would count more pieces (so epochs never mix), and the largest
+// value of real schedules is far below.
+func TestFlagValuesFit(t *testing.T) {
+	for _, p := range []Params{
+		{Coll: AllReduce, Algorithm: HostStaged, World: 7, Bytes: 256 << 20, ElemSize: 4, Chunk: 2 << 20, Slots: 8},
+		{Coll: ReduceScatter, Algorithm: HostStaged, World: 8, Bytes: 64 << 20, ElemSize: 4, Chunk: 1 << 20, Slots: 4},
+		{Coll: AllReduce, Algorithm: Ring, World: 4, Bytes: 64 << 20, ElemSize: 2, Chunk: 256 << 10, Slots: 4},
+	} {
+		s, err := Build(p)
+		require.NoError(t, err)
+		require.Positive(t, s.maxValue())
+		require.Less(t, s.maxValue(), uint64(1<<20), "%+v", p)
+	}
+	require.Equal(t, uint64(5)<<EpochShift|7, epochOf(5)|7)
+	require.Less(t, uint64(MaxCondValue), epochOf(1), "values never reach into the epoch")
+}
+
 func TestBuildRejects(t *testing.T) {
 	ok := Params{Coll: AllReduce, World: 2, Bytes: 64, ElemSize: 4, Chunk: 4096, Slots: 2}
 	tests := []struct {
@@ -679,6 +697,7 @@ func TestBuildRejects(t *testing.T) {
 		{"small all-reduce over its capacity", func(p *Params) { p.Algorithm = HostStagedSmall; p.Bytes = 4096 + 64 }},
 		{"small all-reduce with parity 2", func(p *Params) { p.Algorithm = HostStagedSmall; p.Parity = 2 }},
 		{"small reduce-scatter", func(p *Params) { p.Coll = ReduceScatter; p.Algorithm = HostStagedSmall }},
+		{"more pieces than flag values count", func(p *Params) { p.Bytes = (MaxCondValue + 1) * 2048 }},
 	}
 	_, err := Build(ok)
 	require.NoError(t, err)
