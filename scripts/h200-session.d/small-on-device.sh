@@ -13,8 +13,11 @@
 #  4. PyTorch with MIGCTL_TUNING=smallon=device: gpu_checks.py (every op; a kernel-written input
 #     must not be read early), then the per-call cost (overhead_check.py, 7 ranks) with smallon=cpu
 #     and smallon=device (device: small CUDA all-reduces finish in stream order, ABI 6).
-# Build here first: make build lib; go test -c -o bin/cuda.test ./internal/cuda;
-# go test -c -o bin/comm.test ./comm (strip: -ldflags='-s -w'); cp ../shared/bench/gloo_allreduce.py bin/.
+# Build here first: make build lib; go test -c -ldflags='-s -w' -o bin/cuda.test ./internal/cuda;
+# go test -c -ldflags='-s -w' -o bin/comm.test ./comm; cp ../shared/bench/gloo_allreduce.py bin/.
+# What travels is capped at 64 MiB: migctl (~21 MB), libmigctl.so (~14), comm.test (~13), cuda.test
+# (~5) and the gloo script make ~53 MB, so carry only those (e.g. copy them into bin/gpu, keeping
+# the names the script uses under bin/: or remove the rest of bin/ before the call).
 # Output: $OUT/smalldev/summary.txt, logs.tgz. About 7 minutes (one call; trim 2c if short of time).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
