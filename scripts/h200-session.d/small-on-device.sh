@@ -16,8 +16,8 @@
 # Build here first: make build lib; go test -c -ldflags='-s -w' -o bin/cuda.test ./internal/cuda;
 # go test -c -ldflags='-s -w' -o bin/comm.test ./comm; cp ../shared/bench/gloo_allreduce.py bin/.
 # What travels is capped at 64 MiB: migctl (~21 MB), libmigctl.so (~14), comm.test (~13), cuda.test
-# (~5) and the gloo script make ~53 MB, so carry only those (e.g. copy them into bin/gpu, keeping
-# the names the script uses under bin/: or remove the rest of bin/ before the call).
+# (~5) and the gloo script make ~53 MB: remove everything else from bin/ before the call (carry
+# ["bin"]; `make build` rebuilds the rest afterwards).
 # Output: $OUT/smalldev/summary.txt, logs.tgz. About 7 minutes (one call; trim 2c if short of time).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
