@@ -22,13 +22,7 @@ import (
 // closes: releasing the device waits goes on until its streams drained,
 // although the held peer's stream lowers a released flag when it runs.
 func TestSmallOnDeviceCloseAfterFailure(t *testing.T) {
-	g, bufs := smallDeviceGroup(t) // rank 2 never calls
-	g.fakes[0].Hold()
-	g.fakes[1].Hold()
-	short, c1 := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer c1()
-	long, c2 := context.WithTimeout(context.Background(), time.Minute)
-	defer c2()
+	g, bufs, short, long := heldRanks(t) // rank 2 never calls
 	for range 2 {
 		_, err := g.comms[0].AllReduceOrdered(long, bufs[0], bufs[0], 256, comm.Float32, comm.Sum)
 		require.NoError(t, err)
@@ -64,13 +58,7 @@ func TestSmallOnDeviceCloseAfterFailure(t *testing.T) {
 // itself afterwards (rank 0 was held); the watchdog releases again until
 // its calls' events completed, so rank 1's second call is not left waiting.
 func TestSmallOnDeviceReleaseOverwritten(t *testing.T) {
-	g, bufs := smallDeviceGroup(t) // rank 2 never calls
-	g.fakes[0].Hold()
-	g.fakes[1].Hold()
-	short, c1 := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer c1()
-	long, c2 := context.WithTimeout(context.Background(), time.Minute)
-	defer c2()
+	g, bufs, short, long := heldRanks(t) // rank 2 never calls
 	_, err := g.comms[0].AllReduceOrdered(long, bufs[0], bufs[0], 256, comm.Float32, comm.Sum)
 	require.NoError(t, err)
 	_, err = g.comms[1].AllReduceOrdered(short, bufs[1], bufs[1], 256, comm.Float32, comm.Sum)
@@ -88,4 +76,17 @@ func TestSmallOnDeviceReleaseOverwritten(t *testing.T) {
 	for r := range 2 {
 		require.NoError(t, g.comms[r].exec.Close(), "rank %d closes without hanging", r)
 	}
+}
+
+// heldRanks is smallDeviceGroup with ranks 0 and 1's drivers held, a
+// context that ends in 200 ms and one that lasts a minute.
+func heldRanks(t *testing.T) (g *cudaGroup, bufs []comm.Buffer, short, long context.Context) {
+	g, bufs = smallDeviceGroup(t)
+	g.fakes[0].Hold()
+	g.fakes[1].Hold()
+	short, c1 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	t.Cleanup(c1)
+	long, c2 := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(c2)
+	return g, bufs, short, long
 }

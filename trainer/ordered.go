@@ -53,20 +53,13 @@ func (g *Group) orderedOn(send, recv Buffer) (uintptr, bool) {
 // stream after it. The call's deadline is the group's timeout from now
 // (the executor's watchdog enforces it after this returns).
 func (g *Group) allReduceOrdered(ctx context.Context, stream uintptr, send, recv Buffer, op Op) error {
-	ext := g.dev.(comm.ExternalDevice)
-	s, err := ext.WrapPointer(send.ptr, send.Bytes())
-	if err != nil {
-		return err
-	}
-	r := s
-	if !same(send, recv) {
-		if r, err = ext.WrapPointer(recv.ptr, recv.Bytes()); err != nil {
-			return err
-		}
-	}
 	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.cfg.timeout))
 	defer cancel()
-	ev, err := any(g.cm).(orderedAllReducer).AllReduceOrdered(dctx, s, r, send.count, send.dtype, op)
+	var ev comm.Event
+	err := g.withOperands(dctx, send, recv, send.count, send.count, func(s, r comm.Buffer) (err error) {
+		ev, err = any(g.cm).(orderedAllReducer).AllReduceOrdered(dctx, s, r, send.count, send.dtype, op)
+		return err
+	})
 	if err != nil || ev == nil {
 		return err
 	}
