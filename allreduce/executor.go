@@ -163,6 +163,11 @@ type Executor struct {
 	// finalizer).
 	free [NumLanes][]comm.Event
 
+	// red is how host reductions run: ReduceWorkers goroutines, results
+	// stored non-temporally where copy engines read them next
+	// (comm.NonTemporalFor).
+	red comm.ReduceOptions
+
 	ord      orderedState  // stream-ordered calls outstanding (ordered.go)
 	maxEpoch atomic.Uint64 // the latest call's epoch (what a release must exceed)
 }
@@ -202,7 +207,8 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 	if err := dev.Register(tr.Arena()); err != nil {
 		return nil, fmt.Errorf("registering the shared arena with the device: %w", err)
 	}
-	e := &Executor{dev: dev, tr: tr, opts: opts}
+	e := &Executor{dev: dev, tr: tr, opts: opts,
+		red: comm.ReduceOptions{Workers: opts.ReduceWorkers, NonTemporal: comm.NonTemporalFor(comm.ReadsByDMA(dev))}}
 	e.sw, _ = tr.(spinWaiter)
 	if opts.Trace != nil {
 		e.trace = newTracer(opts.Trace, tr.Rank())
@@ -825,12 +831,12 @@ func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, err
 		}
 		if op == comm.Avg && st.Div > 0 && st.Div != len(hosts) {
 			// A sum of partial sums: divide by the world, not the inputs.
-			if err := comm.ReduceHost(e.host(st.Host), hosts, call.DType, comm.Sum, e.opts.ReduceWorkers); err != nil {
+			if err := comm.ReduceHostWith(e.host(st.Host), hosts, call.DType, comm.Sum, e.red); err != nil {
 				return false, err
 			}
 			return false, comm.ScaleHost(e.host(st.Host), call.DType, st.Div)
 		}
-		return false, comm.ReduceHost(e.host(st.Host), hosts, call.DType, op, e.opts.ReduceWorkers)
+		return false, comm.ReduceHostWith(e.host(st.Host), hosts, call.DType, op, e.red)
 	default:
 		return false, fmt.Errorf("step kind %d: %w", st.Kind, ErrUnsupported)
 	}

@@ -71,7 +71,38 @@ const (
 	// device scratch buffer, then a device-to-device copy of the bytes asked
 	// for (plain when the padded source is not all registered).
 	H2DPadded H2DMode = "pad"
+	// H2DKernel: a kernel (mig_copy) reads the registered source through its
+	// mapped device address, no copy engine (2D rows when the source is not
+	// registered). The case: in the 8-KiB all-reduce of 7 ranks on one H200
+	// every rank queues its copy in at the same moment, and the copy engine
+	// took them one after another (16.7 µs p50 from issue to completion,
+	// against 7.1 µs for the copies out, which arrive spread out), where the
+	// kernels of MPS clients run side by side.
+	H2DKernel H2DMode = "kernel"
 )
+
+// KernelH2DRanks is the fewest processes sharing one CUDA device for which
+// SmallH2DFor picks H2DKernel. Measured on one H200 (MIG off, MPS), 8-KiB
+// all-reduce, -c 1, six interleaved pairs in one call
+// (scripts/h200-session.d/h2d-kernel-ab.sh, 2026-12-01): 7 ranks 2D rows
+// 69.8/61.6/59.0/61.2/60.3/63.0 µs, kernel 59.0/54.1/52.5/53.5/51.7/52.0
+// (copy in p50 14.2 -> 10.7 µs from issue to completion); 2 ranks 2D rows
+// 30.9/30.9/32.5, kernel 33.6/32.9/34.3 (a launch costs more than an idle
+// copy engine). 3 to 6 ranks were not measured: the copy engine's queue
+// grows with every rank copying in at once, so the threshold sits between
+// the two measured counts. MIG instances are CUDA devices of their own,
+// with their own copy engines: one rank each.
+const KernelH2DRanks = 4
+
+// SmallH2DFor is the small-copy mode for a CUDA device that ranks
+// processes of a job share (they copy their results in at the same
+// moment): H2DKernel from KernelH2DRanks on, else H2D2DRows.
+func SmallH2DFor(ranks int) H2DMode {
+	if ranks >= KernelH2DRanks {
+		return H2DKernel
+	}
+	return H2D2DRows
+}
 
 // SmallH2DBytes is the size below which CUDAConfig.SmallH2D applies.
 const SmallH2DBytes = 32 << 10
@@ -81,10 +112,10 @@ func ParseH2DMode(s string) (H2DMode, error) {
 	switch m := H2DMode(s); m {
 	case "":
 		return H2D2DRows, nil
-	case H2DPlain, H2D2D, H2D2DRows, H2DFromMapped, H2DPadded:
+	case H2DPlain, H2D2D, H2D2DRows, H2DFromMapped, H2DPadded, H2DKernel:
 		return m, nil
 	}
-	return "", fmt.Errorf("host-to-device copy mode %q (want 2drows, plain, 2d, dtod or pad): %w", s, ErrInvalid)
+	return "", fmt.Errorf("host-to-device copy mode %q (want 2drows, plain, 2d, dtod, pad or kernel): %w", s, ErrInvalid)
 }
 
 // CUDADevice is the GPU Device: buffers in device memory, streams and events
@@ -102,6 +133,7 @@ type CUDADevice struct {
 	mod       cuda.Module
 	reduce    [numDTypes][numReduceOps]cuda.Function
 	scale     [numDTypes]cuda.Function
+	copy      cuda.Function // mig_copy (H2DKernel)
 	maxBlocks uint32
 	topo      GPUTopology
 	smallH2D  H2DMode
@@ -120,6 +152,21 @@ type CUDADevice struct {
 	events  map[cuda.Event]struct{} // every event created, for Close
 	pool    []cuda.Event            // recycled plain events
 }
+
+// SetSmallH2D changes how small host-to-device copies are queued (see
+// H2DMode; "" is the default). Call it before queuing copies: streams read
+// the mode without a lock.
+func (d *CUDADevice) SetSmallH2D(m H2DMode) error {
+	m, err := ParseH2DMode(string(m))
+	if err != nil {
+		return err
+	}
+	d.smallH2D = m
+	return nil
+}
+
+// SmallH2D is how small host-to-device copies are queued.
+func (d *CUDADevice) SmallH2D() H2DMode { return d.smallH2D }
 
 // hostRange is one registered host range and its device address.
 type hostRange struct {
@@ -206,6 +253,9 @@ func NewCUDADevice(api cuda.Interface, cfg CUDAConfig) (*CUDADevice, error) {
 		if d.scale[dt], err = api.ModuleGetFunction(d.mod, name); err != nil {
 			return fail(fmt.Errorf("finding kernel %s: %w", name, err))
 		}
+	}
+	if d.copy, err = api.ModuleGetFunction(d.mod, copyKernel); err != nil {
+		return fail(fmt.Errorf("finding kernel %s: %w", copyKernel, err))
 	}
 	if d.smallH2D, err = ParseH2DMode(string(cfg.SmallH2D)); err != nil {
 		return fail(err)

@@ -21,6 +21,25 @@ func InstallFakeCUDAKernels(f *cuda.Fake) {
 		}
 		f.AddKernel(scaleKernel(dt), fakeScale(dt))
 	}
+	f.AddKernel(copyKernel, fakeCopy)
+}
+
+// fakeCopy is mig_copy: n bytes from src to dst.
+func fakeCopy(mem cuda.FakeMemory, _, _ cuda.Dim3, a *cuda.Args) error {
+	if a.Len() != 3 {
+		return fmt.Errorf("%d parameters, want 3: %w", a.Len(), cuda.ErrInvalidValue)
+	}
+	n := binary.LittleEndian.Uint64(a.Param(2))
+	dst, err := mem.Memory(cuda.DevicePtr(binary.LittleEndian.Uint64(a.Param(0))), n)
+	if err != nil {
+		return err
+	}
+	src, err := mem.Memory(cuda.DevicePtr(binary.LittleEndian.Uint64(a.Param(1))), n)
+	if err != nil {
+		return err
+	}
+	copy(dst, src)
+	return nil
 }
 
 const errMisaligned = cuda.Result(716)

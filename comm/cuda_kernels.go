@@ -32,6 +32,9 @@ func reduceKernel(dt DType, op int) string {
 
 func scaleKernel(dt DType) string { return "mig_scale_" + dtypeKernelNames[dt] }
 
+// copyKernel copies bytes: mig_copy(void *dst, const void *src, u64 n).
+const copyKernel = "mig_copy"
+
 // grid is the block count for units of work (one per thread), capped: the
 // kernels are grid-stride loops.
 func (d *CUDADevice) grid(units uint64) uint32 {

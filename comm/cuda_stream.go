@@ -134,6 +134,11 @@ func (s *cudaStream) copySmallFromHost(dst cuda.DevicePtr, src []byte) error {
 		if mapped, err = s.d.mapped(src); err != nil {
 			mode = H2DPlain
 		}
+	case H2DKernel:
+		var err error
+		if mapped, err = s.d.mapped(src); err != nil {
+			mode = H2D2DRows
+		}
 	case H2DPadded:
 		if _, err := s.d.mappedRange(uintptr(p), SmallH2DBytes); err != nil {
 			mode = H2DPlain
@@ -157,6 +162,11 @@ func (s *cudaStream) copySmallFromHost(dst cuda.DevicePtr, src []byte) error {
 		err = s.copyRows(dst, p, n)
 	case H2DFromMapped:
 		err = s.d.api.MemcpyDtoDAsync(dst, mapped, n, s.s)
+	case H2DKernel:
+		s.args.Reset()
+		s.args.Ptr(dst).Ptr(mapped).Uint64(n)
+		err = s.d.api.LaunchKernel(s.d.copy, cuda.Dim3{X: s.d.grid(max(n/16, 1)), Y: 1, Z: 1},
+			cuda.Dim3{X: kernelThreads, Y: 1, Z: 1}, 0, s.s, &s.args)
 	case H2DPadded:
 		if err = s.d.api.MemcpyHtoDAsync(s.pad.ptr, p, SmallH2DBytes, s.s); err == nil {
 			err = s.d.api.MemcpyDtoDAsync(dst, s.pad.ptr, n, s.s)

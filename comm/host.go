@@ -37,6 +37,14 @@ func NewHostDevice(opts HostOptions) Device {
 	return &hostDevice{opts: opts}
 }
 
+// ReadsByDMA is whether dev's copies read registered host memory with copy
+// engines (a CUDA device, real or the fake driver) rather than the CPU (the
+// host device).
+func ReadsByDMA(dev Device) bool {
+	_, host := dev.(*hostDevice)
+	return !host
+}
+
 // HostBuffer is a host Device's buffer; Bytes exposes its memory.
 type HostBuffer struct{ b []byte }
 

@@ -17,7 +17,21 @@ import (
 // over up to workers goroutines (workers <= 0 means GOMAXPROCS). ReduceHost
 // blocks until done and is safe for concurrent use on disjoint memory.
 func ReduceHost(dst []byte, srcs [][]byte, dt DType, op Op, workers int) error {
-	return reduceHost(dst, srcs, dt, op, avgDiv(op, len(srcs)), workers)
+	return reduceHost(dst, srcs, dt, op, avgDiv(op, len(srcs)), ReduceOptions{Workers: workers, NonTemporal: StreamStores})
+}
+
+// ReduceOptions tune one host reduction.
+type ReduceOptions struct {
+	// Workers bounds the goroutines (<= 0: GOMAXPROCS).
+	Workers int
+	// NonTemporal stores the results of outputs of a block or more with
+	// non-temporal stores (see NonTemporalFor). Same bits either way.
+	NonTemporal bool
+}
+
+// ReduceHostWith is ReduceHost with every option explicit.
+func ReduceHostWith(dst []byte, srcs [][]byte, dt DType, op Op, o ReduceOptions) error {
+	return reduceHost(dst, srcs, dt, op, avgDiv(op, len(srcs)), o)
 }
 
 // ScaleHost divides every element of dst by div (integers truncate).
@@ -25,7 +39,7 @@ func ScaleHost(dst []byte, dt DType, div int) error {
 	if div <= 0 {
 		return fmt.Errorf("scaling by %d: %w", div, ErrInvalid)
 	}
-	return reduceHost(dst, [][]byte{dst}, dt, Sum, div, 1)
+	return reduceHost(dst, [][]byte{dst}, dt, Sum, div, ReduceOptions{Workers: 1})
 }
 
 func avgDiv(op Op, n int) int {
@@ -43,7 +57,7 @@ const minParallelBytes = 64 << 10
 // L1/L2: one pass over memory whatever the number of sources.
 const blockBytes = 16 << 10
 
-func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) error {
+func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div int, o ReduceOptions) error {
 	if len(srcs) == 0 {
 		return fmt.Errorf("reducing into %d bytes with no sources: %w", len(dst), ErrInvalid)
 	}
@@ -59,6 +73,7 @@ func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) er
 	if op < Sum || op > Max {
 		return fmt.Errorf("op %d: %w", int(op), ErrInvalid)
 	}
+	workers := o.Workers
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
@@ -67,7 +82,7 @@ func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) er
 		workers = max(w, 1)
 	}
 	if workers == 1 {
-		reduceRange(dst, srcs, 0, n, dt, op, div)
+		reduceRange(dst, srcs, 0, n, dt, op, div, o.NonTemporal)
 		return nil
 	}
 	// Split on 64-byte boundaries so workers never share a cache line.
@@ -78,18 +93,18 @@ func reduceHost(dst []byte, srcs [][]byte, dt DType, op Op, div, workers int) er
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reduceRange(dst, srcs, lo, hi, dt, op, div)
+			reduceRange(dst, srcs, lo, hi, dt, op, div, o.NonTemporal)
 		}()
 	}
 	wg.Wait()
 	return nil
 }
 
-// reduceRange reduces bytes [lo, hi) block by block. With StreamStores,
-// each block is reduced into a cache-resident scratch block and stored to
-// dst with non-temporal stores (same arithmetic, same bits).
-func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int) {
-	if StreamStores && hi-lo >= blockBytes {
+// reduceRange reduces bytes [lo, hi) block by block. With nt, each block
+// is reduced into a cache-resident scratch block and stored to dst with
+// non-temporal stores (same arithmetic, same bits).
+func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int, nt bool) {
+	if nt && hi-lo >= blockBytes {
 		scratch := scratchPool.Get().(*[blockBytes]byte)
 		defer scratchPool.Put(scratch)
 		for b := lo; b < hi; b += blockBytes {
@@ -108,18 +123,40 @@ func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int
 	}
 }
 
-// StreamStores makes host reductions of a block or more store their results
-// with non-temporal stores (amd64; elsewhere plain stores): a result line
-// is then written without being read from memory first (no
-// read-for-ownership), one pass over host memory less per reduction, at the
-// cost of the result not being in the cache when the copies in read it.
-// Which wins depends on the host (MIGCTL_STREAM_STORES=1 turns it on;
-// default off). Set before any reduction runs. On the 2-core dev VM, 32 MiB
-// float32 outputs, 2 workers (BenchmarkReduceHost .../stream=): 2 sources
-// 22-25 -> 16 GB/s, 7 sources 7.1-8.6 -> 6.0-6.6 GB/s, i.e. slower where
-// the CPU, not host memory, binds; untried on a GPU host under DMA, the
-// case it is for (scripts/h200-session.d/small-on-device.sh measures it).
+// NonTemporal stores write a result line without reading it from memory
+// first (no read-for-ownership): one pass over host memory less per
+// reduction, at the cost of the result not being in the cache afterwards.
+// That pays where host memory binds and the next reader of the result is
+// not the CPU but a copy engine (the gpu backend's copies in), and costs
+// where the CPU binds and reads the result next (the host backend).
+// Measured:
+//   - one H200 host, 256 MiB fp32 all-reduce, host-staged, -c 1, two
+//     interleaved pairs in one call (scripts/h200-session.d/small-on-device.sh,
+//     2026-12-01): 2 ranks 13.41/13.22 -> 12.81/12.32 ms, 7 ranks
+//     44.65/46.47 -> 43.80/43.81 ms (2-7% faster, every pair);
+//   - the 2-core dev VM, 32 MiB float32, 2 workers (BenchmarkReduceHost
+//     .../stream=): 2 sources 22-25 -> 16 GB/s, 7 sources 7.1-8.6 ->
+//     6.0-6.6 GB/s (slower: the CPU binds there).
+
+// StreamStores is MIGCTL_STREAM_STORES: "1" turns non-temporal result
+// stores on for every reduction, "0" off; unset, NonTemporalFor decides
+// per caller and ReduceHost stores plainly. Set before any reduction runs.
 var StreamStores = os.Getenv("MIGCTL_STREAM_STORES") == "1"
+
+var streamStoresOff = os.Getenv("MIGCTL_STREAM_STORES") == "0"
+
+// NonTemporalFor is whether reductions whose results copy engines read
+// next (dmaReads) should store them non-temporally: yes, unless
+// MIGCTL_STREAM_STORES says otherwise.
+func NonTemporalFor(dmaReads bool) bool {
+	switch {
+	case StreamStores:
+		return true
+	case streamStoresOff:
+		return false
+	}
+	return dmaReads
+}
 
 var scratchPool = sync.Pool{New: func() any { return new([blockBytes]byte) }}
 

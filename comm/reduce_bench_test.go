@@ -35,11 +35,9 @@ func BenchmarkReduceHost(b *testing.B) {
 		}
 	}
 	for _, stream := range []bool{false, true} {
-		// The result stored plainly or past the cache (StreamStores).
+		// The result stored plainly or past the cache (NonTemporal).
 		for _, k := range []int{2, 7} {
 			b.Run(fmt.Sprintf("f32/srcs%d/workers2/stream=%v", k, stream), func(b *testing.B) {
-				defer func(old bool) { StreamStores = old }(StreamStores)
-				StreamStores = stream
 				in := make([][]byte, k)
 				for i := range in {
 					in[i] = make([]byte, n)
@@ -48,7 +46,7 @@ func BenchmarkReduceHost(b *testing.B) {
 				b.SetBytes(n)
 				b.ResetTimer()
 				for range b.N {
-					if err := ReduceHost(dst, in, Float32, Sum, 2); err != nil {
+					if err := ReduceHostWith(dst, in, Float32, Sum, ReduceOptions{Workers: 2, NonTemporal: stream}); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -62,6 +62,7 @@ type Group struct {
 	transport Transport
 	alg       allreduce.Algorithm
 	groups    allreduce.Grouping // ranks sharing a GPU (Hierarchical)
+	h2dFixed  bool               // MIGCTL_H2D chose the small-copy mode
 
 	queue   chan *Work
 	stopped chan struct{}
@@ -247,6 +248,8 @@ func (g *Group) openDevice() error {
 	}
 	c.backend = BackendGPU
 	g.api = api
+	// Unset, the mode follows the ranks sharing the device (setSmallH2D).
+	g.h2dFixed = os.Getenv(EnvSmallH2D) != ""
 	mode, err := comm.ParseH2DMode(os.Getenv(EnvSmallH2D))
 	if err != nil {
 		return fmt.Errorf("%s: %w", EnvSmallH2D, err)
@@ -390,6 +393,9 @@ func (g *Group) connect(ctx context.Context) error {
 	if g.tr, err = comm.NewShmTransport(g.job.Control, rank, comm.ShmOptions{Spin: t.Spin}); err != nil {
 		return err
 	}
+	if err := g.setSmallH2D(); err != nil {
+		return err
+	}
 	if g.exec, err = allreduce.NewExecutor(g.dev, g.tr, opts); err != nil {
 		return err
 	}
@@ -408,6 +414,43 @@ func (g *Group) connect(ctx context.Context) error {
 		return g.connectNodes(ctx, cm)
 	}
 	return nil
+}
+
+// setSmallH2D sets the CUDA device's small-copy mode, unless MIGCTL_H2D
+// chose it, from how many of the node's ranks use this rank's CUDA device
+// (comm.SmallH2DFor; a MIG instance is a device of its own).
+func (g *Group) setSmallH2D() error {
+	d, ok := g.dev.(*comm.CUDADevice)
+	if !ok || g.h2dFixed {
+		return nil
+	}
+	rank, size, peers, _, _ := g.intra()
+	var me rendezvous.Peer
+	for i, p := range peers {
+		r := p.Rank // as peerGroups numbers them
+		if r < 0 || r >= size {
+			r = i
+		}
+		if r == rank {
+			me = p
+		}
+	}
+	n := 0
+	for _, p := range peers {
+		if p.Host == me.Host && p.GPUUUID == me.GPUUUID {
+			n++
+		}
+	}
+	return d.SetSmallH2D(comm.SmallH2DFor(n))
+}
+
+// SmallH2D is how the group's device queues small host-to-device copies
+// (comm.H2DMode; "" for the host backend).
+func (g *Group) SmallH2D() string {
+	if d, ok := g.dev.(*comm.CUDADevice); ok {
+		return string(d.SmallH2D())
+	}
+	return ""
 }
 
 // Rank is this process's rank in [0, Size).

@@ -27,5 +27,6 @@ func TestPTXHasEveryKernel(t *testing.T) {
 			require.Contains(t, string(PTX), ".entry "+name+"(")
 		})
 	}
+	require.Contains(t, string(PTX), ".entry mig_copy(")
 	require.NotContains(t, string(PTX), ".local", "kernels should not spill to local memory")
 }

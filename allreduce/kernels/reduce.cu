@@ -16,6 +16,11 @@
 //     dst[i] = dst[i] / div: true division for floating types (rounded once
 //     to the element type), truncating division for integers.
 //
+//   mig_copy(void *dst, const void *src, unsigned long long n)
+//     dst[i] = src[i] for n bytes: the small host-to-device copies of
+//     comm.H2DKernel, src being mapped host memory. 16-byte vectors when
+//     both are 16-byte aligned (the tail by bytes), else bytes.
+//
 //   op: sum | min | max (avg = sum, then scale by the rank count)
 //   dt: f32 | f16 | bf16 | f64 | i32 | i64 | u8
 //
@@ -192,3 +197,17 @@ DTYPE(f64, F64)
 DTYPE(i32, I32)
 DTYPE(i64, I64)
 DTYPE(u8, U8)
+
+extern "C" __global__ void mig_copy(void *dstv, const void *srcv, u64 n) {
+    unsigned char *dst = (unsigned char *)dstv;
+    const unsigned char *src = (const unsigned char *)srcv;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 head = 0;
+    if ((((u64)dst | (u64)src) & 15) == 0) {
+        const u64 nv = n / 16;
+        for (u64 i = tid; i < nv; i += stride) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
+        head = nv * 16;
+    }
+    for (u64 i = head + tid; i < n; i += stride) dst[i] = src[i];
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/trainer"
 )
 
@@ -45,6 +46,40 @@ func TestBenchGPUBackendOnFakeCUDA(t *testing.T) {
 			require.NoError(t, err, "migctl bench %v\nstderr:\n%s", args, stderr)
 			require.Equal(t, "gpu", rep.Backend)
 			require.NotEmpty(t, rep.Results)
+			for _, row := range rep.Results {
+				require.Zero(t, row.Wrong, "row %+v", row)
+			}
+		})
+	}
+}
+
+// TestBenchSmallH2DFollowsRanksPerDevice: small copies in go by the copy
+// kernel from comm.KernelH2DRanks ranks on one CUDA device on (the fake
+// driver's ranks all share one device), by the copy engines' 2D rows
+// below, and as MIGCTL_H2D says when it is set; every element checked,
+// sizes below and above comm.SmallH2DBytes.
+func TestBenchSmallH2DFollowsRanksPerDevice(t *testing.T) {
+	t.Setenv(trainer.EnvCUDAFake, "1")
+	shmDir := t.TempDir()
+	for _, tc := range []struct {
+		np   int
+		env  string
+		want string
+	}{
+		{comm.KernelH2DRanks, "", string(comm.H2DKernel)},
+		{comm.KernelH2DRanks - 1, "", string(comm.H2D2DRows)},
+		{2, "kernel", string(comm.H2DKernel)},
+		{comm.KernelH2DRanks, "2drows", string(comm.H2D2DRows)},
+	} {
+		t.Run(fmt.Sprintf("np%d/env=%s", tc.np, tc.env), func(t *testing.T) {
+			t.Setenv(trainer.EnvSmallH2D, tc.env)
+			args := []string{"allreduce", "--np", strconv.Itoa(tc.np), "--backend", "gpu", "--transport", "shm",
+				"--dtype", "float", "--op", "sum", "-b", "4", "-e", "256KiB", "-f", "8", "-n", "2", "-w", "1", "-c", "1",
+				"--timeout", "60s", "--shm-dir", shmDir, "-q"}
+			rep, stderr, err := runBench(t, 3*time.Minute, args...)
+			require.NoError(t, err, "migctl bench %v\nstderr:\n%s", args, stderr)
+			require.Equal(t, tc.want, rep.SmallH2D)
+			require.Len(t, rep.Results, 6)
 			for _, row := range rep.Results {
 				require.Zero(t, row.Wrong, "row %+v", row)
 			}

@@ -23,7 +23,7 @@ func runRank(ctx context.Context, spec benchrank.Config, addr, token string, ran
 // measurements r of spec: each row with its bandwidths.
 func newBenchReport(spec benchrank.Config, r *benchrank.Report) *benchReport {
 	rep := &benchReport{Coll: spec.Coll, NP: r.NP, Backend: r.Backend, Transport: r.Transport,
-		Algorithm: r.Algorithm, GPUShare: r.GPUShare, InPlace: spec.InPlace, Iters: spec.Iters}
+		Algorithm: r.Algorithm, GPUShare: r.GPUShare, InPlace: spec.InPlace, Iters: spec.Iters, SmallH2D: r.SmallH2D}
 	if r.SmallOn != "cpu" {
 		rep.SmallOn = r.SmallOn
 	}

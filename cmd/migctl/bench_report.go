@@ -66,6 +66,10 @@ type benchReport struct {
 	// when not on the CPU: "device", or "device, flags by the CPU" where
 	// the streams could not wait for the flags themselves.
 	SmallOn string `json:"smallOn,omitempty" yaml:"smallOn,omitempty"`
+	// SmallH2D is how small copies in were queued (gpu backend; rank 0):
+	// "2drows" (the copy engines) or "kernel" (a copy kernel; the default
+	// from comm.KernelH2DRanks ranks on one CUDA device; MIGCTL_H2D forces).
+	SmallH2D string `json:"smallH2D,omitempty" yaml:"smallH2D,omitempty"`
 	// MPS says the local ranks ran under a private MPS server (--mps).
 	MPS bool `json:"mps,omitempty" yaml:"mps,omitempty"`
 }

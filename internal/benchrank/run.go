@@ -41,7 +41,9 @@ type Report struct {
 	GPUShare int
 	// SmallOn is where small all-reduces reduced (trainer.Group.SmallOn).
 	SmallOn string
-	Rows    []Row
+	// SmallH2D is how rank 0 queued small copies in (trainer.Group.SmallH2D).
+	SmallH2D string
+	Rows     []Row
 }
 
 // Row is one message size.
@@ -167,7 +169,7 @@ func merge(ctx context.Context, g *trainer.Group, cfg Config, coll allreduce.Col
 		perRank[q] = rs
 	}
 	rep := &Report{NP: n, Backend: string(g.Backend()), Transport: string(g.Transport()),
-		Algorithm: g.Algorithm(), GPUShare: g.GPUShare(), SmallOn: g.SmallOn(), Rows: mergeRows(coll, dt, sizes, cfg.Check, perRank)}
+		Algorithm: g.Algorithm(), GPUShare: g.GPUShare(), SmallOn: g.SmallOn(), SmallH2D: g.SmallH2D(), Rows: mergeRows(coll, dt, sizes, cfg.Check, perRank)}
 	if err := st.Barrier(ctx, DoneBarrier); err != nil {
 		return nil, err
 	}
