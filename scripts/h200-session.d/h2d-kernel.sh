@@ -42,14 +42,7 @@ say "== 4. PyTorch, 7 ranks"
 MIGCTL_H2D=kernel timeout 200 $M run --gpus 0 --np 7 -q --timeout 120s -- \
   python3 python/tests/gpu_checks.py >"$W/gpu-checks-kern.out" 2>&1
 say "gpu_checks kernel rc=$?"; grep -h '"failures"' "$W/gpu-checks-kern.out" | head -1 | cut -c 1-300 >>"$S"
-for h in 2drows kernel 2drows kernel; do
-  MIGCTL_H2D=$h N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
-    python3 python/tests/overhead_check.py --device cuda >"$W/ovh-$h.out" 2>&1
-  say "ovh np=7 h2d=$h rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$W/ovh-$h.out" | python3 -c '
-import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.strip()]
-print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "c_abi_us", "c_run_us") if rows and k in rows[0]))')"
-done
+for h in 2drows kernel 2drows kernel; do ovh "h2d=$h" MIGCTL_H2D=$h; done
 
 say "== 5. gloo"
 timeout 120 python3 bin/gloo_allreduce.py --np 7 --sizes 8K --iters 200 >"$W/gloo.txt" 2>"$W/gloo.err"

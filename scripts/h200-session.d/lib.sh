@@ -20,3 +20,21 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
   local rc=$?
   say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
+ddp() { # tag model batch backend: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
+  # once the script has run DDP_DEADLINE seconds (default: never)
+  [ "$SECONDS" -lt "${DDP_DEADLINE:-1000000}" ] || { say "$1 skipped (time)"; return; }
+  timeout 80 $M run --gpus 0 --np 7 -q -- python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 \
+    2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
+  say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print("ms/step=%.1f identical=%s" % (r["step_ms_median_slowest_rank"], r["ranks_identical"]))' "$W/$1.json" 2>/dev/null)"
+}
+ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhead_check.py), 7 ranks,
+  # CUDA tensors, the slowest rank's figures
+  local label=$1 out; shift
+  OVH_N=$((${OVH_N:-0} + 1)); out=$W/ovh-$OVH_N.out
+  env "$@" N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
+    python3 python/tests/overhead_check.py --device cuda >"$out" 2>&1
+  say "ovh np=7 $label rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$out" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "c_abi_us", "c_run_us") if rows and k in rows[0]))')"
+}

@@ -46,13 +46,7 @@ timeout 150 python3 bin/gloo_allreduce.py --np 2,7 --sizes 8K,256M --iters 5 >"$
 say "gloo rc=$? $(grep -h 'np=' "$W/gloo.txt" | tr '\n' ' ')"
 
 say "== 5. DDP (7 ranks, GPU 0), if time is left (${SECONDS}s so far)"
-J=$W/ddp.jsonl; : >"$J"
-ddp() { # tag model batch backend
-  [ "$SECONDS" -lt 430 ] || { say "$1 skipped (time)"; return; }
-  timeout 80 $M run --gpus 0 --np 7 -q -- python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 \
-    2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
-  say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print("ms/step=%.1f identical=%s" % (r["step_ms_median_slowest_rank"], r["ranks_identical"]))' "$W/$1.json" 2>/dev/null)"
-}
+DDP_DEADLINE=430
 for m in "resnet 8" "gpt 4"; do
   set -- $m
   ddp "$1-$2-migctl" "$1" "$2" migctl

@@ -85,11 +85,4 @@ say "== 4. PyTorch: correctness (gpu_checks.py, stream order included) and per-c
 MIGCTL_TUNING=smallon=device timeout 300 $M run --gpus 0 --np 7 -q --timeout 120s -- \
   python3 python/tests/gpu_checks.py >"$W/gpu-checks-dev.out" 2>&1
 say "gpu_checks smallon=device rc=$?"; grep -h '"failures"' "$W/gpu-checks-dev.out" | head -1 | cut -c 1-300 >>"$S"
-for on in cpu device cpu device; do
-  MIGCTL_TUNING=smallon=$on N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
-    python3 python/tests/overhead_check.py --device cuda >"$W/ovh-$on.out" 2>&1
-  say "ovh np=7 smallon=$on rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$W/ovh-$on.out" | python3 -c '
-import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.strip()]
-print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "c_abi_us", "c_run_us", "bench_us") if rows and k in rows[0]))')"
-done
+for on in cpu device cpu device; do ovh "smallon=$on" MIGCTL_TUNING=smallon=$on; done

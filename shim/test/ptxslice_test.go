@@ -178,9 +178,20 @@ func checkStructure(t *testing.T, r rewritten) {
 func TestPTXSliceRewritesRepoKernels(t *testing.T) {
 	r := rewrite(t, filepath.Join(repoRoot(t), "allreduce", "kernels", "reduce.ptx"))
 	require.Equal(t, "1", r.module["ok"])
-	require.Equal(t, "28", r.module["nentries"], "7 types x (3 reductions + scale)")
-	require.Equal(t, "28", r.module["nsliceable"], "every reduction kernel is sliceable: %v", r.entries)
+	require.Equal(t, "29", r.module["nentries"], "7 types x (3 reductions + scale) + the copy kernel")
+	require.Equal(t, "29", r.module["nsliceable"], "every kernel is sliceable: %v", r.entries)
 	for name, e := range r.entries {
+		if name == "mig_copy" {
+			// (void *dst, const void *src, u64 n): writes dst, never reads it
+			require.Equal(t, "3", e["nparams"], name)
+			require.Equal(t, "24", e["param_bytes"], name)
+			require.Equal(t, e["param_bytes"], e["slice_offset"], name)
+			require.Equal(t, "1", e["sliceable"], name)
+			require.NotEqual(t, "0", e["ctaid"], "%s: grid-stride loops read blockIdx.x", name)
+			// (Whether it is idempotent is left to the slicer, which may
+			// stay conservative: not re-running a kernel is always safe.)
+			continue
+		}
 		if strings.HasPrefix(name, "mig_reduce_") {
 			// (void *dst, Srcs{8 pointers}, int k, u64 n): 8 + 64 + 4 (+4 padding) + 8
 			require.Equal(t, "4", e["nparams"], name)
