@@ -36,8 +36,9 @@ test: lint build shim lib
 	MIGCTL_BIN=$(abspath $(BIN))/migctl MIGSWAP_BIN=$(abspath $(BIN)) MIGCTL_LIB=$(abspath $(BIN))/libmigctl.so \
 	  $(GOC) test -race -count=1 -timeout 45m $(PKGS)
 	# tests the race detector cannot follow (ranks synchronised through shared memory): see trainer/ipc_test.go;
-	# failures whose released kernels read what a peer writes: allreduce/device_lane_norace_test.go
-	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge|RunChecksInPlace|SmallOnDeviceCloseAfterFailure|SmallOnDeviceReleaseOverwritten' ./trainer/ ./internal/benchrank/ ./allreduce/
+	# failures whose released kernels read what a peer writes: allreduce/device_lane_norace_test.go;
+	# synchronous and asynchronous calls mixed in place: trainer/inline_norace_test.go
+	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge|RunChecksInPlace|SyncAndAsyncMixedKeepOrder|SmallOnDeviceCloseAfterFailure|SmallOnDeviceReleaseOverwritten' ./trainer/ ./internal/benchrank/ ./allreduce/
 
 test-short:
 	$(GOC) test -short -count=1 $(PKGS)

@@ -10,11 +10,15 @@ import (
 // AllReduce sets recv to op over every rank's send (send.Count elements;
 // recv may be send itself: in place). It blocks until recv holds the result.
 func (g *Group) AllReduce(ctx context.Context, send, recv Buffer, op Op) error {
-	return g.wait(g.AllReduceAsync(ctx, send, recv, op))
+	return g.wait(g.allReduce(ctx, true, send, recv, op))
 }
 
 // AllReduceAsync issues AllReduce and returns at once.
 func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *Work {
+	return g.allReduce(ctx, false, send, recv, op)
+}
+
+func (g *Group) allReduce(ctx context.Context, inline bool, send, recv Buffer, op Op) *Work {
 	const name = "allreduce"
 	n := send.count
 	if err := checkOperands(send, recv, n, n); err != nil {
@@ -23,7 +27,7 @@ func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *W
 	if op < Sum || op > Max {
 		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
 	}
-	return g.submit(ctx, name, "all_reduce", send.Bytes(), func(ctx context.Context) error {
+	return g.issue(ctx, inline, name, "all_reduce", send.Bytes(), func(ctx context.Context) error {
 		if g.transport == TransportIPC && n > 0 {
 			return g.allReduceIPC(ctx, send, recv, op)
 		}
@@ -40,11 +44,15 @@ func (g *Group) AllReduceAsync(ctx context.Context, send, recv Buffer, op Op) *W
 // op and leaves block Rank() of the result (recv.Count elements) in recv. If
 // recv is send itself, the block stays at its place in send.
 func (g *Group) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) error {
-	return g.wait(g.ReduceScatterAsync(ctx, send, recv, op))
+	return g.wait(g.reduceScatter(ctx, true, send, recv, op))
 }
 
 // ReduceScatterAsync issues ReduceScatter and returns at once.
 func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op) *Work {
+	return g.reduceScatter(ctx, false, send, recv, op)
+}
+
+func (g *Group) reduceScatter(ctx context.Context, inline bool, send, recv Buffer, op Op) *Work {
 	const name = "reducescatter"
 	block := recv.count
 	if same(send, recv) {
@@ -56,7 +64,7 @@ func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op
 	if op < Sum || op > Max {
 		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
 	}
-	return g.submit(ctx, name, "reduce_scatter", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
+	return g.issue(ctx, inline, name, "reduce_scatter", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, block*g.size, block, func(s, r comm.Buffer) error {
 			return g.cm.ReduceScatter(ctx, s, r, block, send.dtype, op)
 		})
@@ -67,11 +75,15 @@ func (g *Group) ReduceScatterAsync(ctx context.Context, send, recv Buffer, op Op
 // order into recv (Size()·send.Count elements). If send is recv itself,
 // this rank's input is block Rank() of recv.
 func (g *Group) AllGather(ctx context.Context, send, recv Buffer) error {
-	return g.wait(g.AllGatherAsync(ctx, send, recv))
+	return g.wait(g.allGather(ctx, true, send, recv))
 }
 
 // AllGatherAsync issues AllGather and returns at once.
 func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
+	return g.allGather(ctx, false, send, recv)
+}
+
+func (g *Group) allGather(ctx context.Context, inline bool, send, recv Buffer) *Work {
 	const name = "allgather"
 	block := send.count
 	if same(send, recv) {
@@ -80,7 +92,7 @@ func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
 	if err := checkOperands(send, recv, block, block*g.size); err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
-	return g.submit(ctx, name, "all_gather", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
+	return g.issue(ctx, inline, name, "all_gather", block*g.size*send.dtype.Size(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, block, block*g.size, func(s, r comm.Buffer) error {
 			return g.cm.AllGather(ctx, s, r, block, send.dtype)
 		})
@@ -91,11 +103,15 @@ func (g *Group) AllGatherAsync(ctx context.Context, send, recv Buffer) *Work {
 // send is read on root only (other ranks may pass the zero Buffer); pass the
 // same buffer twice to broadcast in place.
 func (g *Group) Broadcast(ctx context.Context, send, recv Buffer, root int) error {
-	return g.wait(g.BroadcastAsync(ctx, send, recv, root))
+	return g.wait(g.broadcast(ctx, true, send, recv, root))
 }
 
 // BroadcastAsync issues Broadcast and returns at once.
 func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int) *Work {
+	return g.broadcast(ctx, false, send, recv, root)
+}
+
+func (g *Group) broadcast(ctx context.Context, inline bool, send, recv Buffer, root int) *Work {
 	const name = "broadcast"
 	if root < 0 || root >= g.size {
 		return failed(name, fmt.Errorf("%s: root %d of %d ranks: %w", name, root, g.size, comm.ErrInvalid))
@@ -107,7 +123,7 @@ func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int)
 	if err := checkOperands(send, recv, n, n); err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
-	return g.submit(ctx, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
+	return g.issue(ctx, inline, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
 		})
@@ -115,11 +131,13 @@ func (g *Group) BroadcastAsync(ctx context.Context, send, recv Buffer, root int)
 }
 
 // Barrier returns once every rank has entered it.
-func (g *Group) Barrier(ctx context.Context) error { return g.wait(g.BarrierAsync(ctx)) }
+func (g *Group) Barrier(ctx context.Context) error { return g.wait(g.barrier(ctx, true)) }
 
 // BarrierAsync issues Barrier and returns at once.
-func (g *Group) BarrierAsync(ctx context.Context) *Work {
-	return g.submit(ctx, "barrier", "barrier", 0, func(ctx context.Context) error { return g.cm.Barrier(ctx) })
+func (g *Group) BarrierAsync(ctx context.Context) *Work { return g.barrier(ctx, false) }
+
+func (g *Group) barrier(ctx context.Context, inline bool) *Work {
+	return g.issue(ctx, inline, "barrier", "barrier", 0, func(ctx context.Context) error { return g.cm.Barrier(ctx) })
 }
 
 // wait is Wait for the synchronous calls: they return when the collective

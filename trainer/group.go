@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/migctl/migctl/allreduce"
@@ -66,6 +67,12 @@ type Group struct {
 
 	queue   chan *Work
 	stopped chan struct{}
+	// running is held by whoever runs a collective: the worker, or a
+	// synchronous caller running its call inline (work.go). pending counts
+	// the collectives queued or running; inlined the inline ones, for Close.
+	running sync.Mutex
+	pending atomic.Int64
+	inlined sync.WaitGroup
 
 	hold   *holdState
 	clock  *callClock // the deadline of the worker's collectives
@@ -503,6 +510,8 @@ func (g *Group) Close() error {
 		close(g.queue)
 		g.mu.Unlock()
 		<-g.stopped
+		g.inlined.Wait() // calls running inline on their callers' goroutines
+		g.clock.close()
 		g.closeErr = g.release()
 	})
 	return g.closeErr

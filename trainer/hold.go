@@ -115,7 +115,9 @@ func (h *holdState) waitReleased(ctx context.Context) error {
 // far away (only reported: the clock's timer ends the call). One context
 // and one timer serve call after call while the callers pass the same
 // context and no call times out (a collective then costs no allocation
-// here); only the worker goroutine calls begin and end.
+// here); only the goroutine running a collective (the worker, or a
+// synchronous caller running it inline, holding Group.running) calls begin
+// and end.
 type callClock struct {
 	h *holdState
 
@@ -181,7 +183,7 @@ func (c *callClock) end() {
 	c.mu.Unlock()
 }
 
-// close releases the context (the worker has ended).
+// close releases the context (the group is closing: no collective runs).
 func (c *callClock) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

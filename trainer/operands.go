@@ -216,7 +216,7 @@ func (g *Group) Write(ctx context.Context, dst Buffer, src []byte) error {
 	if len(src) > dst.Bytes() {
 		return fmt.Errorf("writing %d bytes into a %d-byte buffer: %w", len(src), dst.Bytes(), comm.ErrInvalid)
 	}
-	return g.wait(g.submit(ctx, "write", "", 0, func(ctx context.Context) error {
+	return g.wait(g.issue(ctx, true, "write", "", 0, func(ctx context.Context) error {
 		if !dst.OnDevice() {
 			copy(dst.host, src)
 			return nil
@@ -237,7 +237,7 @@ func (g *Group) Read(ctx context.Context, dst []byte, src Buffer) error {
 	if len(dst) > src.Bytes() {
 		return fmt.Errorf("reading %d bytes from a %d-byte buffer: %w", len(dst), src.Bytes(), comm.ErrInvalid)
 	}
-	return g.wait(g.submit(ctx, "read", "", 0, func(ctx context.Context) error {
+	return g.wait(g.issue(ctx, true, "read", "", 0, func(ctx context.Context) error {
 		if !src.OnDevice() {
 			copy(dst, src.host)
 			return nil
@@ -274,7 +274,7 @@ func (g *Group) RegisterIPC(ctx context.Context, send, recv Buffer) error {
 	if send.own == nil || recv.own == nil {
 		return fmt.Errorf("registering buffers for IPC: only buffers from Alloc can be exported: %w", comm.ErrInvalid)
 	}
-	return g.wait(g.submit(ctx, "register", "", 0, func(ctx context.Context) error {
+	return g.wait(g.issue(ctx, true, "register", "", 0, func(ctx context.Context) error {
 		ipcDev, ok := g.dev.(comm.IPCDevice)
 		if !ok {
 			return fmt.Errorf("transport ipc on a device without CUDA IPC: %w", ErrUnsupported)
