@@ -87,12 +87,7 @@ func (g *Group) issue(ctx context.Context, inline bool, name, op string, bytes i
 		// waits for running).
 		g.inlined.Add(1)
 		g.mu.Unlock()
-		g.running.Lock()
-		w.err = g.runWork(w)
-		g.running.Unlock()
-		g.pending.Add(-1)
-		g.inlined.Done()
-		w.done = doneChan
+		g.runInline(w)
 		return w
 	}
 	w.done = make(chan struct{})
@@ -100,6 +95,17 @@ func (g *Group) issue(ctx context.Context, inline bool, name, op string, bytes i
 	g.queue <- w
 	g.mu.Unlock()
 	return w
+}
+
+// runInline runs w on the calling goroutine (issue claimed the order for
+// it: pending and inlined counted it).
+func (g *Group) runInline(w *Work) {
+	defer g.inlined.Done()
+	defer g.pending.Add(-1)
+	g.running.Lock()
+	defer g.running.Unlock()
+	w.err = g.runWork(w)
+	w.done = doneChan
 }
 
 // doneChan is the Done of work that finished before its call returned.
