@@ -96,9 +96,13 @@ const KernelH2DRanks = 4
 
 // SmallH2DFor is the small-copy mode for a CUDA device that ranks
 // processes of a job share (they copy their results in at the same
-// moment): H2DKernel from KernelH2DRanks on, else H2D2DRows.
-func SmallH2DFor(ranks int) H2DMode {
-	if ranks >= KernelH2DRanks {
+// moment), mps saying whether they are clients of an MPS server:
+// H2DKernel from KernelH2DRanks on under MPS, else H2D2DRows. Without MPS
+// the processes' contexts are time-sliced (a switch took ~150 µs on an
+// H200), and a copy kernel would wait for its context's slice: the kernel
+// was measured under MPS only.
+func SmallH2DFor(ranks int, mps bool) H2DMode {
+	if mps && ranks >= KernelH2DRanks {
 		return H2DKernel
 	}
 	return H2D2DRows

@@ -99,6 +99,9 @@ func (s *cudaStream) copyRows(dst cuda.DevicePtr, p unsafe.Pointer, n uint64) er
 		if err := s.d.api.Memcpy2DHtoDAsync(dst, 64, p, 64, 64, main/64, s.s); err != nil {
 			return err
 		}
+		if main == n {
+			return nil // (p+main would point past the source: invalid for checkptr)
+		}
 		dst, p, n = dst+cuda.DevicePtr(main), unsafe.Add(p, main), n-main
 	}
 	if n == 0 {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -138,12 +139,25 @@ func reduceRange(dst []byte, srcs [][]byte, lo, hi int, dt DType, op Op, div int
 //     .../stream=): 2 sources 22-25 -> 16 GB/s, 7 sources 7.1-8.6 ->
 //     6.0-6.6 GB/s (slower: the CPU binds there).
 
-// StreamStores is MIGCTL_STREAM_STORES: "1" turns non-temporal result
-// stores on for every reduction, "0" off; unset, NonTemporalFor decides
-// per caller and ReduceHost stores plainly. Set before any reduction runs.
-var StreamStores = os.Getenv("MIGCTL_STREAM_STORES") == "1"
+// StreamStores is MIGCTL_STREAM_STORES: "1" (or true, on) turns
+// non-temporal result stores on for every reduction, "0" (false, off) off;
+// unset or anything else, NonTemporalFor decides per caller and ReduceHost
+// stores plainly. Set before any reduction runs.
+var StreamStores = envSwitch("MIGCTL_STREAM_STORES", "1", "true", "on")
 
-var streamStoresOff = os.Getenv("MIGCTL_STREAM_STORES") == "0"
+var streamStoresOff = envSwitch("MIGCTL_STREAM_STORES", "0", "false", "off")
+
+// envSwitch is whether the environment variable name holds one of values
+// (case aside).
+func envSwitch(name string, values ...string) bool {
+	v := os.Getenv(name)
+	for _, w := range values {
+		if strings.EqualFold(v, w) {
+			return true
+		}
+	}
+	return false
+}
 
 // NonTemporalFor is whether reductions whose results copy engines read
 // next (dmaReads) should store them non-temporally: yes, unless

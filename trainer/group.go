@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/comm/shm"
 	"github.com/migctl/migctl/internal/cuda"
+	"github.com/migctl/migctl/internal/mps"
 )
 
 // Sentinel errors of this package (the comm sentinels are returned too).
@@ -428,7 +430,7 @@ func (g *Group) connect(ctx context.Context) error {
 // (comm.SmallH2DFor; a MIG instance is a device of its own).
 func (g *Group) setSmallH2D() error {
 	d, ok := g.dev.(*comm.CUDADevice)
-	if !ok || g.h2dFixed {
+	if !ok || g.h2dFixed || g.cfg.dev != nil { // a device given to Init keeps its configuration
 		return nil
 	}
 	rank, size, peers, _, _ := g.intra()
@@ -448,7 +450,19 @@ func (g *Group) setSmallH2D() error {
 			n++
 		}
 	}
-	return d.SetSmallH2D(comm.SmallH2DFor(n))
+	return d.SetSmallH2D(comm.SmallH2DFor(n, mpsClient()))
+}
+
+// mpsClient is whether this process's CUDA work goes through an MPS server:
+// CUDA_MPS_PIPE_DIRECTORY is set (migctl run, migctl bench and the swap
+// daemon set it for the MPS servers they start), or a node-wide MPS control
+// daemon has its pipe where clients look without it.
+func mpsClient() bool {
+	if os.Getenv(mps.EnvPipeDir) != "" {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(mps.SystemPipeDir, mps.ControlPipe))
+	return err == nil
 }
 
 // SmallH2D is how the group's device queues small host-to-device copies

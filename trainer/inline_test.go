@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
 )
 
 // goid is the calling goroutine's id (from its stack header).
@@ -132,5 +135,40 @@ func TestSyncCallsRunInlineInOrder(t *testing.T) {
 		}
 		open(hold)
 		return <-closed
+	}))
+}
+
+// A caller locked to its OS thread with no CUDA context current (or one of
+// its own) finds the same after a synchronous collective, which runs on its
+// goroutine and makes the device's context current for its driver calls;
+// and after an asynchronous one (found in review).
+func TestSyncCallKeepsCallerContext(t *testing.T) {
+	f := cuda.NewFake()
+	comm.InstallFakeCUDAKernels(f)
+	requireAll(t, world(t, 1, func(int) []Option {
+		return []Option{withCUDA(f), WithBackend(BackendGPU)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		buf := make([]float32, 256)
+		for _, sync := range []bool{false, true} {
+			if err := f.CtxSetCurrent(0); err != nil {
+				return err
+			}
+			var err error
+			if sync {
+				err = g.AllReduce(ctx, HostSlice(buf), HostSlice(buf), Sum)
+			} else {
+				err = g.AllReduceAsync(ctx, HostSlice(buf), HostSlice(buf), Sum).Wait(ctx)
+			}
+			if err != nil {
+				return err
+			}
+			if c := f.Current(); c != 0 {
+				return fmt.Errorf("sync=%v: the caller's thread now has context %#x current (had none)", sync, c)
+			}
+		}
+		return nil
 	}))
 }

@@ -20,8 +20,8 @@ input itself: one copy each way, one flag round); with --small-on device each ra
 stream waits for the peers' flags and reduces their staged inputs itself, with no CPU step
 between the copies (the JSON's smallOn says whether the device or the CPU carried the flags;
 measured slower on an H200, so off by default). Copies in below 32 KiB go by a copy kernel
-when 4 or more ranks share one CUDA device (they would queue on its copy engine), else by the
-copy engines (the JSON's smallH2D; MIGCTL_H2D=kernel|2drows forces one). MIGCTL_TRACE=1 in
+when 4 or more ranks share one CUDA device under MPS (they would queue on its copy engine),
+else by the copy engines (the JSON's smallH2D; MIGCTL_H2D=kernel|2drows forces one). MIGCTL_TRACE=1 in
 the environment makes rank 0 print, at the end, where the time of each size went: per step, the wait for other
 ranks' flags, the time to issue it and the device's time to complete it (MIGCTL_TRACE=all:
 every rank).

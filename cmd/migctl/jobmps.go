@@ -36,7 +36,7 @@ const EnvMPSProbe = "MIGCTL_MPS_PROBE"
 // systemMPSDir is where CUDA clients look for an MPS control daemon when
 // CUDA_MPS_PIPE_DIRECTORY is not set: a node that runs MPS for everyone has
 // its control pipe there, and the ranks are its clients already.
-var systemMPSDir = "/tmp/nvidia-mps"
+var systemMPSDir = mps.SystemPipeDir
 
 // mpsProbeTimeout bounds the probe: the driver's start and the MPS server's.
 const mpsProbeTimeout = 30 * time.Second

@@ -40,6 +40,11 @@ var ErrNoControl = errors.New("no MPS control program")
 // control daemon whose pipes are in its value.
 const EnvPipeDir = "CUDA_MPS_PIPE_DIRECTORY"
 
+// SystemPipeDir is where CUDA clients look for an MPS control daemon when
+// EnvPipeDir is not set: a node that runs MPS for everyone has its control
+// pipe (ControlPipe) there, and every CUDA process is its client.
+const SystemPipeDir = "/tmp/nvidia-mps"
+
 // mpsStartTimeout bounds the wait for the control pipe after `-d`.
 const mpsStartTimeout = 10 * time.Second
 
