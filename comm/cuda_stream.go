@@ -132,15 +132,15 @@ func (s *cudaStream) copySmallFromHost(dst cuda.DevicePtr, src []byte) error {
 	mode := s.d.smallH2D
 	var mapped cuda.DevicePtr
 	switch mode {
-	case H2DFromMapped:
+	case H2DFromMapped, H2DKernel:
+		// Both read the source through its mapped address; an unregistered
+		// one goes the way of the mode's copy-engine twin.
 		var err error
 		if mapped, err = s.d.mapped(src); err != nil {
 			mode = H2DPlain
-		}
-	case H2DKernel:
-		var err error
-		if mapped, err = s.d.mapped(src); err != nil {
-			mode = H2D2DRows
+			if s.d.smallH2D == H2DKernel {
+				mode = H2D2DRows
+			}
 		}
 	case H2DPadded:
 		if _, err := s.d.mappedRange(uintptr(p), SmallH2DBytes); err != nil {

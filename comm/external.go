@@ -141,6 +141,32 @@ func (d *CUDADevice) callerContext() (func(), error) {
 	return func() {}, nil
 }
 
+// KeepThreadContext notes the CUDA context current on the calling thread
+// and returns what makes it current there again: for work that runs on a
+// caller's goroutine, whose driver calls make the device's context current
+// (bind). The thread is locked only while the context is read or set, not
+// in between: a locked goroutine's every yield in the polling loops would
+// hand its P away and back (cmd/libmigctl/doc.go). A caller that locked its
+// thread stays on it, so its context comes back where it was read; on an
+// unlocked goroutine the current context means nothing to the caller, and
+// setting it on whichever thread the goroutine ends on harms nobody (every
+// driver call of this package makes its own context current first).
+func (d *CUDADevice) KeepThreadContext() func() {
+	runtime.LockOSThread()
+	prev, err := d.api.CtxGetCurrent()
+	runtime.UnlockOSThread()
+	if err != nil {
+		return func() {}
+	}
+	return func() {
+		runtime.LockOSThread()
+		if cur, err := d.api.CtxGetCurrent(); err == nil && cur != prev {
+			_ = d.api.CtxSetCurrent(prev)
+		}
+		runtime.UnlockOSThread()
+	}
+}
+
 // completeEvent is an Event that has completed (RecordStream on an idle stream).
 type completeEvent struct{}
 

@@ -343,10 +343,7 @@ func (g *Group) chooseAlgorithm() error {
 func peerGroups(peers []rendezvous.Peer, size int) (allreduce.Grouping, error) {
 	keys := make([]string, size)
 	for i, p := range peers {
-		r := p.Rank
-		if r < 0 || r >= size {
-			r = i
-		}
+		r := peerRank(p, i, size)
 		keys[r] = p.ParentGPUUUID
 		if keys[r] == "" {
 			keys[r] = p.GPUUUID
@@ -434,23 +431,24 @@ func (g *Group) setSmallH2D() error {
 		return nil
 	}
 	rank, size, peers, _, _ := g.intra()
-	var me rendezvous.Peer
+	ranks, mine := map[string]int{}, ""
 	for i, p := range peers {
-		r := p.Rank // as peerGroups numbers them
-		if r < 0 || r >= size {
-			r = i
-		}
-		if r == rank {
-			me = p
+		key := p.Host + "/" + p.GPUUUID
+		ranks[key]++
+		if peerRank(p, i, size) == rank {
+			mine = key
 		}
 	}
-	n := 0
-	for _, p := range peers {
-		if p.Host == me.Host && p.GPUUUID == me.GPUUUID {
-			n++
-		}
+	return d.SetSmallH2D(comm.SmallH2DFor(ranks[mine], mpsClient()))
+}
+
+// peerRank is the rank of peers[i] among size ranks: its own, or its place
+// in the list where it has none.
+func peerRank(p rendezvous.Peer, i, size int) int {
+	if p.Rank < 0 || p.Rank >= size {
+		return i
 	}
-	return d.SetSmallH2D(comm.SmallH2DFor(n, mpsClient()))
+	return p.Rank
 }
 
 // mpsClient is whether this process's CUDA work goes through an MPS server:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/migctl/migctl/comm"
@@ -104,44 +103,18 @@ func (g *Group) issue(ctx context.Context, inline bool, name, op string, bytes i
 
 // runInline runs w on the calling goroutine (issue claimed the order for
 // it: pending and inlined counted it, and it holds running). The CUDA
-// context current on the caller's thread is as it was before (the device's
-// driver calls make theirs current): a caller that locked its thread to
+// context current on the caller's thread is as it was before
+// (comm.CUDADevice.KeepThreadContext): a caller that locked its thread to
 // work in a context of its own finds that one again.
 func (g *Group) runInline(w *Work) {
 	defer g.inlined.Done()
 	defer g.pending.Add(-1)
 	defer g.running.Unlock()
-	defer g.keepCallerContext()()
+	if d, ok := g.dev.(*comm.CUDADevice); ok {
+		defer d.KeepThreadContext()()
+	}
 	w.err = g.runWork(w)
 	w.done = doneChan
-}
-
-// keepCallerContext notes the CUDA context current on the calling thread
-// and returns what puts it back (gpu backend; else nothing). The thread is
-// locked only while the context is read or set, not during the collective:
-// a locked goroutine's every yield in the polling loops would hand its P
-// away and back (cmd/libmigctl/doc.go). A caller that locked its thread
-// stays on it, so the context goes back where it was read; on an unlocked
-// goroutine the current context means nothing to the caller, and setting
-// it on whichever thread the goroutine ends on harms nobody (every driver
-// call of migctl's makes its own context current first).
-func (g *Group) keepCallerContext() func() {
-	if g.api == nil {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	prev, err := g.api.CtxGetCurrent()
-	runtime.UnlockOSThread()
-	if err != nil {
-		return func() {}
-	}
-	return func() {
-		runtime.LockOSThread()
-		if cur, err := g.api.CtxGetCurrent(); err == nil && cur != prev {
-			_ = g.api.CtxSetCurrent(prev)
-		}
-		runtime.UnlockOSThread()
-	}
 }
 
 // doneChan is the Done of work that finished before its call returned.
