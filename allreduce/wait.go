@@ -3,7 +3,6 @@ package allreduce
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -42,7 +41,7 @@ func waitEvent(ctx context.Context, ev comm.Event, tr Transport, spin time.Durat
 				return nil
 			default:
 			}
-			runtime.Gosched()
+			comm.Yield()
 		}
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // EnvSpinYield sets how many polls a spinning wait makes between two
@@ -29,10 +30,33 @@ var spinYieldEvery = sync.OnceValue(func() int {
 	return spinYieldDefault
 })
 
+// held counts the HoldYields in force.
+var held atomic.Int32
+
+// HoldYields makes spinning waits (SpinPause, Yield) poll without yielding
+// until the returned function is called. For a collective that runs on a
+// goroutine locked to its thread (a cgo callback from a C thread: libmigctl's
+// migctl_run), where each yield hands the thread's P to another thread and
+// back, two futex wakes. Only where GOMAXPROCS leaves the rest of the
+// process a P: a poll that never yields holds its P.
+func HoldYields() (release func()) {
+	held.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { held.Add(-1) }) }
+}
+
 // SpinPause is what a spinning wait does between two polls, the i-th: a
-// Gosched every EnvSpinYield polls, nothing in between.
+// Gosched every EnvSpinYield polls, nothing in between (nothing at all
+// under HoldYields).
 func SpinPause(i int) {
-	if n := spinYieldEvery(); n == 1 || i%n == n-1 {
+	if n := spinYieldEvery(); (n == 1 || i%n == n-1) && held.Load() == 0 {
+		runtime.Gosched()
+	}
+}
+
+// Yield is runtime.Gosched, except under HoldYields.
+func Yield() {
+	if held.Load() == 0 {
 		runtime.Gosched()
 	}
 }

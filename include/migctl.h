@@ -63,13 +63,15 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 6 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 7 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
                               5: migctl_run (issue and wait in one call); MIGCTL_STAT_RUNS;
                               6: migctl_run of a small device all-reduce on the devices
-                                 (smallon=device) returns in stream order */
+                                 (smallon=device) returns in stream order;
+                              7: MIGCTL_STAT_DIRECT (migctl_run may run a collective on the
+                                 calling thread) */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -196,9 +198,11 @@ int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int d
 /* migctl_issue and migctl_wait(handle, -1) in one call, for synchronous
  * callers (torch's dist.all_reduce without async_op): the collective's
  * result, or the error code migctl_issue or migctl_wait would have given.
- * Unlike the others it waits for the peers. One call instead of two, and
- * the waiting thread, which has nothing else to do, may poll longer before
- * it sleeps. */
+ * Unlike the others it waits for the peers. One call instead of two; a
+ * small collective (at most 1 MiB; env MIGCTL_LIB_DIRECT_MAX, bytes, 0: never)
+ * with nothing else in flight runs on the calling thread itself, else the
+ * waiting thread, which has nothing else to do, may poll longer before it
+ * sleeps. */
 int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                int device, uintptr_t stream);
 
@@ -225,7 +229,8 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_MARKS 7           /* device collectives issued with work queued on their stream (an event) */
 #define MIGCTL_STAT_IDLE_MARKS 8      /* device collectives issued with their stream idle (nothing to wait for) */
 #define MIGCTL_STAT_RUNS 9            /* collectives issued and waited for by migctl_run */
-#define MIGCTL_STAT_COUNT 10
+#define MIGCTL_STAT_DIRECT 10         /* of those, run on the calling thread (nothing else in flight) */
+#define MIGCTL_STAT_COUNT 11
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Fails the group's collectives on every rank with reason (a rank that cannot

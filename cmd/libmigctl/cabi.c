@@ -133,7 +133,10 @@ static int64_t run_spin_max_ns = 0;
 static int adaptive = 0;
 static int spin_fixed, disp_spin_fixed; // set in the environment: never skipped
 static int64_t last_done_ns, gap_ewma_ns; // the dispatcher's: its last collective's end, mean gap to the next issue
-static int64_t run_ewma_ns; // mean run time of recent collectives (the dispatcher's)
+static int64_t run_ewma_ns; // mean run time of recent collectives (the dispatcher's and direct runs')
+// direct_max is the largest collective (bytes) that migctl_run may run on
+// the calling thread (0: never; see migctl_run).
+static size_t direct_max;
 
 static int env_us(const char *name, int64_t *ns) {
 	const char *env = getenv(name);
@@ -143,7 +146,7 @@ static int env_us(const char *name, int64_t *ns) {
 	return 1;
 }
 
-static void choose_spin(int local_size) {
+static void choose_spin(int local_size, int gomaxprocs, int on_gpu) {
 	cpu_set_t set;
 	int cpus = 0;
 	if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
@@ -156,6 +159,19 @@ static void choose_spin(int local_size) {
 	disp_spin_fixed = env_us("MIGCTL_LIB_DISPATCH_SPIN_US", &disp_spin_ns);
 	run_spin_max_ns = roomy ? 200000 : 0;
 	env_us("MIGCTL_LIB_RUN_SPIN_MAX_US", &run_spin_max_ns);
+	// migctl_run on the calling thread (direct): on the gpu backend, whose
+	// waits poll the device and the peers' flags on the calling goroutine
+	// (the host backend's copies are goroutines: there a direct run blocks
+	// and wakes its locked thread, 85-98 us against 13-19 through the ring
+	// for a group of one on 2 CPUs), where its polling, which then never
+	// yields, leaves the Go runtime a P for the rest and the rank a second
+	// CPU. MIGCTL_LIB_DIRECT_MAX (bytes, 0: never) overrides.
+	direct_max = on_gpu && gomaxprocs >= 2 && spin_ns > 0 ? 1 << 20 : 0;
+	const char *env = getenv("MIGCTL_LIB_DIRECT_MAX");
+	if (env != NULL && *env != 0) {
+		long long v = strtoll(env, NULL, 10);
+		direct_max = v > 0 ? (size_t)v : 0;
+	}
 }
 
 // --- counters (migctl_stats) ---------------------------------------------------
@@ -199,19 +215,46 @@ static pthread_mutex_t issue_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t issued;      // the last handle issued (written under issue_mu)
 static uint32_t issued_seq;  // the dispatcher's futex word: bumped by every issue and by stop
 static uint32_t disp_asleep; // the dispatcher sleeps (or is about to) on issued_seq
-static uint64_t taken;       // the last handle the dispatcher took (dispatcher only)
+static uint64_t taken;       // the last handle the dispatcher took (written by the dispatcher only)
 static int stopping;         // finalize: the dispatcher returns once the ring is drained
 static int state;            // 0 not initialised, 1 ready, 2 finalized
 static int group_size;
 static int group_on_gpu;     // the group runs on CUDA device memory
+
+// One collective runs at a time, in issue order: the dispatcher's (from
+// taking a slot to completing it) or a direct migctl_run's (see there). The
+// lock is a futex word, not a pthread mutex: the dispatcher is a goroutine,
+// whose take and complete may run on different threads. 0 free, 1 held,
+// 2 held with a sleeper.
+static uint32_t run_word;
+
+static void run_lock(void) {
+	uint32_t v = 0;
+	if (__atomic_compare_exchange_n(&run_word, &v, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+	for (int i = 0; i < 1000; i++) { // a direct run is short: poll a while first
+		relax();
+		v = 0;
+		if (__atomic_compare_exchange_n(&run_word, &v, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+	}
+	while (__atomic_exchange_n(&run_word, 2, __ATOMIC_ACQUIRE) != 0) futex(&run_word, FUTEX_WAIT, 2, NULL);
+}
+
+static int run_trylock(void) {
+	uint32_t v = 0;
+	return __atomic_compare_exchange_n(&run_word, &v, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static void run_unlock(void) {
+	if (__atomic_exchange_n(&run_word, 0, __ATOMIC_RELEASE) == 2) futex(&run_word, FUTEX_WAKE, 1, NULL);
+}
 
 static void wake_dispatcher(void) {
 	__atomic_add_fetch(&issued_seq, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&disp_asleep, __ATOMIC_SEQ_CST)) futex(&issued_seq, FUTEX_WAKE, 1, NULL);
 }
 
-static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                     uintptr_t stream, int streamed) {
+// check_call validates a collective's arguments (MIGCTL_OK or the error).
+static int check_call(int kind, void *send, void *recv, size_t count, int dtype, int op, int root) {
 	int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
 	if (st == 0) return set_error(MIGCTL_ERR_NOT_INITIALIZED, "libmigctl: not initialised: call migctl_init_from_env first");
 	if (st == 2) return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
@@ -229,6 +272,13 @@ static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, 
 		if (count > (size_t)INT64_MAX / 8)
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
 	}
+	return MIGCTL_OK;
+}
+
+static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
+                     uintptr_t stream, int streamed) {
+	int64_t rc = check_call(kind, send, recv, count, dtype, op, root);
+	if (rc < 0) return rc;
 	// Device memory: mark the caller's stream now, at the call (the
 	// dispatcher reaches the collective later). On the host backend the
 	// collective fails when it runs, as before.
@@ -285,7 +335,8 @@ migctl_slot_t *migctl_next(void) {
 	int64_t end = 0;
 	for (int spin = 0;; spin++) {
 		if (__atomic_load_n(&issued, __ATOMIC_ACQUIRE) >= want) {
-			taken = want;
+			run_lock(); // after a direct run that holds it (issued before this one)
+			__atomic_store_n(&taken, want, __ATOMIC_RELEASE);
 			migctl_slot_t *s = &ring[want % MIGCTL_SLOTS];
 			s->t_take = mono_ns();
 			if (last_done_ns != 0) {
@@ -330,6 +381,7 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
+	run_unlock();
 	if (__atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
@@ -438,7 +490,7 @@ static int init(int rank, int size, const char *rdzv, const char *job) {
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
 		group_size = migctlGoInfo(1);
 		group_on_gpu = migctlGoInfo(4) == 1;
-		choose_spin(migctlGoInfo(3));
+		choose_spin(migctlGoInfo(3), migctlGoInfo(5), group_on_gpu);
 		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
 	}
 	return rc;
@@ -535,16 +587,54 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
 	return wait_for(s, work, timeout_ms, adaptive ? spin_max_ns : 0);
 }
 
+// direct runs a synchronous collective on the calling thread when nothing
+// issued before it is queued or running and it is at most direct_max bytes:
+// the collective's result (its text set), or DIRECT_NO for the ring. The
+// issue lock held while the ring is seen empty and the run lock taken
+// keeps the order: a collective issued meanwhile waits in the ring, and the
+// dispatcher takes it only after this one (run_lock).
+#define DIRECT_NO 1000
+static const size_t elem_size[] = {4, 2, 2, 8, 4, 8, 1}; // MIGCTL_FLOAT32..MIGCTL_UINT8
+
+static int direct(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
+                  uintptr_t stream) {
+	if (direct_max == 0) return DIRECT_NO;
+	int rc = check_call(kind, send, recv, count, dtype, op, root);
+	if (rc < 0) return rc;
+	size_t bytes = kind == MIGCTL_KIND_BARRIER ? 0 : count * elem_size[dtype];
+	if (kind == MIGCTL_KIND_ALL_GATHER || kind == MIGCTL_KIND_REDUCE_SCATTER) bytes *= (size_t)group_size;
+	if (bytes > direct_max) return DIRECT_NO;
+	pthread_mutex_lock(&issue_mu);
+	int ok = state == 1 && __atomic_load_n(&taken, __ATOMIC_ACQUIRE) == issued && run_trylock();
+	pthread_mutex_unlock(&issue_mu);
+	if (!ok) return DIRECT_NO;
+	int64_t start = mono_ns();
+	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream);
+	int64_t run = mono_ns() - start, ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
+	run_unlock();
+	stat_add(MIGCTL_STAT_DONE, 1);
+	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
+	stat_add(MIGCTL_STAT_WAITS, 1);
+	stat_add(MIGCTL_STAT_RUNS, 1);
+	stat_add(MIGCTL_STAT_DIRECT, 1);
+	return code;
+}
+
 // migctl_run is migctl_issue and migctl_wait in one call: no return to the
-// caller between them, and a waiter that may spin longer (run_spin_max_ns).
-// The collective goes through the ring like any other: running it on the
-// calling thread instead (tried) took ~4x longer, 83 vs 22 us for a group of
-// one on 2 CPUs: a cgo callback's goroutine is locked to the caller's
-// thread, and every runtime.Gosched in the transport's and the device's
-// polling loops then hands the thread's P to another thread and back.
+// caller between them. With nothing else queued or running, a collective
+// of at most direct_max bytes runs on the calling thread itself (direct):
+// no hand-off to the dispatcher and no wake of a sleeping waiter, ~7 us each
+// on one H200's host (the trainer's waits then poll without yielding, see
+// comm.HoldYields: a yield of a cgo callback's goroutine, which is locked to
+// the C thread, hands the thread's P away and back). Otherwise it goes
+// through the ring like any other, and the waiting thread, which has nothing
+// else to do, may poll longer before it sleeps (run_spin_max_ns).
 int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root, int device,
                uintptr_t stream) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
+	int rc = direct(kind, (void *)send, recv, count, dtype, op, root, device, stream);
+	if (rc != DIRECT_NO) return rc;
 	int64_t h = issue(kind, (void *)send, recv, count, dtype, op, root, device, stream, 1);
 	if (h < 0) return (int)h;
 	stat_add(MIGCTL_STAT_RUNS, 1);

@@ -21,12 +21,19 @@
 // (queued, run, the waiter's wake).
 //
 // A synchronous caller (torch 2.x's dist.all_reduce without async_op)
-// calls migctl_run: issue and wait in one C call. Running the collective on
-// the caller's thread instead, with nothing else in flight, was tried and
-// dropped: 83 us against 22 us through the ring for a group of one (2
-// CPUs), because the goroutine of a cgo callback is locked to the C thread
-// and each runtime.Gosched in the transport's and the device's polling
-// loops then hands the thread's P away and back (two futex wakes). The
+// calls migctl_run: issue and wait in one C call. On the gpu backend, with
+// nothing else queued or running and at most 1 MiB (MIGCTL_LIB_DIRECT_MAX),
+// the collective runs on the calling thread itself: no hand-off to the
+// dispatcher, no futex wake of a sleeping waiter, and the thread stays on
+// its core. A cgo callback's goroutine is locked to the C thread, where each
+// runtime.Gosched in the polling loops would hand the thread's P away and
+// back (two futex wakes: 83 us against 22 us through the ring, a group of
+// one on 2 CPUs, when this was first tried), so the trainer's waits poll
+// without yielding meanwhile (comm.HoldYields). One H200, 7 ranks on GPU 0,
+// 8 KiB CUDA tensors: dist.all_reduce 65-93 us direct against 134-160
+// through the ring, beside migctl bench's 50-54 (2026-12-02). The host
+// backend keeps the ring: its copies are goroutines, which a direct run
+// waits for by blocking its locked thread (85-98 us against 13-19). The
 // per-collective entry points check the fork flag only, not getpid() (a
 // system call, twice per collective).
 //

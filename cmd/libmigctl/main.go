@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -165,7 +166,7 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 		if s == nil {
 			return
 		}
-		err := run(g, s)
+		err := run(g, s, takeMark(uint64(s.order)))
 		if err == nil {
 			C.migctl_complete(s, C.MIGCTL_OK, nil, 0)
 			continue
@@ -201,6 +202,8 @@ func migctlGoInfo(what C.int) C.int {
 			return 1
 		}
 		return 0
+	case 5:
+		return C.int(runtime.GOMAXPROCS(0))
 	}
 	return -1
 }
@@ -224,11 +227,11 @@ func migctlGoOrder(stream C.uintptr_t) C.int64_t {
 	if err != nil {
 		return C.int64_t(fail(err))
 	}
-	ev, err := g.RecordStream(uintptr(stream))
+	ev, err := markStream(g, uintptr(stream))
 	if err != nil {
-		return C.int64_t(fail(fmt.Errorf("libmigctl: %w", err)))
+		return C.int64_t(fail(err))
 	}
-	if done, err := ev.Done(); err == nil && done {
+	if ev == nil {
 		return 0
 	}
 	marks.Lock()
@@ -237,6 +240,18 @@ func migctlGoOrder(stream C.uintptr_t) C.int64_t {
 	marks.m[id] = ev
 	marks.Unlock()
 	return C.int64_t(id)
+}
+
+// markStream marks the work queued on stream now: nil when it is idle.
+func markStream(g *trainer.Group, stream uintptr) (comm.Event, error) {
+	ev, err := g.RecordStream(stream)
+	if err != nil {
+		return nil, fmt.Errorf("libmigctl: %w", err)
+	}
+	if done, err := ev.Done(); err == nil && done {
+		return nil, nil
+	}
+	return ev, nil
 }
 
 // takeMark returns and forgets mark id (nil for 0 or an unknown id).
@@ -281,9 +296,39 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 	return trainer.HostBytes(unsafe.Slice((*byte)(p), count*dt.Size()), dt)
 }
 
-// run runs the collective of slot s (its arguments were checked by cabi.c)
+// migctlGoDirect runs a collective on the calling thread (cabi.c's direct
+// migctl_run: its arguments are checked, nothing else is in flight) and
+// returns its result, the text set on this thread. The goroutine of a cgo
+// callback is locked to the C thread, so the trainer's waits poll without
+// yielding meanwhile (comm.HoldYields).
+//
+//export migctlGoDirect
+func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t) C.int {
+	g, err := current()
+	if err != nil {
+		return fail(err)
+	}
+	s := C.migctl_slot_t{kind: kind, send: send, recv: recv, count: count, dtype: dtype, op: op,
+		root: root, device: device, stream: stream, streamed: 1}
+	var mark comm.Event
+	if device != 0 && g.Backend() == trainer.BackendGPU && s.kind != kindBarrier && count > 0 {
+		if mark, err = markStream(g, uintptr(stream)); err != nil {
+			return fail(err)
+		}
+	}
+	release := comm.HoldYields()
+	err = run(g, &s, mark)
+	release()
+	if err != nil {
+		return fail(err)
+	}
+	return C.MIGCTL_OK
+}
+
+// run runs the collective of slot s (its arguments were checked by cabi.c),
+// ordered after mark (the caller's stream's work at the issue; nil: none),
 // and returns its error.
-func run(g *trainer.Group, s *C.migctl_slot_t) error {
+func run(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
 	send, recv := s.send, s.recv
 	n, size := int(s.count), g.Size()
 	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)
@@ -291,7 +336,6 @@ func run(g *trainer.Group, s *C.migctl_slot_t) error {
 	// On the gpu backend the issue marked the stream (cabi.c); on the host
 	// backend device memory fails in the trainer, as the header says.
 	ordered := onDev && g.Backend() == trainer.BackendGPU
-	mark := takeMark(uint64(s.order))
 	streamed := s.streamed != 0 // migctl_run: the caller goes on on the stream
 	buf := func(p unsafe.Pointer, count int) trainer.Buffer {
 		return buffer(p, count, dt, onDev, st, ordered, streamed, mark)

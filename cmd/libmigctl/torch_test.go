@@ -123,13 +123,19 @@ func rankLines(t *testing.T, out string) map[int]map[string]any {
 // rank, workers on the host backend (what CI can run).
 func runRanks(t *testing.T, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
 	t.Helper()
+	return runRanksEnv(t, nil, np, limit, script, args...)
+}
+
+// runRanksEnv is runRanks with env added to the workers' environment.
+func runRanksEnv(t *testing.T, env []string, np int, limit time.Duration, script string, args ...string) map[int]map[string]any {
+	t.Helper()
 	lib, bin := artifacts(t)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	argv := append([]string{"run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", fmt.Sprint(np), "-q", "--timeout", "60s", "--",
 		python, filepath.Join(repoRoot(t), "python", "tests", script)}, args...)
 	cmd := exec.CommandContext(ctx, bin, argv...)
-	cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+	cmd.Env = append(append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1"), env...)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "migctl run %s:\n%s", script, out)
@@ -142,8 +148,27 @@ func runRanks(t *testing.T, np int, limit time.Duration, script string, args ...
 	return lines
 }
 
+// TestCABIThroughCtypes runs the C ABI's checks with migctl_run's
+// collectives on the dispatcher and on the calling thread (direct), and as
+// the machine decides.
 func TestCABIThroughCtypes(t *testing.T) {
-	runRanks(t, 3, 2*time.Minute, "abi_check.py")
+	for _, tc := range []struct {
+		name   string
+		env    []string
+		direct float64 // migctl_run's collectives on the calling thread per rank (-1: any)
+	}{
+		{"default", nil, -1},
+		{"direct", []string{"MIGCTL_LIB_DIRECT_MAX=1048576"}, 5},
+		{"dispatcher", []string{"MIGCTL_LIB_DIRECT_MAX=0"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for r, m := range runRanksEnv(t, tc.env, 3, 2*time.Minute, "abi_check.py") {
+				if tc.direct >= 0 {
+					require.Equal(t, tc.direct, m["direct"], "rank %d", r)
+				}
+			}
+		})
+	}
 }
 
 // TestCABIFromC builds a C program against include/migctl.h and runs it

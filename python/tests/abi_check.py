@@ -98,7 +98,7 @@ def main():
     check(c.migctl_wait(h.value, -1) == L.ERR_UNSUPPORTED and "gpu backend" in err(), f"device on host: {err()}")
     check(c.migctl_wait(987654, -1) == L.ERR_BAD_HANDLE, "unknown handle")
     # migctl_run: issue and wait in one call, with the codes of either
-    runs0 = lib.stats()["runs"]
+    runs0, direct0 = lib.stats()["runs"], lib.stats()["direct"]
     v = (ctypes.c_double * 4)(*[rank + k for k in range(4)])
     out = (ctypes.c_double * 4)()
     check(c.migctl_run(L.KIND_ALLREDUCE, v, out, 4, L.FLOAT64, L.SUM, 0, L.HOST, 0) == L.OK, f"run: {err()}")
@@ -114,6 +114,13 @@ def main():
     check(c.migctl_run(L.KIND_ALLREDUCE, v, v, 4, L.FLOAT64, L.SUM, 0, L.DEVICE, 0) == L.ERR_UNSUPPORTED
           and "gpu backend" in err(), f"run on device memory on the host backend: {err()}")
     check(lib.stats()["runs"] - runs0 == 5, f"runs counted: {lib.stats()['runs'] - runs0}, want 5")
+    # with nothing in flight a small one runs on this thread (MIGCTL_LIB_DIRECT_MAX > 0) or
+    # through the dispatcher (0); a bad dtype is refused before either
+    direct = lib.stats()["direct"] - direct0
+    forced = os.environ.get("MIGCTL_LIB_DIRECT_MAX")
+    if forced is not None:
+        want = 5 if int(forced) > 0 else 0
+        check(direct == want, f"runs on the calling thread: {direct}, want {want} (MIGCTL_LIB_DIRECT_MAX={forced})")
     # ... in order behind the collectives in flight: rank 0 comes late, so the
     # others' broadcast is still queued when they call migctl_run; the sum
     # must follow it (size x root's 1), not overtake it
@@ -160,7 +167,7 @@ def main():
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_CLOSED, "barrier after finalize")
     check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_CLOSED, "run after finalize")
     check(c.migctl_finalize() == L.OK, "second finalize")
-    print(json.dumps({"rank": rank, "size": size, "lib": lib.path, "failures": failures}), flush=True)
+    print(json.dumps({"rank": rank, "size": size, "lib": lib.path, "direct": direct, "failures": failures}), flush=True)
     sys.exit(1 if failures else 0)
 
 

@@ -24,6 +24,10 @@
   idle_marks (device calls whose stream had work queued / was idle), runs
   (share of the calls that went through migctl_run: 1.0 for
   process_group when torch passes asyncOp=False);
+- sched: the scheduler's view of this process over each measurement, per
+  call (Linux /proc schedstat): run_us and runq_us (on a CPU / runnable but
+  waiting for one) of the calling thread and of all threads, and how often
+  the calling thread was preempted; cpus, how many CPUs it may run on;
 - --breakdown: where a dist.all_reduce's time goes, from timers wrapped
   around the package's methods for one more measurement (each adds ~0.2 us):
   torch_us (torch.distributed's wrapper around the process group), pg_issue_us
@@ -61,6 +65,31 @@ ROUNDS = int(os.environ.get("ROUNDS", 12))
 COUNT = 2048  # 8 KiB of float32
 
 LIB_STATS = {}  # measurement -> the library's counters over it, per call
+SCHED = {}  # measurement -> the scheduler's view of this process over it, per call
+
+
+def sched_now():
+    """(main thread run ns, main thread run-queue wait ns, all threads' run
+    ns, all threads' run-queue wait ns, main thread's involuntary switches)
+    from /proc (Linux); None where /proc has no schedstat."""
+    def stat(path):
+        with open(path) as f:
+            run, wait, _ = f.read().split()
+        return int(run), int(wait)
+    try:
+        run, wait = stat("/proc/thread-self/schedstat")
+        trun = twait = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                r, w = stat(f"/proc/self/task/{tid}/schedstat")
+            except OSError:
+                continue
+            trun, twait = trun + r, twait + w
+        with open("/proc/thread-self/status") as f:
+            nv = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+        return run, wait, trun, twait, nv
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 def sync(device):
@@ -72,6 +101,7 @@ def blocks(f, name, device):
     out = []
     lib = _lib.load()
     before = lib.stats()
+    s0 = sched_now()
     for _ in range(ROUNDS):
         sync(device)
         dist.barrier()
@@ -80,6 +110,13 @@ def blocks(f, name, device):
         sync(device)
         out.append((time.perf_counter() - t0) / N * 1e6)
     after = lib.stats()
+    s1 = sched_now()
+    if s0 and s1:
+        calls = N * ROUNDS
+        ds = [(b - a) / calls for a, b in zip(s0, s1)]
+        SCHED[name] = {"run_us": round(ds[0] / 1e3, 2), "runq_us": round(ds[1] / 1e3, 2),
+                       "threads_run_us": round(ds[2] / 1e3, 2), "threads_runq_us": round(ds[3] / 1e3, 2),
+                       "preempted": round(ds[4], 3), "cpus": len(os.sched_getaffinity(0))}
     d = {k: after[k] - before[k] for k in after}
     done, waits = max(d["done"], 1), max(d["waits"], 1)
     LIB_STATS[name] = {"queue_us": round(d["queue_ns"] / done / 1e3, 2), "run_us": round(d["run_ns"] / done / 1e3, 2),
@@ -87,7 +124,7 @@ def blocks(f, name, device):
                        "wait_sleeps": round(d["wait_sleeps"] / waits, 3),
                        "dispatch_sleeps": round(d["dispatch_sleeps"] / done, 3),
                        "marks": d["marks"], "idle_marks": d["idle_marks"],
-                       "runs": round(d.get("runs", 0) / done, 3)}
+                       "runs": round(d.get("runs", 0) / done, 3), "direct": round(d.get("direct", 0) / done, 3)}
     return round(statistics.median(out), 2)
 
 
@@ -228,6 +265,7 @@ def main():
     finally:
         comm.cissue, comm.cwait, comm.crun = issue, wait, crun
     res["lib"] = LIB_STATS
+    res["sched"] = SCHED
     print(json.dumps(res), flush=True)
     dist.barrier()
 

@@ -20,21 +20,28 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
   local rc=$?
   say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
-ddp() { # tag model batch backend: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
-  # once the script has run DDP_DEADLINE seconds (default: never)
+ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
+  # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3
   [ "$SECONDS" -lt "${DDP_DEADLINE:-1000000}" ] || { say "$1 skipped (time)"; return; }
-  timeout 80 $M run --gpus 0 --np 7 -q -- python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 \
+  timeout 80 $M run --gpus 0 --np 7 -q -- ${PIN:-} python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 "${@:5}" \
     2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
   say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print("ms/step=%.1f identical=%s" % (r["step_ms_median_slowest_rank"], r["ranks_identical"]))' "$W/$1.json" 2>/dev/null)"
 }
-ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhead_check.py), 7 ranks,
-  # CUDA tensors, the slowest rank's figures
+ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhead_check.py), NP ranks
+  # (default 7), CUDA tensors, the slowest rank's figures
   local label=$1 out; shift
   OVH_N=$((${OVH_N:-0} + 1)); out=$W/ovh-$OVH_N.out
-  env "$@" N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np 7 -q --timeout 60s -- \
-    python3 python/tests/overhead_check.py --device cuda >"$out" 2>&1
-  say "ovh np=7 $label rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$out" | python3 -c '
+  env "$@" N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np "${NP:-7}" -q --timeout 60s -- \
+    ${PIN:-} python3 python/tests/overhead_check.py --device cuda >"$out" 2>&1
+  say "ovh np=${NP:-7} $label rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$out" | python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
-print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "c_abi_us", "c_run_us") if rows and k in rows[0]))')"
+print(" ".join(f"{k}={max(r[k] for r in rows):.1f}" for k in ("process_group_us", "sync_pg_us", "c_abi_us", "c_run_us", "python_only_us") if rows and k in rows[0]))
+for m in ("process_group", "c_run"):
+    if rows and m in rows[0].get("lib", {}):
+        libs = [r["lib"][m] for r in rows]
+        print(f" | {m} lib: " + " ".join(f"{k}={max(x.get(k, 0) for x in libs):.2f}" for k in ("queue_us", "run_us", "wake_us", "direct")), end="")
+    s = [r["sched"][m] for r in rows if m in r.get("sched", {})]
+    if s:
+        print(f" | {m}: " + " ".join(f"{k}={max(x[k] for x in s):.2f}" for k in s[0]), end="")')"
 }
