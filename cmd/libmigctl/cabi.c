@@ -381,8 +381,11 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
+	// Done before the run lock goes: a direct migctl_run that takes it next
+	// returns with this collective done, as one after it in the ring does.
+	uint32_t was = __atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL);
 	run_unlock();
-	if (__atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
+	if (was == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 // migctl_stop_dispatcher makes migctl_next return NULL once the ring is drained.
