@@ -3,6 +3,7 @@ package comm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -474,4 +475,51 @@ func TestCUDADeviceFakeRecordRecyclesEvents(t *testing.T) {
 	created := f.Calls("EventCreate")
 	require.Less(t, created, n/2, "%d events created for %d recordings", created, n)
 	require.Positive(t, created)
+}
+
+// RecordStream of a caller's stream: Idle (no event to poll) when nothing is
+// queued on it, an event that completes with the queued work otherwise; a
+// context of the caller's own stays current on its thread either way.
+func TestRecordStreamIdle(t *testing.T) {
+	release := make(chan struct{})
+	gpu := func(n byte) cuda.FakeDevice {
+		return cuda.FakeDevice{UUID: cuda.UUID{n}, ParentUUID: cuda.UUID{n}, PCIBusID: fmt.Sprintf("00000000:%02x:00.0", n), SMs: 8}
+	}
+	f, d := newFakeCUDA(t, map[string]cuda.FakeKernel{"caller_block": func(cuda.FakeMemory, cuda.Dim3, cuda.Dim3, *cuda.Args) error {
+		<-release
+		return nil
+	}}, gpu(1), gpu(2))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	primary := func(ordinal int) cuda.Context {
+		dev, err := f.DeviceGet(ordinal)
+		require.NoError(t, err)
+		c, err := f.DevicePrimaryCtxRetain(dev)
+		require.NoError(t, err)
+		return c
+	}
+	c0, mine := primary(0), primary(1) // the device's context, and one of the caller's own
+	require.NoError(t, f.CtxSetCurrent(c0))
+	s, err := f.StreamCreate(0)
+	require.NoError(t, err)
+	mod, err := f.ModuleLoadData([]byte("caller"))
+	require.NoError(t, err)
+	fn, err := f.ModuleGetFunction(mod, "caller_block")
+	require.NoError(t, err)
+	require.NoError(t, f.CtxSetCurrent(mine))
+
+	ev, err := d.RecordStream(uintptr(s))
+	require.NoError(t, err)
+	require.True(t, comm.Idle(ev), "a stream with nothing queued")
+	require.Equal(t, mine, f.Current(), "RecordStream changed the caller's current context")
+
+	require.NoError(t, f.CtxSetCurrent(c0))
+	require.NoError(t, f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, s, &cuda.Args{}))
+	require.NoError(t, f.CtxSetCurrent(mine))
+	ev, err = d.RecordStream(uintptr(s))
+	require.NoError(t, err)
+	require.False(t, comm.Idle(ev), "a stream with a kernel queued")
+	require.Equal(t, mine, f.Current(), "RecordStream changed the caller's current context")
+	close(release)
+	require.NoError(t, ev.Wait(syncCtx(t)))
 }

@@ -167,6 +167,14 @@ func (d *CUDADevice) KeepThreadContext() func() {
 	}
 }
 
+// Idle reports whether ev is RecordStream's answer for a stream that had
+// nothing queued: nothing to wait for, known without a driver call (an
+// Event's Done may make the device's context current on the calling thread).
+func Idle(ev Event) bool {
+	_, ok := ev.(completeEvent)
+	return ok
+}
+
 // completeEvent is an Event that has completed (RecordStream on an idle stream).
 type completeEvent struct{}
 

@@ -612,7 +612,8 @@ static int direct(int kind, void *send, void *recv, size_t count, int dtype, int
 	pthread_mutex_unlock(&issue_mu);
 	if (!ok) return DIRECT_NO;
 	int64_t start = mono_ns();
-	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream);
+	int marked = -1;
+	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream, &marked);
 	int64_t run = mono_ns() - start, ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
 	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
 	run_unlock();
@@ -621,6 +622,7 @@ static int direct(int kind, void *send, void *recv, size_t count, int dtype, int
 	stat_add(MIGCTL_STAT_WAITS, 1);
 	stat_add(MIGCTL_STAT_RUNS, 1);
 	stat_add(MIGCTL_STAT_DIRECT, 1);
+	if (marked >= 0) stat_add(marked ? MIGCTL_STAT_MARKS : MIGCTL_STAT_IDLE_MARKS, 1);
 	return code;
 }
 

@@ -242,13 +242,15 @@ func migctlGoOrder(stream C.uintptr_t) C.int64_t {
 	return C.int64_t(id)
 }
 
-// markStream marks the work queued on stream now: nil when it is idle.
+// markStream marks the work queued on stream now: nil when it is idle. It
+// leaves the calling thread's CUDA context as it was (RecordStream puts it
+// back; an Event's Done would not, so an idle stream is told by its mark).
 func markStream(g *trainer.Group, stream uintptr) (comm.Event, error) {
 	ev, err := g.RecordStream(stream)
 	if err != nil {
 		return nil, fmt.Errorf("libmigctl: %w", err)
 	}
-	if done, err := ev.Done(); err == nil && done {
+	if comm.Idle(ev) {
 		return nil, nil
 	}
 	return ev, nil
@@ -298,12 +300,15 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 
 // migctlGoDirect runs a collective on the calling thread (cabi.c's direct
 // migctl_run: its arguments are checked, nothing else is in flight) and
-// returns its result, the text set on this thread. The goroutine of a cgo
+// returns its result, the text set on this thread, and in *marked whether
+// the caller's stream had work queued (1), was idle (0) or needed no mark
+// (-1), for the counters. The goroutine of a cgo
 // callback is locked to the C thread, so the trainer's waits poll without
 // yielding meanwhile (comm.HoldYields).
 //
 //export migctlGoDirect
-func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t) C.int {
+func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t, marked *C.int) C.int {
+	*marked = -1 // no mark taken (host memory, a barrier, nothing to move)
 	g, err := current()
 	if err != nil {
 		return fail(err)
@@ -314,6 +319,10 @@ func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype
 	if device != 0 && g.Backend() == trainer.BackendGPU && s.kind != kindBarrier && count > 0 {
 		if mark, err = markStream(g, uintptr(stream)); err != nil {
 			return fail(err)
+		}
+		*marked = 0
+		if mark != nil {
+			*marked = 1
 		}
 	}
 	release := comm.HoldYields()
