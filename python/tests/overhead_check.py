@@ -1,4 +1,4 @@
-"""Per-call cost of the migctl backend, an 8 KiB float32 all-reduce:
+"""Per-call cost of the migctl backend, an 8 KiB float32 all-reduce (ELEMS=n: n elements):
 
     migctl run --sim h200x8 --profile 1g.18gb --np 1 -- python3 python/tests/overhead_check.py
     migctl run --gpus 0 --np 7 -- python3 python/tests/overhead_check.py --device cuda --breakdown
@@ -62,7 +62,7 @@ from migctl_torch import _lib, process_group  # noqa: E402
 
 N = int(os.environ.get("N", 500))
 ROUNDS = int(os.environ.get("ROUNDS", 12))
-COUNT = 2048  # 8 KiB of float32
+COUNT = int(os.environ.get("ELEMS", 2048))  # float32 elements: 8 KiB unless ELEMS says otherwise
 
 LIB_STATS = {}  # measurement -> the library's counters over it, per call
 SCHED = {}  # measurement -> the scheduler's view of this process over it, per call
@@ -226,7 +226,7 @@ def main():
     pgroup_allreduce = process_group.ProcessGroupMigctl.allreduce.__get__(pg_object(pgroup))
 
     pg(200)
-    res = {"rank": rank, "world": dist.get_world_size(), "torch": torch.__version__, "device": device,
+    res = {"rank": rank, "world": dist.get_world_size(), "torch": torch.__version__, "device": device, "bytes": 4 * COUNT,
            "spin_env": {k: v for k, v in os.environ.items() if k.startswith("MIGCTL_LIB_SPIN") or
                         k.startswith("MIGCTL_LIB_DISPATCH")},
            "process_group_us": blocks(pg, "process_group", device), "c_abi_us": blocks(raw, "c_abi", device),

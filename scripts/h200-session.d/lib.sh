@@ -31,7 +31,7 @@ ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhea
   # (default 7), CUDA tensors, the slowest rank's figures
   local label=$1 out; shift
   OVH_N=$((${OVH_N:-0} + 1)); out=$W/ovh-$OVH_N.out
-  env "$@" N=1000 ROUNDS=5 timeout 90 $M run --gpus 0 --np "${NP:-7}" -q --timeout 60s -- \
+  env N=1000 ROUNDS=5 "$@" timeout 90 $M run --gpus 0 --np "${NP:-7}" -q --timeout 60s -- \
     ${PIN:-} python3 python/tests/overhead_check.py --device cuda >"$out" 2>&1
   say "ovh np=${NP:-7} $label rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$out" | python3 -c '
 import json, sys
