@@ -88,7 +88,7 @@ func (d *hostDevice) NewStream() (Stream, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	s := &hostStream{dev: d, work: make(chan func() error, 1024), quit: make(chan struct{})}
+	s := &hostStream{dev: d, work: make(chan hostWork, 1024), quit: make(chan struct{})}
 	go s.loop()
 	return s, nil
 }
@@ -104,47 +104,75 @@ func (d *hostDevice) Close() error {
 // sticks: later work is skipped and Record/Synchronize report it.
 type hostStream struct {
 	dev  *hostDevice
-	work chan func() error
+	work chan hostWork
 	quit chan struct{}
 
-	mu     sync.Mutex
-	err    error
-	closed bool
+	mu      sync.Mutex
+	err     error
+	closed  bool
+	pending int        // work queued or running (mu)
+	running sync.Mutex // held while a piece of work runs: the loop's, or an inline one's
 }
 
 func (s *hostStream) loop() {
 	for {
 		select {
-		case f := <-s.work:
-			s.mu.Lock()
-			failed := s.err != nil
-			s.mu.Unlock()
-			if failed {
-				continue
-			}
-			if err := f(); err != nil {
-				s.mu.Lock()
-				s.err = err
-				s.mu.Unlock()
-			}
+		case w := <-s.work:
+			s.run(w)
 		case <-s.quit:
 			return
 		}
 	}
 }
 
+// hostWork is a piece of a stream's work; always: it runs after a failure
+// too (Close's marker).
+type hostWork struct {
+	f      func() error
+	always bool
+}
+
+// run runs w unless an earlier piece failed, keeping its error.
+func (s *hostStream) run(w hostWork) {
+	s.running.Lock()
+	s.mu.Lock()
+	failed := s.err != nil && !w.always
+	s.mu.Unlock()
+	var err error
+	if !failed {
+		err = w.f()
+	}
+	s.running.Unlock()
+	s.mu.Lock()
+	if err != nil {
+		s.err = err
+	}
+	s.pending--
+	s.mu.Unlock()
+}
+
+// enqueue queues f behind the stream's work. Under HoldYields (a collective
+// on a thread locked to its goroutine, which must not wait for another
+// goroutine) f runs at once on the caller's goroutine when nothing is
+// queued or running: the same order, without the hand-off to the loop.
 func (s *hostStream) enqueue(f func() error) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return fmt.Errorf("host stream: %w", ErrClosed)
 	}
-	err := s.err
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.err; err != nil {
+		s.mu.Unlock()
 		return err
 	}
-	s.work <- f
+	s.pending++
+	inline := s.pending == 1 && held.Load() > 0
+	s.mu.Unlock()
+	if inline {
+		s.run(hostWork{f: f})
+		return nil
+	}
+	s.work <- hostWork{f: f}
 	return nil
 }
 
@@ -295,9 +323,10 @@ func (s *hostStream) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.pending++
 	s.mu.Unlock()
 	done := make(chan struct{})
-	s.work <- func() error { close(done); return nil }
+	s.work <- hostWork{f: func() error { close(done); return nil }, always: true}
 	<-done
 	close(s.quit)
 	return nil

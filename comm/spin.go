@@ -33,8 +33,9 @@ var spinYieldEvery = sync.OnceValue(func() int {
 // held counts the HoldYields in force.
 var held atomic.Int32
 
-// HoldYields makes spinning waits (SpinPause, Yield) poll without yielding
-// until the returned function is called. For a collective that runs on a
+// HoldYields makes spinning waits (SpinPause, Yield) poll without yielding,
+// and host streams run new work on the caller's goroutine when nothing is
+// queued on them, until the returned function is called. For a collective that runs on a
 // goroutine locked to its thread (a cgo callback from a C thread: libmigctl's
 // migctl_run), where each yield hands the thread's P to another thread and
 // back, two futex wakes. Only where GOMAXPROCS leaves the rest of the

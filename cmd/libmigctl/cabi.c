@@ -146,7 +146,7 @@ static int env_us(const char *name, int64_t *ns) {
 	return 1;
 }
 
-static void choose_spin(int local_size, int gomaxprocs, int on_gpu) {
+static void choose_spin(int local_size, int gomaxprocs) {
 	cpu_set_t set;
 	int cpus = 0;
 	if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
@@ -159,14 +159,13 @@ static void choose_spin(int local_size, int gomaxprocs, int on_gpu) {
 	disp_spin_fixed = env_us("MIGCTL_LIB_DISPATCH_SPIN_US", &disp_spin_ns);
 	run_spin_max_ns = roomy ? 200000 : 0;
 	env_us("MIGCTL_LIB_RUN_SPIN_MAX_US", &run_spin_max_ns);
-	// migctl_run on the calling thread (direct): on the gpu backend, whose
-	// waits poll the device and the peers' flags on the calling goroutine
-	// (the host backend's copies are goroutines: there a direct run blocks
-	// and wakes its locked thread, 85-98 us against 13-19 through the ring
-	// for a group of one on 2 CPUs), where its polling, which then never
-	// yields, leaves the Go runtime a P for the rest and the rank a second
-	// CPU. MIGCTL_LIB_DIRECT_MAX (bytes, 0: never) overrides.
-	direct_max = on_gpu && gomaxprocs >= 2 && spin_ns > 0 ? 1 << 20 : 0;
+	// migctl_run on the calling thread (direct) wherever the Go runtime has
+	// a second P (its polling then never yields: comm.HoldYields). Against
+	// the ring, 8 KiB: one H200, 7 ranks on GPU 0, 53-63 us vs 71-128; host
+	// backend on 2 CPUs, 1/2/3 ranks, 5.0-5.5/6.7/67 us vs 15-33/152/282
+	// (the host streams run inline meanwhile). MIGCTL_LIB_DIRECT_MAX (bytes,
+	// 0: never) overrides.
+	direct_max = gomaxprocs >= 2 ? 1 << 20 : 0;
 	const char *env = getenv("MIGCTL_LIB_DIRECT_MAX");
 	if (env != NULL && *env != 0) {
 		long long v = strtoll(env, NULL, 10);
@@ -493,7 +492,7 @@ static int init(int rank, int size, const char *rdzv, const char *job) {
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
 		group_size = migctlGoInfo(1);
 		group_on_gpu = migctlGoInfo(4) == 1;
-		choose_spin(migctlGoInfo(3), migctlGoInfo(5), group_on_gpu);
+		choose_spin(migctlGoInfo(3), migctlGoInfo(5));
 		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
 	}
 	return rc;

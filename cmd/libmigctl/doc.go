@@ -21,19 +21,20 @@
 // (queued, run, the waiter's wake).
 //
 // A synchronous caller (torch 2.x's dist.all_reduce without async_op)
-// calls migctl_run: issue and wait in one C call. On the gpu backend, with
-// nothing else queued or running and at most 1 MiB (MIGCTL_LIB_DIRECT_MAX),
-// the collective runs on the calling thread itself: no hand-off to the
-// dispatcher, no futex wake of a sleeping waiter, and the thread stays on
-// its core. A cgo callback's goroutine is locked to the C thread, where each
+// calls migctl_run: issue and wait in one C call. With nothing else queued
+// or running and at most 1 MiB (MIGCTL_LIB_DIRECT_MAX), the collective runs
+// on the calling thread itself: no hand-off to the dispatcher, no futex
+// wake of a sleeping waiter, and the thread stays on its core. A cgo
+// callback's goroutine is locked to the C thread, where each
 // runtime.Gosched in the polling loops would hand the thread's P away and
 // back (two futex wakes: 83 us against 22 us through the ring, a group of
 // one on 2 CPUs, when this was first tried), so the trainer's waits poll
-// without yielding meanwhile (comm.HoldYields). One H200, 7 ranks on GPU 0,
-// 8 KiB CUDA tensors: dist.all_reduce 65-93 us direct against 134-160
-// through the ring, beside migctl bench's 50-54 (2026-12-02). The host
-// backend keeps the ring: its copies are goroutines, which a direct run
-// waits for by blocking its locked thread (85-98 us against 13-19). The
+// without yielding meanwhile and the host backend's streams run their work
+// on the caller's goroutine when idle (comm.HoldYields); it needs
+// GOMAXPROCS >= 2. One H200, 7 ranks on GPU 0, 8 KiB CUDA tensors:
+// dist.all_reduce 65-93 us direct against 134-206 through the ring, beside
+// migctl bench's 50-54 (2026-12-02); host backend on 2 CPUs, migctl_run of
+// 8 KiB: 1, 2, 3 ranks 5.0-5.5, 6.7, 67 us against 15-33, 152, 282. The
 // per-collective entry points check the fork flag only, not getpid() (a
 // system call, twice per collective).
 //
