@@ -103,6 +103,16 @@ def _op(opts, call):
     raise NotImplementedError(f"migctl backend: {call} with ReduceOp {op} is not supported (SUM, AVG, MIN and MAX are)")
 
 
+def _sync_path(comm, opts, method):
+    """comm's method that issues and waits in one C call (migctl_run), when
+    torch says the caller waits at once (torch 2.x's opts.asyncOp=False, as
+    a collective without async_op passes) and comm has it (not across
+    nodes); else None."""
+    if opts is None or getattr(opts, "asyncOp", True) is not False:
+        return None
+    return getattr(comm, method, None)
+
+
 def _reduce_dtype(t, call, op):
     dt = _DTYPES.get(t.dtype)
     if dt is None and t.dtype == torch.bool and op in (_lib.MIN, _lib.MAX):
@@ -552,7 +562,8 @@ class _Comm:
             results.append(outs)
         return Work(self, name, handles, results, keep, self._copy_back(back), self._devices(inputs))
 
-    def allgather_base(self, output, inp, name="_allgather_base"):
+    def _gather_operands(self, output, inp, name):
+        """(source, destination, copies back) of an all-gather into output."""
         if output.numel() != self.size * inp.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: output has {output.numel()} {output.dtype} on {output.device}, "
                              f"want {self.size} x the input's {inp.numel()} {inp.dtype} on {inp.device}")
@@ -563,9 +574,22 @@ class _Comm:
         block = inp.numel() * inp.element_size()
         in_place = out is output and inp.is_contiguous() and inp.data_ptr() == out.data_ptr() + self.rank * block
         src = out if in_place else (inp if inp.is_contiguous() else inp.contiguous())
+        return src, out, back
+
+    def allgather_base(self, output, inp, name="_allgather_base"):
+        src, out, back = self._gather_operands(output, inp, name)
         dt, n = _move_dtype(inp)
         h = self._issue(_lib.KIND_ALL_GATHER, name, out, src.data_ptr(), out.data_ptr(), n, dt, 0, 0)
         return Work(self, name, (h,), [output], (src, out), self._copy_back(back), self._devices([output]))
+
+    def run_allgather_base(self, output, inp, name="_allgather_base"):
+        """allgather_base issued and waited for in one C call: a finished
+        Work, or None where it needs the general path."""
+        src, out, back = self._gather_operands(output, inp, name)
+        if back:
+            return None
+        dt, n = _move_dtype(inp)
+        return self._run(_lib.KIND_ALL_GATHER, name, out, src.data_ptr(), out.data_ptr(), n, dt, 0, 0, [output])
 
     def reduce_scatter(self, outputs, input_lists, op, name="reduce_scatter"):
         if len(outputs) != len(input_lists):
@@ -588,7 +612,8 @@ class _Comm:
                                        out.numel(), dt, op, 0))
         return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs))
 
-    def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
+    def _scatter_operands(self, output, inp, op, name):
+        """(source, destination, copies back, dtype) of a reduce-scatter of inp."""
         if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
                              f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
@@ -605,9 +630,22 @@ class _Comm:
                                                                      device=output.device)
             if dst is not output:
                 back.append((output, dst))
+        return src, dst, back, dt
+
+    def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
+        src, dst, back, dt = self._scatter_operands(output, inp, op, name)
         h = self._issue(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
                         0)
         return Work(self, name, (h,), [output], (src, dst), self._copy_back(back), self._devices([output]))
+
+    def run_reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
+        """reduce_scatter_base issued and waited for in one C call: a finished
+        Work, or None where it needs the general path."""
+        src, dst, back, dt = self._scatter_operands(output, inp, op, name)
+        if back:
+            return None
+        return self._run(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
+                         0, [output])
 
     def broadcast(self, tensors, root, name="broadcast"):
         if not 0 <= root < self.size:
@@ -623,11 +661,46 @@ class _Comm:
             handles.append(self._issue(_lib.KIND_BROADCAST, name, buf, p, p, n, dt, 0, root))
         return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
 
+    def run_broadcast(self, tensors, root, name="broadcast"):
+        """A broadcast of one contiguous tensor issued and waited for in one C
+        call: a finished Work, or None where it needs the general path."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"migctl {name}: root {root} of {self.size} ranks")
+        if len(tensors) != 1 or not tensors[0].is_contiguous():
+            return None
+        t = tensors[0]
+        dt, n = _move_dtype(t)
+        p = t.data_ptr()
+        return self._run(_lib.KIND_BROADCAST, name, t, p, p, n, dt, 0, root, list(tensors))
+
     def barrier(self, name="barrier"):
         h = self.cissue(_lib.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0)
         if h < 0:
             self._fail(h, name)
         return Work(self, name, (h,), [])
+
+    def run_barrier(self, name="barrier"):
+        """A barrier issued and waited for in one C call: a finished Work."""
+        code = self.crun(_lib.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0)
+        if code != _lib.OK:
+            self._fail(code, name)
+        return _Done([])
+
+    def _run(self, kind, name, t, send, recv, count, dt, op, root, result):
+        """A collective on memory of t's device issued and waited for in one
+        C call (migctl_run): a finished Work with result, or None where t
+        needs the general path (a CUDA tensor on the host backend raises
+        there)."""
+        if t.is_cpu:
+            dev, stream, devices = _lib.HOST, 0, None
+        elif t.is_cuda and self.on_gpu:
+            dev, stream, devices = _lib.DEVICE, _current_stream(t.device), [t.device]
+        else:
+            return None
+        code = self.crun(kind, send, recv, count, dt, op, root, dev, stream)
+        if code != _lib.OK:
+            self._fail(code, name)
+        return _Done(result, devices)
 
 
 class _Several(dist._Work):
@@ -746,31 +819,44 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         return self._comm.allgather(output_tensors, input_tensors)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
-        return self._comm.allgather_base(output, input)
+        return self._gather(output, input, opts, "_allgather_base")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         return self._comm.reduce_scatter(output_tensors, input_tensors, _op(opts, "reduce_scatter"))
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        return self._comm.reduce_scatter_base(output, input, _op(opts, "_reduce_scatter_base"))
+        return self._scatter(output, input, opts, "_reduce_scatter_base")
 
     # Newer torch calls the flat variants by these names (all_gather_into_tensor,
     # reduce_scatter_tensor and functional collectives).
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
-        return self._comm.allgather_base(output, input, name="all_gather_single")
+        return self._gather(output, input, opts, "all_gather_single")
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
-        return self._comm.reduce_scatter_base(output, input, _op(opts, "reduce_scatter_single"),
-                                              name="reduce_scatter_single")
+        return self._scatter(output, input, opts, "reduce_scatter_single")
+
+    def _gather(self, output, inp, opts, name):
+        run = _sync_path(self._comm, opts, "run_allgather_base")
+        w = run(output, inp, name=name) if run is not None else None
+        return w if w is not None else self._comm.allgather_base(output, inp, name=name)
+
+    def _scatter(self, output, inp, opts, name):
+        op = _op(opts, name)
+        run = _sync_path(self._comm, opts, "run_reduce_scatter_base")
+        w = run(output, inp, op, name=name) if run is not None else None
+        return w if w is not None else self._comm.reduce_scatter_base(output, inp, op, name=name)
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = getattr(opts, "rootRank", 0) if opts is not None else 0
-        return self._comm.broadcast(tensors, root)
+        run = _sync_path(self._comm, opts, "run_broadcast")
+        w = run(tensors, root) if run is not None else None
+        return w if w is not None else self._comm.broadcast(tensors, root)
 
     def barrier(self, opts=None):
-        return self._comm.barrier()
+        run = _sync_path(self._comm, opts, "run_barrier")
+        return run() if run is not None else self._comm.barrier()
 
     # The coalesced variants (torch.distributed's *_coalesced calls, the
     # functional collectives of torch 2.x): one collective per tensor, in order.

@@ -12,7 +12,8 @@ Checks every dtype and op, that the Work is finished when the call returns
 migctl_run (the library's "runs" counter) while asyncOp=True and no asyncOp
 did not, the general path for what the fast path leaves (non-contiguous,
 several tensors), order behind collectives in flight, and errors raised at
-the call. Where torch has asyncOp (2.x), dist.all_reduce itself must take
+the call; and the same one-call path for broadcast, all-gather into and
+reduce-scatter of one tensor, and barrier. Where torch has asyncOp (2.x), dist.all_reduce itself must take
 the path. Prints one JSON line per rank; exits 1 on failure."""
 
 import json
@@ -40,10 +41,11 @@ def check(cond, what):
 
 
 class Opts:
-    """AllreduceOptions as torch 2.x fills them (1.13's have no asyncOp)."""
+    """A collective's options as torch 2.x fills them (1.13's have no asyncOp)."""
 
-    def __init__(self, op=dist.ReduceOp.SUM, async_op=False):
+    def __init__(self, op=dist.ReduceOp.SUM, async_op=False, rootRank=0):
         self.reduceOp = op
+        self.rootRank = rootRank
         if async_op is not None:
             self.asyncOp = async_op
 
@@ -154,6 +156,50 @@ def main():
                 check(False, f"{name} (asyncOp={async_op}) did not raise")
             except NotImplementedError as e:
                 check("ReduceOp" in str(e), f"{name}: {e}")
+
+    # the other collectives' synchronous calls (torch 2.x passes asyncOp=False to each):
+    # one migctl_run each, finished at the return; asyncOp=True queues
+    for async_op in (False, True):
+        tag = f"asyncOp={async_op}"
+        r0 = runs()
+        b = torch.full((4,), float(rank + 10))
+        w = pg.broadcast([b], Opts(async_op=async_op, rootRank=size - 1))
+        done_at_return = w.is_completed()
+        w.wait()
+        check(b.tolist() == [float(size - 1 + 10)] * 4, f"broadcast {tag}: {b.tolist()}")
+        out = torch.empty(size * 3, dtype=torch.int32)
+        w = pg._allgather_base(out, torch.full((3,), rank, dtype=torch.int32), Opts(async_op=async_op))
+        done_at_return = done_at_return and w.is_completed()
+        w.wait()
+        check(out.tolist() == [r for r in range(size) for _ in range(3)], f"all-gather into a tensor {tag}: {out}")
+        red = torch.empty(2)
+        w = pg._reduce_scatter_base(red, torch.arange(2 * size, dtype=torch.float32) + rank, Opts(async_op=async_op))
+        done_at_return = done_at_return and w.is_completed()
+        w.wait()
+        base = 2 * rank
+        check(red.tolist() == [float(size * (base + k) + size * (size - 1) / 2) for k in range(2)],
+              f"reduce-scatter of a tensor {tag}: {red.tolist()}")
+        w = pg.barrier(Opts(async_op=async_op))
+        done_at_return = done_at_return and w.is_completed()
+        w.wait()
+        if async_op:
+            check(runs() == r0, f"{tag}: {runs() - r0} collectives went through migctl_run")
+        else:
+            check(runs() - r0 == 4, f"{tag}: {runs() - r0} migctl_run calls for broadcast, all-gather, "
+                                    "reduce-scatter and barrier, want 4")
+            check(done_at_return, f"{tag}: a synchronous call returned an unfinished Work")
+    # what the synchronous path leaves to the general one: a non-contiguous output
+    r0 = runs()
+    wide = torch.zeros(size, 2)
+    w = pg._allgather_base(wide[:, 0], torch.full((1,), float(rank)), Opts())
+    w.wait()
+    check(runs() == r0 and wide[:, 0].tolist() == [float(r) for r in range(size)] and wide[:, 1].sum().item() == 0,
+          f"all-gather into a non-contiguous tensor: {wide.tolist()}")
+    try:
+        pg.broadcast([torch.ones(1)], Opts(rootRank=size))
+        check(False, "a broadcast from a root out of range did not raise")
+    except ValueError as e:
+        check("root" in str(e), f"root out of range: {e}")
 
     # torch 2.x: dist.all_reduce without async_op says asyncOp=False itself
     asyncop = hasattr(dist.AllreduceOptions(), "asyncOp")
