@@ -274,20 +274,31 @@ static int check_call(int kind, void *send, void *recv, size_t count, int dtype,
 	return MIGCTL_OK;
 }
 
+// mark marks the caller's stream now, at the call, for device memory on the
+// gpu backend (the dispatcher reaches the collective later): the mark's id
+// for the Go side (0: nothing to wait for) or the error (its text set). On
+// the host backend device memory fails when the collective runs.
+static int64_t mark(int kind, size_t count, int device, uintptr_t stream) {
+	if (device == MIGCTL_HOST || !group_on_gpu || kind == MIGCTL_KIND_BARRIER || count == 0) return 0;
+	int64_t o = migctlGoOrder(stream);
+	if (o >= 0) stat_add(o != 0 ? MIGCTL_STAT_MARKS : MIGCTL_STAT_IDLE_MARKS, 1);
+	return o;
+}
+
+// note_run folds a collective's run time into run_ewma_ns (its runner holds
+// the run lock).
+static void note_run(int64_t run) {
+	int64_t ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
+}
+
 static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
                      uintptr_t stream, int streamed) {
 	int64_t rc = check_call(kind, send, recv, count, dtype, op, root);
 	if (rc < 0) return rc;
-	// Device memory: mark the caller's stream now, at the call (the
-	// dispatcher reaches the collective later). On the host backend the
-	// collective fails when it runs, as before.
-	uint64_t order = 0;
-	if (device != MIGCTL_HOST && group_on_gpu && kind != MIGCTL_KIND_BARRIER && count > 0) {
-		int64_t o = migctlGoOrder(stream);
-		if (o < 0) return o; // the text is set
-		order = (uint64_t)o;
-		stat_add(order != 0 ? MIGCTL_STAT_MARKS : MIGCTL_STAT_IDLE_MARKS, 1);
-	}
+	int64_t o = mark(kind, count, device, stream);
+	if (o < 0) return o; // the text is set
+	uint64_t order = (uint64_t)o;
 	int64_t now = mono_ns();
 	pthread_mutex_lock(&issue_mu);
 	if (state != 1) { // finalized meanwhile
@@ -375,8 +386,8 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 	}
 	s->code = code;
 	s->t_done = last_done_ns = mono_ns();
-	int64_t run = s->t_done - s->t_take, ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
-	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
+	int64_t run = s->t_done - s->t_take;
+	note_run(run);
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
@@ -610,18 +621,21 @@ static int direct(int kind, void *send, void *recv, size_t count, int dtype, int
 	int ok = state == 1 && __atomic_load_n(&taken, __ATOMIC_ACQUIRE) == issued && run_trylock();
 	pthread_mutex_unlock(&issue_mu);
 	if (!ok) return DIRECT_NO;
+	int64_t order = mark(kind, count, device, stream);
+	if (order < 0) {
+		run_unlock();
+		return (int)order;
+	}
 	int64_t start = mono_ns();
-	int marked = -1;
-	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream, &marked);
-	int64_t run = mono_ns() - start, ewma = __atomic_load_n(&run_ewma_ns, __ATOMIC_RELAXED);
-	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
+	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream, (uint64_t)order);
+	int64_t run = mono_ns() - start;
+	note_run(run);
 	run_unlock();
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
 	stat_add(MIGCTL_STAT_WAITS, 1);
 	stat_add(MIGCTL_STAT_RUNS, 1);
 	stat_add(MIGCTL_STAT_DIRECT, 1);
-	if (marked >= 0) stat_add(marked ? MIGCTL_STAT_MARKS : MIGCTL_STAT_IDLE_MARKS, 1);
 	return code;
 }
 

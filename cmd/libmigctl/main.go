@@ -227,11 +227,14 @@ func migctlGoOrder(stream C.uintptr_t) C.int64_t {
 	if err != nil {
 		return C.int64_t(fail(err))
 	}
-	ev, err := markStream(g, uintptr(stream))
+	ev, err := g.RecordStream(uintptr(stream))
 	if err != nil {
-		return C.int64_t(fail(err))
+		return C.int64_t(fail(fmt.Errorf("libmigctl: %w", err)))
 	}
-	if ev == nil {
+	// Idle, told by the mark itself: an Event's Done would make the device's
+	// context current on the caller's thread, which the header promises to
+	// leave as it was (RecordStream puts it back).
+	if comm.Idle(ev) {
 		return 0
 	}
 	marks.Lock()
@@ -240,20 +243,6 @@ func migctlGoOrder(stream C.uintptr_t) C.int64_t {
 	marks.m[id] = ev
 	marks.Unlock()
 	return C.int64_t(id)
-}
-
-// markStream marks the work queued on stream now: nil when it is idle. It
-// leaves the calling thread's CUDA context as it was (RecordStream puts it
-// back; an Event's Done would not, so an idle stream is told by its mark).
-func markStream(g *trainer.Group, stream uintptr) (comm.Event, error) {
-	ev, err := g.RecordStream(stream)
-	if err != nil {
-		return nil, fmt.Errorf("libmigctl: %w", err)
-	}
-	if comm.Idle(ev) {
-		return nil, nil
-	}
-	return ev, nil
 }
 
 // takeMark returns and forgets mark id (nil for 0 or an unknown id).
@@ -299,32 +288,21 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 }
 
 // migctlGoDirect runs a collective on the calling thread (cabi.c's direct
-// migctl_run: its arguments are checked, nothing else is in flight) and
-// returns its result, the text set on this thread, and in *marked whether
-// the caller's stream had work queued (1), was idle (0) or needed no mark
-// (-1), for the counters. The goroutine of a cgo
-// callback is locked to the C thread, so the trainer's waits poll without
-// yielding meanwhile (comm.HoldYields).
+// migctl_run: its arguments are checked, nothing else is in flight, the
+// caller's stream marked as for an issue: order) and returns its result,
+// the text set on this thread. The goroutine of a cgo callback is locked to
+// the C thread, so the trainer's waits poll without yielding meanwhile
+// (comm.HoldYields).
 //
 //export migctlGoDirect
-func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t, marked *C.int) C.int {
-	*marked = -1 // no mark taken (host memory, a barrier, nothing to move)
+func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t, order C.uint64_t) C.int {
+	mark := takeMark(uint64(order))
 	g, err := current()
 	if err != nil {
 		return fail(err)
 	}
 	s := C.migctl_slot_t{kind: kind, send: send, recv: recv, count: count, dtype: dtype, op: op,
 		root: root, device: device, stream: stream, streamed: 1}
-	var mark comm.Event
-	if device != 0 && g.Backend() == trainer.BackendGPU && s.kind != kindBarrier && count > 0 {
-		if mark, err = markStream(g, uintptr(stream)); err != nil {
-			return fail(err)
-		}
-		*marked = 0
-		if mark != nil {
-			*marked = 1
-		}
-	}
 	release := comm.HoldYields()
 	err = run(g, &s, mark)
 	release()

@@ -501,18 +501,8 @@ class _Comm:
         dt = _DTYPES.get(t.dtype)
         if dt is None or not t.is_contiguous():
             return None
-        if t.is_cpu:
-            dev, stream, devices = _lib.HOST, 0, None
-        elif t.is_cuda and self.on_gpu:
-            d = t.device
-            dev, stream, devices = _lib.DEVICE, _current_stream(d), [d]
-        else:
-            return None
         p = t.data_ptr()
-        code = self.crun(_lib.KIND_ALLREDUCE, p, p, t.numel(), dt, op, 0, dev, stream)
-        if code != _lib.OK:
-            self._fail(code, name)
-        return _Done(tensors, devices)
+        return self._run(_lib.KIND_ALLREDUCE, name, t, p, p, t.numel(), dt, op, 0, tensors)
 
     def allreduce(self, tensors, op, name="allreduce"):
         if len(tensors) == 1:  # the common case (DDP's buckets, dist.all_reduce), with the fewest steps

@@ -21,7 +21,7 @@ int migctlGoInfo(int what);
 int64_t migctlGoOrder(uintptr_t stream);
 void migctlGoDropOrder(uint64_t id);
 int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                   uintptr_t stream, int *marked);
+                   uintptr_t stream, uint64_t order);
 int migctlGoAbort(char *reason);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
@@ -46,8 +46,7 @@ int migctlGoInfo(int what) {
 int64_t migctlGoOrder(uintptr_t stream) { return 0; }
 void migctlGoDropOrder(uint64_t id) {}
 int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                   uintptr_t stream, int *marked) {
-	*marked = -1;
+                   uintptr_t stream, uint64_t order) {
 	directs++;
 	return MIGCTL_OK;
 }
