@@ -2,6 +2,7 @@
 --backend migctl|gloo|none, the timed training loop, and the JSON report."""
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -36,6 +37,13 @@ def parser(description):
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep after every step")
     ap.add_argument("--mark-at", type=int, default=-1, help="rank 0 creates --mark-file after this step")
     ap.add_argument("--mark-file", default="", help="see --mark-at (a driver waits for it)")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP gradient_as_bucket_view=True (gradients are views into the buckets: no copy in or out)")
+    ap.add_argument("--profile", default="",
+                    help="diagnosis: write a torch.profiler trace (CPU and CUDA activity: kernels, the library's "
+                         "copies) of --profile-steps steps after the warmup to PROFILE.rank<r>.json.gz")
+    ap.add_argument("--profile-ranks", default="0", help="ranks that write --profile traces (comma-separated)")
+    ap.add_argument("--profile-steps", type=int, default=3)
     return ap
 
 
@@ -73,7 +81,8 @@ def wrap(model, args, device):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+    kw = {"gradient_as_bucket_view": True} if getattr(args, "bucket_view", False) else {}
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb, **kw)
     if getattr(args, "probe_hook", ""):
         ddp.register_comm_hook(None, _PROBE_HOOKS[args.probe_hook])
     return ddp
@@ -103,6 +112,33 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def _profiler(args, rank, device):
+    """A torch.profiler for --profile on this rank, or None."""
+    if not getattr(args, "profile", "") or str(rank) not in args.profile_ranks.split(","):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts)
+
+
+def _mark(prof, name):
+    """A named range in the --profile trace (nothing when not profiling)."""
+    if prof is None:
+        return contextlib.nullcontext()
+    return torch.autograd.profiler.record_function(name)
+
+
+def _stop_profiler(prof, args, rank):
+    import gzip
+    import shutil
+    prof.stop()
+    path = f"{args.profile}.rank{rank}.json"
+    prof.export_chrome_trace(path)
+    with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(path)
+
+
 def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     """Runs warmup + steps SGD steps over the cycled synthetic batches; rank 0
     prints one JSON line: steps/s and mean step time of the slowest rank, the
@@ -110,17 +146,29 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     holds the same parameters."""
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     losses, times = [], []
+    prof = _profiler(args, rank, device)
+    cpu0 = cpu1 = 0.0  # this process's CPU time (every thread) over the timed steps
     for step in range(args.warmup + args.steps):
+        if prof is not None and step == args.warmup:
+            prof.start()
+        if prof is not None and step == args.warmup + args.profile_steps:
+            _stop_profiler(prof, args, rank)
+            prof = None
         x, y = batches[step % len(batches)]
         sync(device)
+        if step == args.warmup:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        sync(device)
+        with _mark(prof, f"train_step_{step}"):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            with _mark(prof, "backward"):
+                loss.backward()
+            opt.step()
+            sync(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+            cpu1 = time.process_time()
         if len(losses) < args.losses:
             losses.append(loss.item())
         if args.step_delay > 0:
@@ -128,12 +176,13 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
         if step == args.mark_at and rank == 0 and args.mark_file:
             open(args.mark_file, "w").close()
     med = sorted(times)[len(times) // 2] if times else 0.0
-    mine = torch.tensor([sum(times) / max(len(times), 1), med], dtype=torch.float64)
+    cpu_step = (cpu1 - cpu0) / max(len(times), 1)
+    mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step], dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
     # the report goes over gloo on CPU tensors whatever the backend, so it measures nothing of it
     rep = dist.new_group(backend="gloo")
-    all_t = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    all_t = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_t, mine, group=rep)
     all_c = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_c, checksum, group=rep)
@@ -145,6 +194,8 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                "step_ms_slowest_rank": round(slowest * 1e3, 3),
                "step_ms_per_rank": [round(t[0].item() * 1e3, 3) for t in all_t],
                "step_ms_median_slowest_rank": round(slowest_median * 1e3, 3),  # robust on a busy machine
+               # CPU time of each rank's process (all its threads) per timed step, profiled steps included
+               "cpu_ms_per_step": [round(t[2].item() * 1e3, 2) for t in all_t],
                "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}

@@ -9,6 +9,11 @@
 2. the same through async_op=True and through the Future.
 2b. two all-reduces in flight (DDP's buckets): each waits for its own
    producer only, not for work queued on the stream after its call.
+2c. stream-ordered Futures (DDP's): the Future of an all-reduce of one CUDA
+   tensor is complete at once, before the collective (which waits for a slow
+   producer kernel), and work queued on a stream after fut.wait() sees the
+   result; with MIGCTL_TORCH_STREAM_FUTURES=0 the Future completes only once
+   the collective has finished.
 3. overhead: mean time of an 8 KiB all-reduce through dist.all_reduce vs
    the library's C call directly (issue + wait), on CUDA and CPU tensors.
 
@@ -74,7 +79,8 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
         x2 = torch.zeros(n, device="cuda")
         torch.cuda._sleep(cycles)
         x1.fill_(rank + 1)
-        f1 = dist.all_reduce(x1, async_op=True).get_future()
+        w1 = dist.all_reduce(x1, async_op=True)
+        f1 = w1.get_future()
         # longer than every rank's first sleep together (time-sliced ranks on one GPU)
         torch.cuda._sleep(2 * world * cycles)
         x2.fill_(rank + 1)
@@ -84,7 +90,7 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
     f1_first = None
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 60:
-        if f1.done():
+        if w1.is_completed():  # the collective itself (its Future may complete in stream order at once)
             f1_first = not end.query()
             break
         time.sleep(0.0005)
@@ -97,6 +103,34 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
         failures.append("in-flight order: the first all-reduce waited for work queued on its stream after "
                         f"its call (finished before the second sleep: {f1_first})")
     return f1_first
+
+
+def stream_future(rank, world, n=1 << 20, cycles=int(4e8)):
+    """The Future of an all-reduce of CUDA tensors: complete at once (stream
+    order) unless MIGCTL_TORCH_STREAM_FUTURES=0, and the result right for
+    work queued after fut.wait() on the current stream and for a callback."""
+    want = float(world * (world + 1) // 2)
+    ordered = os.environ.get("MIGCTL_TORCH_STREAM_FUTURES", "1") != "0"
+    torch.cuda.synchronize()
+    dist.barrier()
+    x = torch.zeros(n, device="cuda")
+    torch.cuda._sleep(cycles)  # the collective waits for this producer
+    x.fill_(rank + 1)
+    w = dist.all_reduce(x, async_op=True)
+    fut = w.get_future()
+    early = fut.done() and not w.is_completed()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    fut.wait()  # stream order: the current stream waits on the device
+    y = x * 3
+    got = (y[0].item(), y[-1].item(), doubled.wait()[0].item())
+    w.wait()
+    if got != (3 * want, 3 * want, 2 * want):
+        failures.append(f"stream future: got {got}, want {(3 * want, 3 * want, 2 * want)}")
+    if ordered and not early:
+        failures.append("stream future: the Future was not complete before its collective (stream order off?)")
+    if not ordered and fut.done() is False:
+        failures.append("stream future: MIGCTL_TORCH_STREAM_FUTURES=0 and the Future not complete after wait")
+    return early
 
 
 def overhead(device, iters=2000):
@@ -144,8 +178,10 @@ def main():
         failures.append("the library runs the host backend: start with `migctl run --gpus 0` (MIGCTL_BACKEND=gpu)")
     stream_order(rank, world)
     in_flight_order(rank, world)
+    early = stream_future(rank, world)
     ov = [overhead("cuda"), overhead("cpu")]
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
+                      "stream_future_early": early,
                       "overhead_8KiB": ov, "failures": failures}), flush=True)
     dist.barrier()
     sys.exit(1 if failures else 0)
