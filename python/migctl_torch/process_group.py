@@ -469,7 +469,7 @@ class _Comm:
         completed in stream order (its waiters had gone on with the result)."""
         err, self.late = self.late, None
         if err is not None:
-            raise RuntimeError(f"an earlier collective failed after its Future completed in stream order "
+            raise RuntimeError(f"migctl: an earlier collective failed after its Future completed in stream order "
                                f"(its result was not valid): {err}") from err
 
     def order_future(self, h, device, fut, result):

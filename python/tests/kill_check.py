@@ -2,7 +2,15 @@
 rank --kill SIGKILLs itself at step 5, the others must raise a MigctlError
 (peer dead, aborted or deadline) instead of hanging. Started by the Go test
 with its own rendezvous (migctl run would SIGTERM the survivors itself).
-A survivor prints one JSON line and exits 0 when it raised."""
+A survivor prints one JSON line and exits 0 when it raised.
+
+On the GPU machine, the same through stream-ordered Futures (DDP's path: the
+Future completes at once, the GPU waits for the collective): the survivors'
+streams must be released and the failure raised by the next call, under
+migctl run with SIGTERM ignored for its --grace:
+
+    MIGCTL_TIMEOUT=10s migctl run --gpus 0 --np 3 --grace 60s -- \
+        python3 python/tests/kill_check.py --device cuda --future --ignore-term"""
 
 import argparse
 import json
@@ -22,16 +30,29 @@ import migctl_torch  # noqa: E402,F401
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--future", action="store_true", help="all-reduce through get_future().wait(), then synchronize")
+    ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a launcher's stop of the survivors)")
     a = ap.parse_args()
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
     dist.init_process_group("migctl")
     rank = dist.get_rank()
-    t = torch.ones(4096)
+    t = torch.ones(4096, device=a.device)
     start = time.time()
     for step in range(100000):
         if rank == a.kill and step == 5:
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            dist.all_reduce(t)
+            if a.future:
+                dist.all_reduce(t, async_op=True).get_future().wait()
+                if a.device == "cuda":
+                    torch.cuda.synchronize()  # a stream left waiting for a collective that never ends hangs here
+                t.fill_(1)
+            else:
+                dist.all_reduce(t)
         except RuntimeError as e:  # a MigctlError
             if "migctl" not in str(e):
                 raise
