@@ -2,7 +2,6 @@ package comm_test
 
 import (
 	"context"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm"
-	"github.com/migctl/migctl/internal/cuda"
 )
 
 // checkStreamWords: a stream of d waits for a word of registered host
@@ -72,46 +70,4 @@ func TestCUDADeviceFakeStreamWords(t *testing.T) {
 
 func TestCUDADeviceGPUStreamWords(t *testing.T) {
 	checkStreamWords(t, gpuDevice(t))
-}
-
-// TestOrderStreamOnWord: a caller's stream (created through the driver, not
-// the device) made to wait for a host word runs what it queues afterwards
-// only once the CPU raises the word to the value; the caller's current
-// context is left as it was; misaligned and unregistered words are refused.
-func TestOrderStreamOnWord(t *testing.T) {
-	f, d := newFakeCUDA(t, nil)
-	require.NoError(t, d.StreamWords())
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	dev, err := f.DeviceGet(0)
-	require.NoError(t, err)
-	c0, err := f.DevicePrimaryCtxRetain(dev)
-	require.NoError(t, err)
-	require.NoError(t, f.CtxSetCurrent(c0))
-	s, err := f.StreamCreate(0) // the caller's, in the primary context current on its thread (torch's)
-	require.NoError(t, err)
-
-	host := mmapArena(t, 4096)
-	require.NoError(t, d.Register(host))
-	gate, done := host[0:8], host[64:72]
-	word := func(b []byte) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(&b[0])) }
-	require.NoError(t, d.OrderStreamOnWord(uintptr(s), gate, 3))
-	require.Equal(t, c0, f.Current(), "OrderStreamOnWord changed the caller's current context")
-	// what the caller queues after the order: a write of another word
-	dp, err := f.MemHostGetDevicePointer(unsafe.Pointer(&done[0]), 0)
-	require.NoError(t, err)
-	require.NoError(t, f.StreamWriteValue64(s, dp, 1, cuda.StreamWriteValueDefault))
-	time.Sleep(20 * time.Millisecond)
-	require.Zero(t, word(done).Load(), "the caller's stream waits for the word")
-	word(gate).Store(2)
-	time.Sleep(5 * time.Millisecond)
-	require.Zero(t, word(done).Load(), "2 < 3")
-	word(gate).Store(3)
-	deadline := time.Now().Add(10 * time.Second)
-	for word(done).Load() != 1 {
-		require.True(t, time.Now().Before(deadline), "the caller's stream never went on")
-		time.Sleep(time.Millisecond)
-	}
-	require.ErrorIs(t, d.OrderStreamOnWord(uintptr(s), host[4:12], 1), comm.ErrInvalid, "misaligned")
-	require.ErrorIs(t, d.OrderStreamOnWord(uintptr(s), make([]byte, 8), 1), comm.ErrInvalid, "not registered")
 }

@@ -39,27 +39,9 @@ type StreamOrderer interface {
 	OrderStream(stream uintptr, ev Event) error
 }
 
-// WordOrderer is an ExternalDevice that can make a caller's stream wait
-// on the device for a word of registered host memory (Register) that the
-// host raises: the completion of work the host, not the device, sees end
-// (a host-staged collective, whose copies back are queued only as its
-// reduction proceeds).
-type WordOrderer interface {
-	// StreamWords reports whether the device's streams can wait for words
-	// (nil), else why not.
-	StreamWords() error
-	// OrderStreamOnWord makes the work queued on the caller's stream from
-	// now on wait until the 8-byte word w is at least v, comparing as
-	// cuStreamWaitValue64's GEQ does (the difference as a signed number),
-	// without blocking the calling thread. w must stay registered while a
-	// stream may wait for it. Same threading rules as RecordStream.
-	OrderStreamOnWord(stream uintptr, w []byte, v uint64) error
-}
-
 var (
 	_ ExternalDevice = (*CUDADevice)(nil)
 	_ StreamOrderer  = (*CUDADevice)(nil)
-	_ WordOrderer    = (*CUDADevice)(nil)
 )
 
 // WrapHostBytes returns a host-device Buffer over b without copying: the
@@ -139,34 +121,6 @@ func (d *CUDADevice) OrderStream(stream uintptr, ev Event) error {
 	defer restore()
 	if err := d.api.StreamWaitEvent(cuda.Stream(stream), e.e, 0); err != nil {
 		return fmt.Errorf("ordering the caller's stream after the collective: %w", err)
-	}
-	return nil
-}
-
-// OrderStreamOnWord implements WordOrderer.
-func (d *CUDADevice) OrderStreamOnWord(stream uintptr, w []byte, v uint64) error {
-	if len(w) != 8 || hostAddr(w)%8 != 0 {
-		return fmt.Errorf("a stream word is 8 bytes at an 8-byte boundary, not %d at %#x: %w", len(w), hostAddr(w), ErrInvalid)
-	}
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
-		return fmt.Errorf("cuda device: %w", ErrClosed)
-	}
-	p, err := d.mapped(w)
-	if err != nil {
-		return err
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	restore, err := d.callerContext()
-	if err != nil {
-		return err
-	}
-	defer restore()
-	if err := d.api.StreamWaitValue64(cuda.Stream(stream), p, v, cuda.StreamWaitValueGEQ); err != nil {
-		return fmt.Errorf("ordering the caller's stream after a host word: %w", err)
 	}
 	return nil
 }

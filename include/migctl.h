@@ -63,7 +63,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 8 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 7 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -71,8 +71,7 @@ extern "C" {
                               6: migctl_run of a small device all-reduce on the devices
                                  (smallon=device) returns in stream order;
                               7: MIGCTL_STAT_DIRECT (migctl_run may run a collective on the
-                                 calling thread);
-                              8: migctl_order_stream (a collective's completion in stream order) */
+                                 calling thread) */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -215,17 +214,6 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms);
 /* MIGCTL_PENDING while work runs, else its result (work stays valid: wait
  * for it to free it). */
 int migctl_test(migctl_work_t work);
-
-/* Makes the work queued on stream (a CUstream of the group's device) from now
- * on wait, on the device, until work has finished, and returns at once, as
- * NCCL's collectives complete: the caller goes on queueing work that uses the
- * result without waiting on the CPU (PyTorch's DDP does, through the Future it
- * is given). Nothing is queued when work has finished already. work must still
- * be waited for (migctl_wait or migctl_test) to learn its result and free it:
- * a failed collective releases the stream too, with its result undefined.
- * MIGCTL_ERR_UNSUPPORTED on the host backend, in a swap job, or where the
- * device's streams cannot wait for host memory (the text says which). */
-int migctl_order_stream(migctl_work_t work, uintptr_t stream);
 
 /* Counters of the library's work since it was loaded, for diagnosis
  * (times in nanoseconds, summed over the collectives): migctl_stats copies

@@ -14,9 +14,6 @@
 // gpu backend: it marks the caller's stream at the call (nothing when the
 // stream is idle, else an event; it never blocks), so that the collective
 // waits for the work queued before the call and not for later work.
-// migctl_order_stream goes into Go too, to queue a wait on the caller's
-// stream for the gate word, which migctl_complete raises to the number of
-// the collective it finished (the ring finishes them in issue order).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -222,7 +219,6 @@ static int stopping;         // finalize: the dispatcher returns once the ring i
 static int state;            // 0 not initialised, 1 ready, 2 finalized
 static int group_size;
 static int group_on_gpu;     // the group runs on CUDA device memory
-static uint64_t *gate_word;  // the gate (main.go, registered host memory) or NULL: done-through handle
 
 // One collective runs at a time, in issue order: the dispatcher's (from
 // taking a slot to completing it) or a direct migctl_run's (see there). The
@@ -398,14 +394,9 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 	// Done before the run lock goes: a direct migctl_run that takes it next
 	// returns with this collective done, as one after it in the ring does.
 	uint32_t was = __atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL);
-	uint64_t *gate = __atomic_load_n(&gate_word, __ATOMIC_ACQUIRE);
-	if (gate != NULL) __atomic_store_n(gate, s->id, __ATOMIC_RELEASE); // streams ordered after s go on
 	run_unlock();
 	if (was == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
 }
-
-// migctl_set_gate is main.go's, at init: the gate word (NULL: none).
-void migctl_set_gate(uint64_t *word) { __atomic_store_n(&gate_word, word, __ATOMIC_RELEASE); }
 
 // migctl_stop_dispatcher makes migctl_next return NULL once the ring is drained.
 void migctl_stop_dispatcher(void) {
@@ -677,14 +668,6 @@ int migctl_test(migctl_work_t work) {
 	return result(s, work, 0);
 }
 
-int migctl_order_stream(migctl_work_t work, uintptr_t stream) {
-	GUARD_FAST(MIGCTL_ERR_FORKED);
-	migctl_slot_t *s = lookup(work);
-	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
-	if (__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) == 1) return MIGCTL_OK; // finished: nothing to wait for
-	return migctlGoOrderGate(stream, work); // raised since? then the stream's wait passes at once
-}
-
 int migctl_abort(const char *reason) { GUARD(MIGCTL_ERR_FORKED); return migctlGoAbort((char *)reason); }
 
 int migctl_finalize(void) {
@@ -692,9 +675,5 @@ int migctl_finalize(void) {
 	pthread_mutex_lock(&issue_mu); // no issue is half done: the dispatcher drains every issued one
 	__atomic_store_n(&state, 2, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&issue_mu);
-	int rc = migctlGoFinalize(); // the dispatcher has finished every issued collective
-	uint64_t *gate = __atomic_load_n(&gate_word, __ATOMIC_ACQUIRE);
-	// Past every handle there will be (the device compares as signed differences).
-	if (gate != NULL) __atomic_store_n(gate, __atomic_load_n(&issued, __ATOMIC_ACQUIRE) + (1ull << 62), __ATOMIC_RELEASE);
-	return rc;
+	return migctlGoFinalize();
 }

@@ -26,6 +26,5 @@ void migctl_set_error(const char *msg, size_t n);
 migctl_slot_t *migctl_next(void);
 void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n);
 void migctl_stop_dispatcher(void);
-void migctl_set_gate(uint64_t *word);
 
 #endif

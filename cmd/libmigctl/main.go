@@ -37,9 +37,7 @@ var (
 	closed     bool
 	dispatched chan struct{} // closed when the dispatcher has returned
 	initCtx    = context.Background
-	served     *hosted       // the rendezvous migctl_serve hosts, if any
-	gate       *trainer.Gate // migctl_order_stream's (raised by cabi.c's migctl_complete), or nil:
-	gateErr    error         // why there is none
+	served     *hosted // the rendezvous migctl_serve hosts, if any
 )
 
 // hosted is a rendezvous server this process hosts for its node's group.
@@ -151,11 +149,6 @@ func migctlGoInit(rank, size C.int, rdzv, job *C.char) C.int {
 		return fail(err)
 	}
 	group = g
-	// The gate stays with the process once made (streams may wait for it
-	// after finalize); a second group after finalize is refused above.
-	if gate, gateErr = g.NewGate(); gate != nil {
-		C.migctl_set_gate((*C.uint64_t)(unsafe.Pointer(gate.Word())))
-	}
 	dispatched = make(chan struct{})
 	go dispatch(g, dispatched)
 	return C.MIGCTL_OK
@@ -213,30 +206,6 @@ func migctlGoInfo(what C.int) C.int {
 		return C.int(runtime.GOMAXPROCS(0))
 	}
 	return -1
-}
-
-// migctlGoOrderGate queues on the caller's stream a wait until the gate
-// reaches handle h (cabi.c's migctl_order_stream, for a collective not yet
-// finished). It never blocks.
-//
-//export migctlGoOrderGate
-func migctlGoOrderGate(stream C.uintptr_t, h C.uint64_t) C.int {
-	mu.Lock()
-	gt, gerr := gate, gateErr
-	if closed {
-		gt, gerr = nil, fmt.Errorf("migctl_finalize was called: %w", trainer.ErrClosed)
-	}
-	mu.Unlock()
-	if gt == nil {
-		if gerr == nil {
-			gerr = errNotInit
-		}
-		return fail(fmt.Errorf("libmigctl: migctl_order_stream: %w", gerr))
-	}
-	if err := gt.Order(uintptr(stream), uint64(h)); err != nil {
-		return fail(fmt.Errorf("libmigctl: %w", err))
-	}
-	return C.MIGCTL_OK
 }
 
 // The marks of callers' streams taken at the issue (migctlGoOrder), until

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 8
+ABI_VERSION = 7
 
 OK = 0
 PENDING = 1
@@ -97,8 +97,6 @@ class Library:
             "migctl_run": ([c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], c_int),
             "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
             "migctl_test": ([ctypes.c_uint64], c_int),
-            # a stream waits on the device for a handle to finish (stream-ordered Futures)
-            "migctl_order_stream": ([ctypes.c_uint64, c_uptr], c_int),
             "migctl_abort": ([ctypes.c_char_p], c_int),
             "migctl_finalize": ([], c_int),
             "migctl_last_error": ([], ctypes.c_char_p),

@@ -165,21 +165,13 @@ class Work(dist._Work):
     dist.all_reduce of CUDA tensors, with MIGCTL_TUNING=smallon=device and
     small, returns once queued on the GPU, in stream order, as NCCL's do: the
     current stream sees the result) and raises its error; get_future() is a
-    torch Future completed with the output tensors. For one collective on
-    CUDA tensors (DDP's buckets) the Future completes at once, in stream
-    order as NCCL's do: a stream of the device waits on the GPU until the
-    collective has finished (migctl_order_stream) and the Future's events
-    are on it, so DDP queues the copies back and the optimizer step without a
-    thread waiting for the peers (MIGCTL_TORCH_STREAM_FUTURES=0: once it has
-    finished). Should that collective fail, its error is raised by the next
-    call on the group.
+    torch Future completed with the output tensors.
 
     Issuing never waits: the library queues the collective and returns a
     handle. The first thread to need the result claims the handles and waits
     for them in the library itself (wait(): no hand-off, a synchronous
     collective costs one C call more than the library's); get_future() hands
-    the Work to the completion thread instead, which settles the Future (or,
-    completed in stream order, only reaps the handle).
+    the Work to the completion thread instead, which settles the Future.
 
     torch reaches a Work it got through C++ (DDP's reducer, broadcasts of
     module states) only while this Python object lives: once it is gone the
@@ -201,7 +193,6 @@ class Work(dist._Work):
         self._state = _ISSUED
         self._consumed = False
         self._future = None
-        self._ordered = False  # the Future completed in stream order at get_future
         comm._hold(self)
 
     def _run(self):
@@ -221,9 +212,7 @@ class Work(dist._Work):
         with c._mu:
             self._exc = err
             self._state = _DONE
-            fut = None if self._ordered else self._future
-            if err is not None and self._ordered and c.late is None:
-                c.late = err
+            fut = self._future
             if self._consumed:
                 c._live.pop(id(self), None)
             elif len(c._live) > c.KEEP:
@@ -287,13 +276,6 @@ class Work(dist._Work):
             elif state == _DONE:
                 c._live.pop(id(self), None)
         if state == _ISSUED:
-            # One collective on one CUDA device, nothing to copy back: the
-            # Future completes now in stream order (the completion thread
-            # still reaps the handle and keeps an error for the next call).
-            d = self._devices
-            if (d is not None and len(d) == 1 and len(self._handles) == 1 and self._post is None
-                    and c.stream_futures and c.order_future(self._handles[0], d[0], fut, self._result)):
-                self._ordered = True
             c.completer.submit(self)
         elif state == _DONE:
             self._settle(fut)
@@ -411,13 +393,6 @@ class _Comm:
         self.cissue = self.lib.lib.migctl_issue
         self.cwait = self.lib.lib.migctl_wait
         self.crun = self.lib.lib.migctl_run
-        self.corder = self.lib.lib.migctl_order_stream
-        # Futures of collectives on CUDA tensors complete in stream order (see
-        # Work.get_future) unless MIGCTL_TORCH_STREAM_FUTURES=0; off for good
-        # once the library says the group cannot (host backend, swap job).
-        self.stream_futures = self.on_gpu and os.environ.get("MIGCTL_TORCH_STREAM_FUTURES", "1") != "0"
-        self._fstreams = {}  # device index -> the stream stream-ordered Futures complete on
-        self.late = None  # the error of a collective whose Future completed in stream order: raised next call
         self.completer = _Completer()
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
@@ -464,33 +439,6 @@ class _Comm:
     def _fail(self, code, name):
         raise self.lib.error(int(code), name)
 
-    def raise_late(self):
-        """Raises, once, the error of a failed collective whose Future had
-        completed in stream order (its waiters had gone on with the result)."""
-        err, self.late = self.late, None
-        if err is not None:
-            raise RuntimeError(f"migctl: an earlier collective failed after its Future completed in stream order "
-                               f"(its result was not valid): {err}") from err
-
-    def order_future(self, h, device, fut, result):
-        """Completes fut with result now, in stream order: a stream of device
-        is made to wait on the GPU until h has finished (migctl_order_stream)
-        and fut's CUDA events are recorded on it, so whoever uses the result
-        waits on the device, as with NCCL, and no thread waits for the peers.
-        False where the library cannot (fut left alone)."""
-        s = self._fstreams.get(device.index)
-        if s is None:
-            s = self._fstreams[device.index] = torch.cuda.Stream(device)
-        code = self.corder(h, s.cuda_stream)
-        if code == _lib.ERR_UNSUPPORTED:
-            self.stream_futures = False
-            return False
-        if code != _lib.OK:
-            self._fail(code, "order_stream")
-        with torch.cuda.stream(s):
-            fut.set_result(result)
-        return True
-
     def _where(self, t, name):
         """(device flag, CUstream) of a tensor for the library. A CUDA
         tensor's collective waits for the work queued on the current stream
@@ -508,8 +456,6 @@ class _Comm:
         return _lib.DEVICE, _current_stream(t.device)
 
     def _issue(self, kind, name, t, send, recv, count, dt, op, root):
-        if self.late is not None:
-            self.raise_late()
         dev, stream = self._where(t, name)
         h = self.cissue(kind, send, recv, count, dt, op, root, dev, stream)
         if h < 0:
@@ -559,8 +505,6 @@ class _Comm:
         return self._run(_lib.KIND_ALLREDUCE, name, t, p, p, t.numel(), dt, op, 0, tensors)
 
     def allreduce(self, tensors, op, name="allreduce"):
-        if self.late is not None:
-            self.raise_late()
         if len(tensors) == 1:  # the common case (DDP's buckets, dist.all_reduce), with the fewest steps
             t = tensors[0]
             dt = _DTYPES.get(t.dtype)
@@ -737,8 +681,6 @@ class _Comm:
         C call (migctl_run): a finished Work with result, or None where t
         needs the general path (a CUDA tensor on the host backend raises
         there)."""
-        if self.late is not None:
-            self.raise_late()
         if t.is_cpu:
             dev, stream, devices = _lib.HOST, 0, None
         elif t.is_cuda and self.on_gpu:

@@ -9,11 +9,9 @@
 2. the same through async_op=True and through the Future.
 2b. two all-reduces in flight (DDP's buckets): each waits for its own
    producer only, not for work queued on the stream after its call.
-2c. stream-ordered Futures (DDP's): the Future of an all-reduce of one CUDA
-   tensor is complete at once, before the collective (which waits for a slow
-   producer kernel), and work queued on a stream after fut.wait() sees the
-   result; with MIGCTL_TORCH_STREAM_FUTURES=0 the Future completes only once
-   the collective has finished.
+2c. the Future of an all-reduce of one CUDA tensor (DDP's): the result is
+   right for work queued on the current stream after fut.wait() and for a
+   then-callback, the collective waiting for a slow producer kernel.
 3. overhead: mean time of an 8 KiB all-reduce through dist.all_reduce vs
    the library's C call directly (issue + wait), on CUDA and CPU tensors.
 
@@ -106,11 +104,10 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
 
 
 def stream_future(rank, world, n=1 << 20, cycles=int(4e8)):
-    """The Future of an all-reduce of CUDA tensors: complete at once (stream
-    order) unless MIGCTL_TORCH_STREAM_FUTURES=0, and the result right for
-    work queued after fut.wait() on the current stream and for a callback."""
+    """The Future of an all-reduce of a CUDA tensor whose producer is a slow
+    kernel: the result right for work queued after fut.wait() on the
+    current stream and for a then-callback."""
     want = float(world * (world + 1) // 2)
-    ordered = os.environ.get("MIGCTL_TORCH_STREAM_FUTURES", "1") != "0"
     torch.cuda.synchronize()
     dist.barrier()
     x = torch.zeros(n, device="cuda")
@@ -118,19 +115,13 @@ def stream_future(rank, world, n=1 << 20, cycles=int(4e8)):
     x.fill_(rank + 1)
     w = dist.all_reduce(x, async_op=True)
     fut = w.get_future()
-    early = fut.done() and not w.is_completed()
     doubled = fut.then(lambda f: f.value()[0] * 2)
-    fut.wait()  # stream order: the current stream waits on the device
+    fut.wait()
     y = x * 3
     got = (y[0].item(), y[-1].item(), doubled.wait()[0].item())
     w.wait()
     if got != (3 * want, 3 * want, 2 * want):
-        failures.append(f"stream future: got {got}, want {(3 * want, 3 * want, 2 * want)}")
-    if ordered and not early:
-        failures.append("stream future: the Future was not complete before its collective (stream order off?)")
-    if not ordered and fut.done() is False:
-        failures.append("stream future: MIGCTL_TORCH_STREAM_FUTURES=0 and the Future not complete after wait")
-    return early
+        failures.append(f"future: got {got}, want {(3 * want, 3 * want, 2 * want)}")
 
 
 def overhead(device, iters=2000):
@@ -178,10 +169,9 @@ def main():
         failures.append("the library runs the host backend: start with `migctl run --gpus 0` (MIGCTL_BACKEND=gpu)")
     stream_order(rank, world)
     in_flight_order(rank, world)
-    early = stream_future(rank, world)
+    stream_future(rank, world)
     ov = [overhead("cuda"), overhead("cpu")]
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
-                      "stream_future_early": early,
                       "overhead_8KiB": ov, "failures": failures}), flush=True)
     dist.barrier()
     sys.exit(1 if failures else 0)

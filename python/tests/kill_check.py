@@ -4,10 +4,9 @@ rank --kill SIGKILLs itself at step 5, the others must raise a MigctlError
 with its own rendezvous (migctl run would SIGTERM the survivors itself).
 A survivor prints one JSON line and exits 0 when it raised.
 
-On the GPU machine, the same through stream-ordered Futures (DDP's path: the
-Future completes at once, the GPU waits for the collective): the survivors'
-streams must be released and the failure raised by the next call, under
-migctl run with SIGTERM ignored for its --grace:
+On the GPU machine, the same on CUDA tensors through get_future().wait() and
+a device synchronize (DDP's path), under migctl run with SIGTERM ignored for
+its --grace, so that the survivors' own raise is what ends them:
 
     MIGCTL_TIMEOUT=10s migctl run --gpus 0 --np 3 --grace 60s -- \
         python3 python/tests/kill_check.py --device cuda --future --ignore-term"""

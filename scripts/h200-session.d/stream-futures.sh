@@ -5,6 +5,9 @@
 # the survivors' streams released, the failure raised by the next call), and DDP ResNet-18 b8 / GPT b4
 # with them on and off (MIGCTL_TORCH_STREAM_FUTURES=0), interleaved, beside gloo and none, plus one
 # profiled migctl run (rank 0). Build: make build lib; carry ["bin"]. Output: $OUT/sfut/. ~6 minutes.
+# Record of a call on a build with stream-ordered Futures (commit 33e326e, reverted after this call:
+# DDP and ops_check hung, a stream waiting on the GPU for a host word can hold up the collective's
+# own copies queued later behind it; see docs/results/collectives-h200.md, session of 2026-12-02 (2)).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh

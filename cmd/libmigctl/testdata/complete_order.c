@@ -4,10 +4,7 @@
  * migctl_run through the ring does. The dispatcher's release of the run lock
  * is caught at its futex wake (the run word is set to "held with a sleeper"
  * first); there the main thread runs a barrier directly and tests the
- * earlier one. Then the gate of migctl_order_stream: migctl_complete raises
- * it to the handle it finished, a finished handle orders nothing, a pending
- * one goes to Go (migctlGoOrderGate) with its number, and finalize releases
- * every wait. Prints "ok". */
+ * earlier one. Prints "ok". */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
@@ -28,7 +25,6 @@ int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, in
 int migctlGoAbort(char *reason);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
-int migctlGoOrderGate(uintptr_t stream, uint64_t h);
 
 static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void *t, void *u, int v3);
 #define syscall hooked_syscall
@@ -56,13 +52,6 @@ int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, in
 }
 int migctlGoAbort(char *reason) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
-static uintptr_t gate_stream;
-static uint64_t gate_handle;
-int migctlGoOrderGate(uintptr_t stream, uint64_t h) {
-	gate_stream = stream;
-	gate_handle = h;
-	return MIGCTL_OK;
-}
 
 static pthread_t disp;
 int migctlGoFinalize(void) {
@@ -73,9 +62,8 @@ int migctlGoFinalize(void) {
 
 // --- the test
 
-static sem_t released, resume, taken_one, go_on;
+static sem_t released, resume;
 static int armed; // the next release of the run lock stops at its wake
-static int hold;  // the dispatcher stops before completing the next collective
 
 static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void *t, void *u, int v3) {
 	if (nr == SYS_futex && w == &run_word && (op & FUTEX_CMD_MASK) == FUTEX_WAKE &&
@@ -90,10 +78,6 @@ static void *dispatcher(void *arg) {
 	migctl_slot_t *s;
 	while ((s = migctl_next()) != NULL) {
 		if (__atomic_load_n(&armed, __ATOMIC_SEQ_CST)) __atomic_store_n(&run_word, 2, __ATOMIC_SEQ_CST);
-		if (__atomic_exchange_n(&hold, 0, __ATOMIC_SEQ_CST)) {
-			sem_post(&taken_one);
-			sem_wait(&go_on);
-		}
 		migctl_complete(s, MIGCTL_OK, NULL, 0);
 	}
 	return NULL;
@@ -111,10 +95,6 @@ int main(void) {
 	setenv("MIGCTL_LIB_DIRECT_MAX", "1048576", 1);
 	sem_init(&released, 0, 0);
 	sem_init(&resume, 0, 0);
-	sem_init(&taken_one, 0, 0);
-	sem_init(&go_on, 0, 0);
-	static uint64_t gate;
-	migctl_set_gate(&gate);
 	CHECK(migctl_init(0, 1) == MIGCTL_OK, "init");
 	CHECK(pthread_create(&disp, NULL, dispatcher, NULL) == 0, "dispatcher");
 	CHECK(migctl_run(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0) == MIGCTL_OK && directs == 1,
@@ -134,23 +114,9 @@ int main(void) {
 			        st, MIGCTL_OK);
 			return 1;
 		}
-		CHECK(__atomic_load_n(&gate, __ATOMIC_SEQ_CST) == (uint64_t)h, "the gate raised to the finished handle");
-		CHECK(migctl_order_stream(h, 5) == MIGCTL_OK && gate_handle == 0, "a finished handle orders nothing");
 		CHECK(migctl_wait(h, -1) == MIGCTL_OK, "wait");
 	}
-	__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
-	int64_t h = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
-	CHECK(h > 0, "issue");
-	sem_wait(&taken_one); // running, not finished
-	CHECK(__atomic_load_n(&gate, __ATOMIC_SEQ_CST) < (uint64_t)h, "the gate below a running handle");
-	CHECK(migctl_order_stream(h, 77) == MIGCTL_OK && gate_stream == 77 && gate_handle == (uint64_t)h,
-	      "a running handle is ordered through Go with its number");
-	sem_post(&go_on);
-	CHECK(migctl_wait(h, -1) == MIGCTL_OK && __atomic_load_n(&gate, __ATOMIC_SEQ_CST) == (uint64_t)h,
-	      "the gate raised once it finished");
-	CHECK(migctl_order_stream(h, 77) == MIGCTL_ERR_BAD_HANDLE, "a freed handle");
 	CHECK(migctl_finalize() == MIGCTL_OK, "finalize");
-	CHECK(__atomic_load_n(&gate, __ATOMIC_SEQ_CST) == (uint64_t)h + (1ull << 62), "finalize releases every wait");
 	printf("ok\n");
 	return 0;
 }
