@@ -333,3 +333,51 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestTorchExampleProfile: examples/pytorch's diagnosis flags on CPU — a
+// DDP run over migctl with --profile writes rank 0's trace of the profiled
+// steps, reports every rank's CPU time per step, and profile_summary.py
+// reads the trace back (the step, its backward range, the threads).
+func TestTorchExampleProfile(t *testing.T) {
+	lib, bin := artifacts(t)
+	needTorch(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix := filepath.Join(dir, "resnet")
+	cmd := exec.CommandContext(ctx, bin, "run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", "2", "-q", "--timeout", "60s", "--",
+		python, filepath.Join(repoRoot(t), "examples", "pytorch", "ddp_resnet.py"), "--backend", "migctl", "--device", "cpu",
+		"--batch", "2", "--image-size", "32", "--classes", "10", "--warmup", "1", "--steps", "3", "--bucket-view",
+		"--profile", prefix, "--profile-steps", "2")
+	cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var rep map[string]any // rank 0's report, "[0]: {...}" (the examples' lines name no rank)
+	for _, line := range strings.Split(string(out), "\n") {
+		if j, ok := strings.CutPrefix(line, "[0]: "); ok && strings.HasPrefix(j, "{") {
+			require.NoError(t, json.Unmarshal([]byte(j), &rep), "%s", line)
+		}
+	}
+	require.NotNil(t, rep, "rank 0's report:\n%s", out)
+	require.Equal(t, true, rep["ranks_identical"], "%v", rep)
+	cpu, _ := rep["cpu_ms_per_step"].([]any)
+	require.Len(t, cpu, 2, "%v", rep)
+	for _, c := range cpu {
+		require.Greater(t, c.(float64), 0.0, "%v", rep)
+	}
+	trace := prefix + ".rank0.json.gz"
+	require.FileExists(t, trace)
+	require.NoFileExists(t, prefix+".rank1.json.gz", "only --profile-ranks (default 0) write a trace")
+	sum, err := exec.CommandContext(ctx, python, filepath.Join(repoRoot(t), "examples", "pytorch", "profile_summary.py"),
+		trace).CombinedOutput()
+	require.NoError(t, err, "%s", sum)
+	require.Contains(t, string(sum), "train_step_2: ", "the second profiled step by default")
+	require.Contains(t, string(sum), "backward")
+	require.Contains(t, string(sum), "DistributedDataParallel.forward")
+	require.Contains(t, string(sum), "thread ")
+	out2, err := exec.CommandContext(ctx, python, filepath.Join(repoRoot(t), "examples", "pytorch", "profile_summary.py"),
+		trace, "--step", "9").CombinedOutput()
+	require.Error(t, err, "a step that was not profiled")
+	require.Contains(t, string(out2), "no train_step_9")
+}

@@ -16,9 +16,22 @@ import gzip
 import json
 
 
+def _annotation(name):
+    """A range train() or torch annotates (what torch 1.13's CPU-only trace
+    does not tell apart from operators)."""
+    return name.startswith(("train_step_", "Optimizer.", "DistributedDataParallel.")) or name == "backward"
+
+
 def load(path):
+    """The trace's events: torch 2.x writes an object with categories (cat),
+    torch 1.13 on CPU a bare array without them (ranges told by name)."""
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        return json.load(f)["traceEvents"]
+        d = json.load(f)
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    for e in ev:
+        if "cat" not in e and e.get("ph") == "X":
+            e["cat"] = "user_annotation" if _annotation(e.get("name", "")) else "cpu_op"
+    return ev
 
 
 def top_level(events):
