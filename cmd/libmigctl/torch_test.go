@@ -254,10 +254,20 @@ func TestTorchCollectivesDoNotBlock(t *testing.T) {
 
 // TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
 // survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
-// must raise within the collective deadline.
+// must raise within the collective deadline — from dist.all_reduce, and from
+// the Future's wait() of an asynchronous one (DDP's path).
 func TestTorchKilledRank(t *testing.T) {
 	lib, _ := artifacts(t)
 	needTorch(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{{"all_reduce", nil}, {"future", []string{"--future"}}} {
+		t.Run(tc.name, func(t *testing.T) { killedRank(t, lib, tc.args) })
+	}
+}
+
+func killedRank(t *testing.T, lib string, args []string) {
 	const np, killed = 3, 1
 	const deadline = 10 * time.Second
 	b := make([]byte, 16)
@@ -284,7 +294,8 @@ func TestTorchKilledRank(t *testing.T) {
 	var wg sync.WaitGroup
 	for r := range np {
 		res[r] = &result{}
-		cmd := exec.Command(python, filepath.Join(repoRoot(t), "python", "tests", "kill_check.py"), "--kill", fmt.Sprint(killed))
+		cmd := exec.Command(python, append([]string{filepath.Join(repoRoot(t), "python", "tests", "kill_check.py"),
+			"--kill", fmt.Sprint(killed)}, args...)...)
 		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1",
 			fmt.Sprintf("RANK=%d", r), fmt.Sprintf("LOCAL_RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", np),
 			fmt.Sprintf("LOCAL_WORLD_SIZE=%d", np), "MASTER_ADDR=127.0.0.1", fmt.Sprintf("MASTER_PORT=%d", port),

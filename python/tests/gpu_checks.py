@@ -88,7 +88,7 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
     f1_first = None
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 60:
-        if w1.is_completed():  # the collective itself (its Future may complete in stream order at once)
+        if w1.is_completed():  # the collective itself (the completion thread settles f1 right after)
             f1_first = not end.query()
             break
         time.sleep(0.0005)
@@ -103,7 +103,7 @@ def in_flight_order(rank, world, n=1 << 20, cycles=int(2e8)):
     return f1_first
 
 
-def stream_future(rank, world, n=1 << 20, cycles=int(4e8)):
+def cuda_future(rank, world, n=1 << 20, cycles=int(4e8)):
     """The Future of an all-reduce of a CUDA tensor whose producer is a slow
     kernel: the result right for work queued after fut.wait() on the
     current stream and for a then-callback."""
@@ -169,7 +169,7 @@ def main():
         failures.append("the library runs the host backend: start with `migctl run --gpus 0` (MIGCTL_BACKEND=gpu)")
     stream_order(rank, world)
     in_flight_order(rank, world)
-    stream_future(rank, world)
+    cuda_future(rank, world)
     ov = [overhead("cuda"), overhead("cpu")]
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
                       "overhead_8KiB": ov, "failures": failures}), flush=True)
