@@ -23,10 +23,9 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
   # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3
   [ "$SECONDS" -lt "${DDP_DEADLINE:-1000000}" ] || { say "$1 skipped (time)"; return; }
-  local t0; t0=$(cpu_ticks)
   timeout 80 $M run --gpus 0 --np 7 -q -- ${PIN:-} python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 "${@:5}" \
     2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
-  say "$1 rc=$? cpus_busy=$(cpus_busy "$t0") $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); c=r.get("cpu_ms_per_step") or [0]; print("ms/step=%.1f identical=%s cpu_ms/step(mean,max)=%.1f,%.1f" % (r["step_ms_median_slowest_rank"], r["ranks_identical"], sum(c)/len(c), max(c)))' "$W/$1.json" 2>/dev/null)"
+  say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); c=r.get("cpu_ms_per_step") or [0]; print("ms/step=%.1f identical=%s cpu_ms/step(mean,max)=%.1f,%.1f" % (r["step_ms_median_slowest_rank"], r["ranks_identical"], sum(c)/len(c), max(c)))' "$W/$1.json" 2>/dev/null)"
 }
 ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhead_check.py), NP ranks
   # (default 7), CUDA tensors, the slowest rank's figures
@@ -45,9 +44,4 @@ for m in ("process_group", "c_run"):
     s = [r["sched"][m] for r in rows if m in r.get("sched", {})]
     if s:
         print(f" | {m}: " + " ".join(f"{k}={max(x[k] for x in s):.2f}" for k in s[0]), end="")')"
-}
-cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6}' /proc/stat; }  # busy idle (jiffies, all CPUs)
-cpus_busy() { # "busy idle" from cpu_ticks before: the mean number of busy CPUs since
-  local b0 i0 b1 i1; read -r b0 i0 <<<"$1"; read -r b1 i1 <<<"$(cpu_ticks)"
-  awk -v b=$((b1 - b0)) -v i=$((i1 - i0)) -v n="$(nproc)" 'BEGIN{ if (b + i > 0) printf "%.1f", n * b / (b + i) }'
 }
