@@ -44,6 +44,9 @@ def parser(description):
                          "copies) of --profile-steps steps after the warmup to PROFILE.rank<r>.json.gz")
     ap.add_argument("--profile-ranks", default="0", help="ranks that write --profile traces (comma-separated)")
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--cuda-sched", choices=["auto", "spin", "yield", "blocking"], default="auto",
+                    help="diagnosis: how this process's CPU threads wait for the GPU (the primary context's "
+                         "CU_CTX_SCHED_* flag, set before torch creates it): blocking sleeps instead of spinning")
     return ap
 
 
@@ -68,12 +71,28 @@ def setup(args):
         torch.use_deterministic_algorithms(True, warn_only=True)  # an op without one warns, not fails
     if args.device.startswith("cuda"):
         # Under `migctl run` every worker sees its device (MIG instance or GPU) as cuda:0.
-        torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
+        index = int(os.environ.get("MIGCTL_DEVICE", "0"))
+        if getattr(args, "cuda_sched", "auto") != "auto":
+            _cuda_sched(args.cuda_sched, index)
+        torch.cuda.set_device(index)
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
     dist.init_process_group("gloo" if args.backend == "none" else args.backend)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def _cuda_sched(mode, index):
+    """Sets the scheduling flag of device index's primary context (the one
+    torch uses) through the driver API, before torch creates it."""
+    import ctypes
+    flag = {"spin": 1, "yield": 2, "blocking": 4}[mode]  # CU_CTX_SCHED_SPIN, _YIELD, _BLOCKING_SYNC
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    for what, rc in (("cuInit", cu.cuInit(0)), ("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), index)),
+                     ("cuDevicePrimaryCtxSetFlags", cu.cuDevicePrimaryCtxSetFlags_v2(dev, flag))):
+        if rc != 0:
+            raise RuntimeError(f"--cuda-sched {mode}: {what} returned CUDA error {rc}")
 
 
 def wrap(model, args, device):

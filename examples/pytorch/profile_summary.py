@@ -94,6 +94,15 @@ def main():
 
     kernels = [e for e in ev if e.get("cat") == "kernel" and t0 <= e["ts"] <= t1]
     print(f"kernels: {len(kernels)}, GPU time {sum(e['dur'] for e in kernels) / 1000:.2f} ms")
+    if kernels:  # this rank's GPU timeline: when its kernels ran and where they stopped (waiting for data or the CPU)
+        ks = sorted(kernels, key=lambda e: e["ts"])
+        print(f"  from {ms(ks[0]['ts']):.2f} to {ms(max(e['ts'] + e['dur'] for e in ks)):.2f}; "
+              f"idle gaps over {args.gap} ms:")
+        end = ks[0]["ts"]
+        for e in ks:
+            if (e["ts"] - end) / 1000 > args.gap:
+                print(f"    gap {(e['ts'] - end) / 1000:6.2f} ms, until {ms(e['ts']):7.2f} ({e['name'][:60]})")
+            end = max(end, e["ts"] + e["dur"])
     copies = sorted((e for e in ev if e.get("cat") == "gpu_memcpy" and t0 <= e["ts"] <= t1 + 20000),
                     key=lambda e: e["ts"])
     runs = []  # [kind, stream, start, end, bytes, n]
