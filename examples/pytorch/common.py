@@ -44,6 +44,13 @@ def parser(description):
                          "copies) of --profile-steps steps after the warmup to PROFILE.rank<r>.json.gz")
     ap.add_argument("--profile-ranks", default="0", help="ranks that write --profile traces (comma-separated)")
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--lockstep", action="store_true",
+                    help="with --backend none: the ranks wait for each other once per step (a barrier after the "
+                         "step, over migctl under `migctl run`, else gloo), moving no gradients: the bound of a "
+                         "synchronous data-parallel job, whose every step is as slow as the slowest rank's")
+    ap.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
+                    help="DDP broadcast_buffers=False (no broadcast of BatchNorm statistics and other buffers "
+                         "at every forward; the ranks' buffers then differ)")
     ap.add_argument("--cuda-sched", choices=["auto", "spin", "yield", "blocking"], default="auto",
                     help="diagnosis: how this process's CPU threads wait for the GPU (the primary context's "
                          "CU_CTX_SCHED_* flag, set before torch creates it): blocking sleeps instead of spinning")
@@ -62,7 +69,13 @@ def setup(args):
     """Joins the group (the environment of `migctl run` or torchrun) and
     returns (rank, world, device). --backend none still joins a gloo group
     for the report only: training itself never communicates."""
-    if args.backend == "migctl":
+    backend = "gloo" if args.backend == "none" else args.backend
+    if getattr(args, "lockstep", False):
+        if args.backend != "none":
+            raise SystemExit("--lockstep is for --backend none (a backend's collectives synchronise the ranks)")
+        if os.environ.get("MIGCTL_RDZV_ADDR"):  # under `migctl run`: the cheapest barrier there is
+            backend = "migctl"
+    if backend == "migctl":
         import migctl_torch  # noqa: F401  (registers the backend)
     if getattr(args, "deterministic", False):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -78,7 +91,7 @@ def setup(args):
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    dist.init_process_group("gloo" if args.backend == "none" else args.backend)
+    dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -101,6 +114,8 @@ def wrap(model, args, device):
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
     kw = {"gradient_as_bucket_view": True} if getattr(args, "bucket_view", False) else {}
+    if not getattr(args, "broadcast_buffers", True):
+        kw["broadcast_buffers"] = False
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb, **kw)
     if getattr(args, "probe_hook", ""):
         ddp.register_comm_hook(None, _PROBE_HOOKS[args.probe_hook])
@@ -167,6 +182,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     losses, times = [], []
     prof = _profiler(args, rank, device)
     cpu0 = cpu1 = 0.0  # this process's CPU time (every thread) over the timed steps
+    lockstep = getattr(args, "lockstep", False)
     for step in range(args.warmup + args.steps):
         if prof is not None and step == args.warmup:
             prof.start()
@@ -185,6 +201,8 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                 loss.backward()
             opt.step()
             sync(device)
+            if lockstep:
+                dist.barrier()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
             cpu1 = time.process_time()
@@ -216,6 +234,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                # CPU time of each rank's process (all its threads) per timed step, profiled steps included
                "cpu_ms_per_step": [round(t[2].item() * 1e3, 2) for t in all_t],
                "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
+               "lockstep": lockstep,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
         out.update(extra or {})
