@@ -202,6 +202,16 @@ type Estimate struct {
 // in 111.56 ms, 0.82; 2 ranks 15.3 in 26.32, 0.58); not measured on two GPUs.
 var Efficiency = map[Algorithm]float64{HostStaged: 0.9, HostStagedSmall: 0.9, Ring: 0.55, RingIPC: 0.7, Hierarchical: 0.58}
 
+// RingOneGPUEfficiency replaces Efficiency[Ring] for ranks that all share
+// one GPU (on a device backend), whose ring reductions stage their blocks in
+// device memory through the copy engines (Step.Stage): the fraction of its
+// duplex floor the shm ring reached on one H200 (2026-12-02, 256 MiB, MPS,
+// docs/results/collectives-h200.md): 2 ranks 11.69–11.97 ms of 10.61 (0.89–
+// 0.91), 3 ranks 23.37 of 21.21 (0.91), 7 ranks 72.59 of 63.59 (0.88); the
+// lowest. Across GPUs the ring keeps Efficiency's 0.55, measured before its
+// reductions staged (a staged ring on two GPUs has not been measured).
+var RingOneGPUEfficiency = 0.88
+
 // DeviceShareEfficiency replaces Efficiency[HostStaged] for a host-staged
 // all-reduce with a GPU share (on a device backend): the fraction of their
 // floors the --reduce-on rows of 2026-12-01 reached on one H200 (7 ranks:
@@ -359,8 +369,11 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 	}
 	e.Limit = lim
 	eff := Efficiency[w.Algorithm]
-	if w.Algorithm == HostStaged && w.GPUShare > 0 && !w.HostBackend {
+	switch {
+	case w.Algorithm == HostStaged && w.GPUShare > 0 && !w.HostBackend:
 		eff = DeviceShareEfficiency
+	case w.Algorithm == Ring && !w.HostBackend && n > 1 && G == 1:
+		eff = RingOneGPUEfficiency
 	}
 	if eff <= 0 {
 		eff = 1

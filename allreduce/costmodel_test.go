@@ -51,6 +51,53 @@ func TestChooseOnH200(t *testing.T) {
 	}
 }
 
+// On the figures `migctl bench limits` measured on the H200 host of
+// 2026-12-02 (link 51.3 GiB/s each way, 94.4 both ways, host memory under
+// DMA 147 GiB/s, 8.9 GiB/s per reduce thread, 73 in all), the model picks
+// what that host ran fastest in the same call (256 MiB, one GPU): the ring
+// for 2 ranks (11.69–11.97 ms against host-staged 12.51), host-staged for
+// 3 (21.08 against 23.37) and 7 (43.72 against 72.59), where host memory
+// binds host-staged at (3n+1)·S and the ring moves 4(n−1)·S of it.
+func TestChooseOnMeasuredH200Host(t *testing.T) {
+	const S = 256 << 20
+	m := H200()
+	m.LinkGiBs, m.DuplexGiBs, m.HostMemGiBs = 51.3, 94.4, 147
+	m.ReduceThreadGiBs, m.ReduceHostGiBs = 8.9, 73
+	m.RoundTrip = 12 * time.Microsecond
+	tests := []struct {
+		world, perGPU int
+		want          Algorithm
+		measured      time.Duration // the winner's run on that host
+	}{
+		{2, 2, Ring, 11_720 * time.Microsecond},
+		{3, 3, HostStaged, 21_080 * time.Microsecond},
+		{7, 7, HostStaged, 43_720 * time.Microsecond},
+		// Across GPUs the ring keeps its unstaged efficiency: host-staged, as
+		// measured on two H200s (19.0 and 62.0 ms), and the ring for one rank
+		// on each (8.4 ms).
+		{4, 2, HostStaged, 0},
+		{8, 4, HostStaged, 0},
+		{2, 1, Ring, 0},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%d ranks, %d per GPU", tc.world, tc.perGPU), func(t *testing.T) {
+			g := ContiguousGroups(tc.world, tc.perGPU)
+			w := Workload{Coll: AllReduce, Groups: g, Bytes: S, ReduceThreads: tc.world * workers(tc.world)}
+			c, err := m.Choose(w, ShmCandidates(g))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.Algorithm, "estimates %+v", c.Estimates)
+			if tc.measured > 0 {
+				w.Algorithm = c.Algorithm
+				e, err := m.Estimate(w)
+				require.NoError(t, err)
+				require.LessOrEqual(t, e.Limit, tc.measured, "a floor: no run is faster (%+v)", e)
+				require.GreaterOrEqual(t, e.Predicted, tc.measured*85/100, "the prediction within 15%% of the run (%+v)", e)
+				require.LessOrEqual(t, e.Predicted, tc.measured*115/100, "the prediction within 15%% of the run (%+v)", e)
+			}
+		})
+	}
+}
+
 func TestEstimateFormulas(t *testing.T) {
 	// One GiB per rank, 1 GiB/s links each way, 2 GiB/s both ways, 1 GiB/s
 	// per reducing thread: every floor in seconds is a byte count in GiB.

@@ -771,7 +771,11 @@ func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, err
 		if op == comm.Avg {
 			op = comm.Sum
 		}
-		if err := s.ReduceFromHost(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
+		reduce := s.ReduceFromHost
+		if sr, ok := s.(comm.StagingReducer); ok && st.Stage {
+			reduce = sr.ReduceFromHostStaged
+		}
+		if err := reduce(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
 			return false, err
 		}
 		if st.Final && call.Op == comm.Avg {

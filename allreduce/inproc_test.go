@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -25,6 +26,13 @@ type group struct {
 
 func newGroup(t testing.TB, world int, alg Algorithm, opts Options) *group {
 	t.Helper()
+	return newGroupWith(t, world, alg, opts, nil)
+}
+
+// newGroupWith is newGroup with every rank's device passed through wrap
+// (nil: as it is).
+func newGroupWith(t testing.TB, world int, alg Algorithm, opts Options, wrap func(comm.Device) comm.Device) *group {
+	t.Helper()
 	opts = opts.withDefaults(world)
 	l := shm.Layout{World: world, Flags: world * FlagsPerRank, DataBytes: ArenaBytes(world, opts.Chunk, opts.Slots)}
 	// Go memory rather than a mapping: the race detector tracks the
@@ -38,7 +46,10 @@ func newGroup(t testing.TB, world int, alg Algorithm, opts Options) *group {
 		require.NoError(t, err)
 		tr, err := comm.NewShmTransport(ctl, r, comm.ShmOptions{})
 		require.NoError(t, err)
-		dev := comm.NewHostDevice(comm.HostOptions{ReduceWorkers: 1})
+		var dev comm.Device = comm.NewHostDevice(comm.HostOptions{ReduceWorkers: 1})
+		if wrap != nil {
+			dev = wrap(dev)
+		}
 		ex, err := NewExecutor(dev, tr, opts)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ex.Close(); _ = tr.Close(); _ = dev.Close() })
@@ -140,6 +151,48 @@ func TestInProcessCollectives(t *testing.T) {
 		for _, alg := range []Algorithm{HostStaged, Ring} {
 			g := newGroup(t, world, alg, opts)
 			g.checkAll(t, rng, world, alg)
+		}
+	}
+}
+
+// stagingDevice hands out streams that are comm.StagingReducers and counts
+// the reductions queued through ReduceFromHostStaged (done as ReduceFromHost:
+// the host device has nothing to stage into).
+type stagingDevice struct {
+	comm.Device
+	staged *atomic.Int64
+}
+
+func (d stagingDevice) NewStream() (comm.Stream, error) {
+	s, err := d.Device.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	return stagingStream{s, d.staged}, nil
+}
+
+type stagingStream struct {
+	comm.Stream
+	staged *atomic.Int64
+}
+
+func (s stagingStream) ReduceFromHostStaged(dst comm.Buffer, dstOff int, srcs [][]byte, dt comm.DType, op comm.Op) error {
+	s.staged.Add(1)
+	return s.ReduceFromHost(dst, dstOff, srcs, dt, op)
+}
+
+// The executor queues a step that asks for staging (the ring's reductions)
+// through comm.StagingReducer where the stream has it, and no other step.
+func TestInProcessStagedReductions(t *testing.T) {
+	for _, alg := range []Algorithm{Ring, HostStaged} {
+		var staged atomic.Int64
+		g := newGroupWith(t, 3, alg, Options{Chunk: 4 << 10, Slots: 2, GPUShare: GPUShareOne},
+			func(d comm.Device) comm.Device { return stagingDevice{d, &staged} })
+		g.check(t, AllReduce, comm.Float32, comm.Sum, 10007, false, 0)
+		if alg == Ring {
+			require.Positive(t, staged.Load(), "the ring's device reductions go through ReduceFromHostStaged")
+		} else {
+			require.Zero(t, staged.Load(), "host-staged (device share) reduces as before")
 		}
 	}
 }

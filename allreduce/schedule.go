@@ -165,8 +165,13 @@ type Step struct {
 	// stream waits for the flag words and writes them), where the device
 	// and transport allow it; elsewhere the CPU does, as for any Nop.
 	DeviceFlags bool
-	Wait        []Cond
-	Set         []Cond
+	// Stage (on a ReduceIn) asks the device to copy the host sources into
+	// its memory with the copy engines before reducing, where it can
+	// (comm.StagingReducer), instead of its kernel reading them over the
+	// link: worth it for large blocks read once (the ring's).
+	Stage bool
+	Wait  []Cond
+	Set   []Cond
 }
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
@@ -648,6 +653,7 @@ func buildRingAllReduce(s *Schedule) {
 				if t < n-1 {
 					recv.Kind = ReduceIn
 					recv.Src, recv.SrcOff = Send, roff
+					recv.Stage = true
 					recv.Hosts = []Span{recv.Host}
 					recv.Host = Span{}
 					recv.Final = p.Avg && t == n-2

@@ -29,12 +29,25 @@ type CUDAConfig struct {
 	// SmallH2D is how host-to-device copies of fewer than SmallH2DBytes
 	// bytes are queued (default H2D2DRows). See H2DMode.
 	SmallH2D H2DMode
-	// StageReduce makes ReduceFromHost copy sources of at least
-	// StageReduceBytes into a device scratch buffer with the copy engines
-	// and reduce from there, instead of the kernel reading them from
-	// mapped host memory. Off by default (see ReduceFromHost).
-	StageReduce bool
+	// StageReduce is which reductions of host memory copy their sources
+	// (those of at least StageReduceBytes) into a device scratch buffer
+	// with the copy engines and reduce from there, instead of the kernel
+	// reading them from mapped host memory: by default the ones queued
+	// through ReduceFromHostStaged (the schedules that ask: the ring's).
+	StageReduce StageMode
 }
+
+// StageMode is CUDAConfig.StageReduce.
+type StageMode int
+
+const (
+	// StageAsked stages the reductions queued with ReduceFromHostStaged.
+	StageAsked StageMode = iota
+	// StageAll stages every reduction of host memory.
+	StageAll
+	// StageNone stages none: the kernels read the sources over the link.
+	StageNone
+)
 
 // StageReduceBytes is the smallest source CUDAConfig.StageReduce stages:
 // below it the kernel's own reads cost less than a copy per source.
@@ -141,7 +154,7 @@ type CUDADevice struct {
 	maxBlocks uint32
 	topo      GPUTopology
 	smallH2D  H2DMode
-	stage     bool // CUDAConfig.StageReduce
+	stage     StageMode // CUDAConfig.StageReduce
 
 	regs atomic.Pointer[[]hostRange] // sorted by start; replaced on change
 

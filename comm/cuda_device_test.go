@@ -41,10 +41,11 @@ func TestCUDADeviceFakeReduce(t *testing.T) {
 	runReduceCases(t, d, reduceMatrix([]int{1, 37, 1027}, []int{1, 3, 8, 11}), 10*time.Second)
 }
 
-// TestCUDADeviceFakeStagedReduce: with StageReduce the reductions of
-// sources of StageReduceBytes and more copy them into a device buffer
-// (grown when a larger call comes) and give the same results; smaller ones
-// are read from host memory as before.
+// TestCUDADeviceFakeStagedReduce: a staged reduction copies sources of
+// StageReduceBytes and more into a device buffer (grown when a larger call
+// comes) and gives the same results; smaller ones are read from host memory
+// as before. Which reductions stage: by default those queued through
+// ReduceFromHostStaged; StageAll every one, StageNone none.
 func TestCUDADeviceFakeStagedReduce(t *testing.T) {
 	var cases []reduceCase
 	staged := 0 // sources the staging device copies
@@ -56,18 +57,38 @@ func TestCUDADeviceFakeStagedReduce(t *testing.T) {
 			}
 		}
 	}
-	copies := map[bool]int{}
-	for _, stage := range []bool{false, true} {
+	require.Positive(t, staged)
+	copies := func(mode comm.StageMode, via bool) int {
 		f := cuda.NewFake()
 		comm.InstallFakeCUDAKernels(f)
-		d, err := comm.NewCUDADevice(f, comm.CUDAConfig{PTX: []byte("// fake module"), StageReduce: stage})
+		d, err := comm.NewCUDADevice(f, comm.CUDAConfig{PTX: []byte("// fake module"), StageReduce: mode})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, d.Close()) }) // after runReduceCases' own cleanups
-		runReduceCases(t, d, cases, 30*time.Second)
-		copies[stage] = f.Calls("MemcpyHtoDAsync")
+		runReduceCasesVia(t, d, cases, 30*time.Second, via)
+		return f.Calls("MemcpyHtoDAsync")
 	}
-	require.Positive(t, staged)
-	require.Equal(t, staged, copies[true]-copies[false], "every large source, and only those, went through the copy engines")
+	plain := copies(comm.StageNone, false) // the kernels read every source
+	tests := []struct {
+		name   string
+		mode   comm.StageMode
+		via    bool // ReduceFromHostStaged
+		staged bool
+	}{
+		{"default, ReduceFromHost", comm.StageAsked, false, false},
+		{"default, ReduceFromHostStaged", comm.StageAsked, true, true},
+		{"all, ReduceFromHost", comm.StageAll, false, true},
+		{"all, ReduceFromHostStaged", comm.StageAll, true, true},
+		{"none, ReduceFromHostStaged", comm.StageNone, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := 0
+			if tt.staged {
+				want = staged
+			}
+			require.Equal(t, want, copies(tt.mode, tt.via)-plain, "every large source, and only those, through the copy engines")
+		})
+	}
 }
 
 func TestCUDADeviceFakeCopies(t *testing.T) {

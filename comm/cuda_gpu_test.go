@@ -59,12 +59,18 @@ func TestCUDADeviceGPUReduce(t *testing.T) {
 	runReduceCases(t, d, reduceMatrix([]int{1, 37, 4099, 1<<20 + 3}, []int{1, 7, 8, 11}), time.Minute)
 }
 
-// TestCUDADeviceGPUStagedReduce: with StageReduce, sources of 256 KiB and
-// more reach the kernel through the copy engines and a device buffer; the
-// same results.
+// TestCUDADeviceGPUStagedReduce: staged, sources of 256 KiB and more reach
+// the kernel through the copy engines and a device buffer; the same
+// results (StageAll through ReduceFromHost, by default through
+// ReduceFromHostStaged).
 func TestCUDADeviceGPUStagedReduce(t *testing.T) {
-	d := gpuDeviceWith(t, comm.CUDAConfig{StageReduce: true})
-	runReduceCases(t, d, reduceMatrix([]int{37, 1<<18 + 3, 1<<20 + 3}, []int{1, 7, 8, 11}), time.Minute)
+	cases := reduceMatrix([]int{37, 1<<18 + 3, 1<<20 + 3}, []int{1, 7, 8, 11})
+	t.Run("all", func(t *testing.T) {
+		runReduceCases(t, gpuDeviceWith(t, comm.CUDAConfig{StageReduce: comm.StageAll}), cases, time.Minute)
+	})
+	t.Run("asked", func(t *testing.T) {
+		runReduceCasesVia(t, gpuDeviceWith(t, comm.CUDAConfig{}), cases, time.Minute, true)
+	})
 }
 
 func TestCUDADeviceGPUTopology(t *testing.T) {

@@ -190,6 +190,13 @@ func (c reduceCase) String() string {
 // registered arena and checks every element against expect.
 func runReduceCases(t *testing.T, dev comm.Device, cases []reduceCase, timeout time.Duration) {
 	t.Helper()
+	runReduceCasesVia(t, dev, cases, timeout, false)
+}
+
+// runReduceCasesVia is runReduceCases through ReduceFromHostStaged when
+// staged (the device's streams must be comm.StagingReducers).
+func runReduceCasesVia(t *testing.T, dev comm.Device, cases []reduceCase, timeout time.Duration, staged bool) {
+	t.Helper()
 	maxBytes := 0
 	for _, c := range cases {
 		maxBytes = max(maxBytes, (c.n+1)*c.dt.Size())
@@ -228,7 +235,13 @@ func runReduceCases(t *testing.T, dev comm.Device, cases []reduceCase, timeout t
 			clear(out)
 			dstOff := shift // 0 or one element: misaligned like the sources
 			require.NoError(t, st.CopyFromHost(dst, dstOff, init))
-			require.NoError(t, st.ReduceFromHost(dst, dstOff, srcs, c.dt, c.op))
+			reduce := st.ReduceFromHost
+			if staged {
+				sr, ok := st.(comm.StagingReducer)
+				require.True(t, ok, "%T is no comm.StagingReducer", st)
+				reduce = sr.ReduceFromHostStaged
+			}
+			require.NoError(t, reduce(dst, dstOff, srcs, c.dt, c.op))
 			if c.op == comm.Avg {
 				require.NoError(t, st.Scale(dst, dstOff, nb, c.dt, c.k+1))
 			}

@@ -215,9 +215,21 @@ func (s *cudaStream) CopyBuffer(dst Buffer, dstOff int, src Buffer, srcOff int, 
 
 // ReduceFromHost queues dst[dstOff:] = op(dst[dstOff:], srcs...) with the
 // kernel reading the registered host sources directly through their mapped
-// device addresses (no staging copy). Avg reduces as Sum; finish with Scale.
-// Sources and dst that are 16-byte aligned take the vectorised path.
+// device addresses (no staging copy; CUDAConfig.StageReduce StageAll
+// stages them). Avg reduces as Sum; finish with Scale. Sources and dst
+// that are 16-byte aligned take the vectorised path.
 func (s *cudaStream) ReduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DType, op Op) error {
+	return s.reduceFromHost(dst, dstOff, srcs, dt, op, s.d.stage == StageAll)
+}
+
+// ReduceFromHostStaged is ReduceFromHost with sources of StageReduceBytes
+// and more copied into device memory by the copy engines first (unless
+// CUDAConfig.StageReduce is StageNone): comm.StagingReducer.
+func (s *cudaStream) ReduceFromHostStaged(dst Buffer, dstOff int, srcs [][]byte, dt DType, op Op) error {
+	return s.reduceFromHost(dst, dstOff, srcs, dt, op, s.d.stage != StageNone)
+}
+
+func (s *cudaStream) reduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DType, op Op, stage bool) error {
 	if len(srcs) == 0 {
 		return fmt.Errorf("reduce with no sources: %w", ErrInvalid)
 	}
@@ -234,7 +246,7 @@ func (s *cudaStream) ReduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DT
 	if err := s.check(); err != nil || n == 0 {
 		return err
 	}
-	if s.d.stage && n >= StageReduceBytes {
+	if stage && n >= StageReduceBytes {
 		return s.reduceStaged(b.ptr+cuda.DevicePtr(dstOff), srcs, n, dt, op)
 	}
 	if err := s.d.bind(); err != nil {
@@ -260,7 +272,7 @@ func (s *cudaStream) ReduceFromHost(dst Buffer, dstOff int, srcs [][]byte, dt DT
 	return nil
 }
 
-// reduceStaged is ReduceFromHost with CUDAConfig.StageReduce: up to 8
+// reduceStaged is a staged ReduceFromHost: up to 8
 // sources at a time are copied by the copy engines into the stream's
 // scratch buffer (host-to-device DMA, the link's full rate) and the kernel
 // reduces them from device memory, instead of reading them over the link

@@ -94,6 +94,16 @@ type Stream interface {
 	Close() error
 }
 
+// StagingReducer is a Stream whose device can reduce host memory faster by
+// copying it into device memory first (the copy engines) than by reading
+// it from a kernel: schedules that reduce large blocks read once (the
+// ring's) ask for it, and a stream without it reduces as ReduceFromHost.
+type StagingReducer interface {
+	// ReduceFromHostStaged is ReduceFromHost, its sources staged in device
+	// memory where the device is configured to (CUDAConfig.StageReduce).
+	ReduceFromHostStaged(dst Buffer, dstOff int, srcs [][]byte, dt DType, op Op) error
+}
+
 // WordStream is a Stream that orders work on 64-bit words of registered
 // host memory itself, with no CPU in between: the GPU backend's streams
 // (cuStreamWriteValue64 / cuStreamWaitValue64) on a device whose

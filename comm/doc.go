@@ -10,8 +10,8 @@
 //   - device.go: the contract every backend meets. DType and Op; Device
 //     (Alloc, NewStream, Register for host memory), Buffer, Stream (copies,
 //     ReduceFromHost, Scale, Record) and Event. Optional abilities are small
-//     interfaces found by type assertion: IPCDevice, BufferReducer,
-//     EventStream, TopologyDevice (cuda_ipc.go), ExternalDevice
+//     interfaces found by type assertion: StagingReducer (device.go),
+//     IPCDevice, BufferReducer, EventStream, TopologyDevice (cuda_ipc.go), ExternalDevice
 //     (external.go: collectives on memory the caller allocated).
 //   - host.go: the host backend, a Device over Go memory whose streams run
 //     on goroutines (migctl's --backend host, CI, and ranks without a GPU).

@@ -47,6 +47,17 @@ func TestChooseAlgorithm(t *testing.T) {
 		{"8 on 2 GPUs, forced host-staged", []int{4, 4}, BackendGPU, AlgorithmHostStaged, nil, allreduce.HostStaged, 2},
 		{"2 on 1 GPU, forced hierarchical", []int{2}, BackendGPU, AlgorithmHierarchical, nil, allreduce.Hierarchical, 1},
 		{"host backend", []int{4}, BackendHost, AlgorithmAuto, nil, allreduce.HostStaged, 1},
+		// Two ranks on one GPU: host-staged on hw/H200.md's figures (no host
+		// memory figure: the link binds both); the ring, whose reductions
+		// stage on the device, once the host's measured host memory
+		// (MIGCTL_MACHINE from `migctl bench limits`) binds host-staged.
+		{"2 on 1 GPU", []int{2}, BackendGPU, AlgorithmAuto, nil, allreduce.HostStaged, 1},
+		{"2 on 1 GPU, measured host", []int{2}, BackendGPU, AlgorithmAuto, map[string]string{
+			allreduce.SettingLinkGiBs: "51.3", allreduce.SettingDuplexGiBs: "94.4", allreduce.SettingHostMemGiBs: "147"},
+			allreduce.Ring, 1},
+		{"7 on 1 GPU, measured host", []int{7}, BackendGPU, AlgorithmAuto, map[string]string{
+			allreduce.SettingLinkGiBs: "51.3", allreduce.SettingDuplexGiBs: "94.4", allreduce.SettingHostMemGiBs: "147"},
+			allreduce.HostStaged, 1},
 		// A host that reduces 40 GiB/s per thread: the link binds
 		// host-staged at its n·S, less than hierarchical's (2−1/m)·S.
 		{"8 on 2 GPUs, fast CPU", []int{4, 4}, BackendGPU, AlgorithmAuto,

@@ -263,13 +263,32 @@ func (g *Group) openDevice() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", EnvSmallH2D, err)
 	}
+	stage, err := parseReduceStage(os.Getenv(EnvReduceStage))
+	if err != nil {
+		return err
+	}
 	dev, err := comm.NewCUDADevice(api, comm.CUDAConfig{Ordinal: c.device, PTX: kernels.PTX, SmallH2D: mode,
-		StageReduce: os.Getenv(EnvReduceStage) == "1"})
+		StageReduce: stage})
 	if err != nil {
 		return fmt.Errorf("opening CUDA device %d: %w", c.device, err)
 	}
 	g.dev = dev
 	return nil
+}
+
+// parseReduceStage reads EnvReduceStage: "" the schedules that ask (the
+// ring's reductions), "1" every device reduction of host memory, "0" none.
+func parseReduceStage(v string) (comm.StageMode, error) {
+	switch v {
+	case "":
+		return comm.StageAsked, nil
+	case "1":
+		return comm.StageAll, nil
+	case "0":
+		return comm.StageNone, nil
+	}
+	return 0, fmt.Errorf("%s=%q: want 1 (stage every device reduction of host memory), 0 (none) or unset "+
+		"(the ring's): %w", EnvReduceStage, v, comm.ErrInvalid)
 }
 
 // chooseAlgorithm picks the transport and the all-reduce algorithm from the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,7 +271,22 @@ func TestFromEnv(t *testing.T) {
 	err := fromEnv(&c, func(k string) string { return map[string]string{EnvReduceOn: "fpga"}[k] })
 	require.ErrorContains(t, err, `MIGCTL_REDUCE_ON="fpga"`)
 
+	// The launcher's machine figures (MachineEnv) arrive as the settings the
+	// algorithm choice reads.
+	m := allreduce.H200()
+	m.HostMemGiBs, m.LinkGiBs, m.DuplexGiBs = 147, 51.3, 94.4 // six digits: what Settings keeps
+	k, v, _ := strings.Cut(MachineEnv(m), "=")
+	require.Equal(t, EnvMachine, k)
+	require.NoError(t, fromEnv(&c, func(x string) string { return map[string]string{EnvMachine: v}[x] }))
+	got, err := allreduce.MachineFromSettings(allreduce.Machine{}, c.settings)
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+
 	bad := []map[string]string{
+		{EnvMachine: "allreduce.host_mem_gibs=lots"},
+		{EnvMachine: "allreduce.link_gibs=-3"},
+		{EnvMachine: "gpu.speed=9"},
+		{EnvMachine: "allreduce.link_gibs"},
 		{EnvRank: "7", EnvWorldSize: "7"},
 		{EnvRank: "-1"},
 		{EnvWorldSize: "zero"},
@@ -282,6 +298,18 @@ func TestFromEnv(t *testing.T) {
 	for _, b := range bad {
 		require.ErrorIs(t, fromEnv(&c, func(k string) string { return b[k] }), comm.ErrInvalid, "%v", b)
 	}
+}
+
+// MIGCTL_REDUCE_STAGE: unset the schedules that ask (the ring), 1 all, 0 none.
+func TestParseReduceStage(t *testing.T) {
+	for v, want := range map[string]comm.StageMode{"": comm.StageAsked, "1": comm.StageAll, "0": comm.StageNone} {
+		got, err := parseReduceStage(v)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "%q", v)
+	}
+	_, err := parseReduceStage("yes")
+	require.ErrorIs(t, err, comm.ErrInvalid)
+	require.ErrorContains(t, err, EnvReduceStage)
 }
 
 // MIGCTL_TUNING: every key, and what is refused.

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
 )
@@ -51,10 +54,11 @@ const (
 	// EnvSmallH2D picks how small host-to-device copies are queued
 	// (comm.H2DMode: plain, 2d, 2drows, dtod, pad).
 	EnvSmallH2D = "MIGCTL_H2D"
-	// EnvReduceStage: "1" makes the device's reductions of host memory copy
-	// sources of 256 KiB and more into device memory first (the copy
-	// engines) instead of reading them over the link from the kernel
-	// (comm.CUDAConfig.StageReduce): experiments.
+	// EnvReduceStage is which of the device's reductions of host memory
+	// copy their sources (256 KiB and more) into device memory first with
+	// the copy engines instead of reading them over the link from the
+	// kernel (comm.CUDAConfig.StageReduce): unset, the ring's (the
+	// schedules that ask); "1" all of them; "0" none.
 	EnvReduceStage = "MIGCTL_REDUCE_STAGE"
 	// EnvTrace: "1" makes rank 0 print per-step timings at Close, "all"
 	// every rank.
@@ -62,6 +66,12 @@ const (
 	// EnvReduceOn is where host-staged all-reduces reduce: cpu, gpu,
 	// split[:F] or auto (WithReduceOn; a job setting every rank must share).
 	EnvReduceOn = "MIGCTL_REDUCE_ON"
+	// EnvMachine carries the figures of this node that the launcher read
+	// from `migctl bench limits`' cache (allreduce.Machine: link, host
+	// memory, CPU reduction, ...), as MachineEnv writes them: the choice of
+	// the all-reduce algorithm uses them over hw/H200.md's. Every rank
+	// must see the same (the rendezvous compares them).
+	EnvMachine = "MIGCTL_MACHINE"
 
 	// The swap shim's variables, read for gang preemption of host-backend
 	// ranks.
@@ -291,6 +301,50 @@ func WithSettings(kv map[string]string) Option {
 	}
 }
 
+// WithMachine makes the choice of the all-reduce algorithm use m's figures
+// (what `migctl bench limits` measured on this node) instead of
+// hw/H200.md's. Every rank must pass the same (the rendezvous compares
+// them).
+func WithMachine(m allreduce.Machine) Option {
+	return func(c *config) error {
+		for k, v := range m.Settings() {
+			c.settings[k] = v
+		}
+		return nil
+	}
+}
+
+// MachineEnv is the EnvMachine entry of the environment for m, for a
+// launcher to hand its ranks ("MIGCTL_MACHINE=key=value,...", sorted).
+func MachineEnv(m allreduce.Machine) string {
+	kv := m.Settings()
+	keys := slices.Sorted(maps.Keys(kv))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + kv[k]
+	}
+	return EnvMachine + "=" + strings.Join(parts, ",")
+}
+
+// parseMachine reads an EnvMachine value: the allreduce.Setting* keys of
+// machine figures with their values, each checked.
+func parseMachine(v string) (map[string]string, error) {
+	known := allreduce.Machine{}.Settings()
+	kv := map[string]string{}
+	for _, part := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if _, isKey := known[k]; !ok || !isKey {
+			return nil, fmt.Errorf("%q: want key=value pairs of %s: %w", part,
+				strings.Join(slices.Sorted(maps.Keys(known)), ", "), comm.ErrInvalid)
+		}
+		kv[k] = val
+	}
+	if _, err := allreduce.MachineFromSettings(allreduce.Machine{}, kv); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, comm.ErrInvalid)
+	}
+	return kv, nil
+}
+
 // withCUDA runs the gpu backend on api (tests: a fake driver).
 func withCUDA(api cuda.Interface) Option {
 	return func(c *config) error { c.api = api; return nil }
@@ -361,6 +415,15 @@ func fromEnv(c *config, getenv func(string) string) error {
 	}
 	if v := getenv(EnvTrace); v != "" && v != "0" {
 		c.trace, c.traceAll = os.Stderr, v == "all"
+	}
+	if v := getenv(EnvMachine); v != "" {
+		kv, err := parseMachine(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", EnvMachine, err)
+		}
+		for k, x := range kv {
+			c.settings[k] = x
+		}
 	}
 	if v := getenv(EnvReduceOn); v != "" {
 		if err := WithReduceOn(v)(c); err != nil {

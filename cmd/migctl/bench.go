@@ -18,6 +18,7 @@ import (
 	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/mps"
 	"github.com/migctl/migctl/internal/printer"
+	"github.com/migctl/migctl/trainer"
 )
 
 type benchOptions struct {
@@ -41,6 +42,9 @@ type benchOptions struct {
 	launchNew bool
 	mps       string
 	mpsCtl    string
+	// machine: the figures limits read or measured for the gpu backend,
+	// handed to the ranks (trainer.EnvMachine) when they all start here.
+	machine *allreduce.Machine
 }
 
 func newBenchCmd(s streams) *cobra.Command {
@@ -283,7 +287,14 @@ func (o *benchOptions) Run(ctx context.Context) error {
 		if j, err = startJobMPS(ctx, o.mpsRequest()); err != nil {
 			return err
 		}
-		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, j.env(), o.streams)
+		env := j.env()
+		if o.machine != nil && o.local == o.spec.NP {
+			// Every rank starts here, so every rank sees the same figures
+			// (a rank joining from elsewhere would bring none, and the
+			// rendezvous would refuse the difference).
+			env = append(env, trainer.MachineEnv(*o.machine))
+		}
+		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, env, o.streams)
 		j.stop()
 		if rep != nil {
 			rep.MPS = j != nil

@@ -163,6 +163,7 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 			fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
 			return nil
 		}
+		o.machine = &m // the ranks choose their algorithm on these figures too
 	}
 	return func(rep *benchReport) error {
 		if s.Backend != "gpu" {

@@ -242,13 +242,14 @@ func (o *runOptions) Run(ctx context.Context) error {
 		cfg.Log = o.ErrOut
 	}
 	var swapSocket string
+	var gpus launcher.RoundRobin // the GPUs of --gpus (nil: leased MIG instances)
 	switch {
 	case o.gpus != "":
 		devs, err := gpuDevices(o.ords, o.backend)
 		if err != nil {
 			return err
 		}
-		cfg.Devices = devs
+		cfg.Devices, gpus = devs, devs
 		// No leases, but a daemon may still be there to preempt the job:
 		// the workers follow its swaps (and report to it) through the socket.
 		if o.socketGiven {
@@ -277,6 +278,14 @@ func (o *runOptions) Run(ctx context.Context) error {
 	}
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
+	if o.nnodes == 1 {
+		if e := runMachine(gpus); e != "" {
+			cfg.Env = append(cfg.Env, e)
+			if !o.quiet {
+				fmt.Fprintf(o.ErrOut, "run: the workers choose their all-reduce algorithm on this host's measured figures (migctl bench limits)\n")
+			}
+		}
+	}
 	res, err := launcher.Run(ctx, cfg)
 	if res != nil && (len(res.Workers) > 0 || res.Interrupted != "") {
 		if perr := printer.Print(o.Out, o.format, runSummary{*res}); perr != nil && err == nil {

@@ -19,7 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/limits"
 	"github.com/migctl/migctl/internal/testutil"
+	"github.com/migctl/migctl/trainer"
 )
 
 // runCLI runs the migctl binary (bench's launcher tests' builder) with the
@@ -29,6 +31,8 @@ type runCLI struct {
 	dir  string // workers write here ($T_DIR)
 	tmp  string // the run's TMPDIR: must be empty afterwards
 	env  []string
+	// cache is the workers' XDG_CACHE_HOME (where bench limits' figures live).
+	cache string
 	sim  []string // --sim h200x8 --sim-state <fresh file>
 	base string
 }
@@ -41,7 +45,9 @@ func newRunCLI(t *testing.T, bin string) *runCLI {
 	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
 	r := &runCLI{bin: bin, dir: t.TempDir(), tmp: tmp}
 	r.sim = []string{"--sim", "h200x8", "--sim-state", filepath.Join(t.TempDir(), "sim.json")}
-	r.env = append(os.Environ(), "T_DIR="+r.dir, "TMPDIR="+r.tmp, "MIGCTL_SOCKET=", "MIGCTL_JOB_TOKEN=")
+	r.cache = t.TempDir() // no `migctl bench limits` figures unless a test writes them
+	r.env = append(os.Environ(), "T_DIR="+r.dir, "TMPDIR="+r.tmp, "MIGCTL_SOCKET=", "MIGCTL_JOB_TOKEN=",
+		"XDG_CACHE_HOME="+r.cache)
 	return r
 }
 
@@ -184,6 +190,31 @@ func TestRunCLI(t *testing.T) {
 			require.NotContains(t, env["MIGCTL_JOB"]+env["MIGCTL_RDZV_ADDR"]+env["TORCHELASTIC_ERROR_FILE"], token[:8])
 		}
 		require.Len(t, uuids, 7, "two ranks got the same MIG device")
+		r.requireClean(t)
+	})
+
+	t.Run("measured figures reach the workers", func(t *testing.T) {
+		r := newRunCLI(t, bin)
+		args := append(r.sim, "--np", "2", "--profile", "1g.18gb", "-o", "json", "--", "sh", "-c", envScript)
+		_, stderr, err := r.run(t, nil, args...)
+		require.NoError(t, err, stderr)
+		require.NotContains(t, readEnvFile(t, filepath.Join(r.dir, "env-0")), trainer.EnvMachine, "no cache, no figures")
+
+		host, _ := os.Hostname()
+		require.NoError(t, limits.Save(filepath.Join(r.cache, "migctl", "limits.json"), host, limits.Limits{
+			Host: limits.Host{ReduceThreadGiBs: 8.9, ReduceHostGiBs: 73},
+			GPUs: []limits.GPU{{UUID: "GPU-1", H2DGiBs: 51.3, D2HGiBs: 51.4, DuplexGiBs: 94.4, RoundTripUS: 12,
+				HostMemUnderDMAGiBs: 147}}}))
+		_, stderr, err = r.run(t, nil, args...)
+		require.NoError(t, err, stderr)
+		require.Contains(t, stderr, "measured figures")
+		for r0 := range 2 {
+			v := readEnvFile(t, filepath.Join(r.dir, fmt.Sprintf("env-%d", r0)))[trainer.EnvMachine]
+			for _, kv := range []string{"allreduce.host_mem_gibs=147", "allreduce.link_gibs=51.3", "allreduce.duplex_gibs=94.4",
+				"allreduce.reduce_thread_gibs=8.9"} {
+				require.Contains(t, strings.Split(v, ","), kv, "rank %d", r0)
+			}
+		}
 		r.requireClean(t)
 	})
 

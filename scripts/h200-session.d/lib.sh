@@ -18,7 +18,7 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
   timeout 150 $M bench allreduce --backend gpu --transport shm --gpu 0 --np "$np" -b "$size" -e "$size" \
     -n "$n" -w "$w" -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
   local rc=$?
-  say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
+  say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d algo=%s mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("algorithm"), d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
   # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3
