@@ -197,6 +197,30 @@ func TestInProcessStagedReductions(t *testing.T) {
 	}
 }
 
+// The shm ring hands small all-reduces to the one-round small path, as the
+// other shm algorithms do, and alternates with it (fenced) over mixed sizes,
+// every dtype and op, in and out of place.
+func TestInProcessRingSmallMessages(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 9))
+	for _, world := range []int{2, 3} {
+		g := newGroup(t, world, Ring, Options{Chunk: 4 << 10, Slots: 2, SmallBytes: 256})
+		for _, dt := range allDTypes {
+			for _, op := range allOps {
+				for _, count := range []int{1 + rng.IntN(256/dt.Size()), 300 + rng.IntN(6000)} {
+					g.check(t, AllReduce, dt, op, count, rng.IntN(2) == 0, 0)
+				}
+			}
+		}
+		for _, c := range g.comms {
+			algs := map[Algorithm]bool{}
+			for p := range c.cache {
+				algs[p.Algorithm] = true
+			}
+			require.Equal(t, map[Algorithm]bool{Ring: true, HostStagedSmall: true}, algs, "world %d", world)
+		}
+	}
+}
+
 // TestInProcessHierarchical runs the hierarchical all-reduce over groupings
 // of ranks (contiguous, uneven, round robin, one group, every rank alone)
 // in every dtype and op, then a sequence of calls of mixed sizes that skip

@@ -107,7 +107,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
 	f.StringVar(&o.chunk, "chunk", "auto", "shared-memory slot size (pipeline chunk), a multiple of 4KiB (same units as -b); auto: with --backend gpu 16MiB/np within 1-8MiB (what measured best on H200s), else 4MiB")
 	f.IntVar(&o.spec.Slots, "slots", 8, "slots per rank in shared memory (pipeline depth)")
-	f.StringVar(&o.small, "small-bytes", "64KiB", "host-staged all-reduces up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
+	f.StringVar(&o.small, "small-bytes", "64KiB", "all-reduces through shared memory (host-staged, ring, hierarchical) up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
 	f.StringVar(&o.spec.SmallOn, "small-on", "cpu", "where small-message all-reduces reduce: cpu (every rank sums the staged inputs and copies the result in) or device (every rank's stream waits for the peers' flags itself and reduces their staged inputs from mapped host memory: no CPU step between the copies)")
 	f.IntVar(&o.spec.Depth, "depth", 2, "asynchronous copies in flight per lane")
 	f.IntVar(&o.spec.Workers, "reduce-workers", 0, "CPU goroutines per rank for host reductions (0: cores / np)")
