@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The issue's side-by-side table in one run: DDP ResNet-18 and the small GPT, each at a
 # compute-heavy and a communication-heavy batch, with --backend migctl, gloo and none (the same
-# processes without communication: the bound), NP ranks on GPU(s) GPUS under `migctl run`.
+# processes without communication: the bound), and lockstep (none --lockstep: no gradients, but
+# a barrier per step, so every step waits for the slowest rank: the bound of any synchronous
+# job), NP ranks on GPU(s) GPUS under `migctl run`.
 # One JSON line per run (rank 0's report) goes to OUT; a summary table at the end.
 #   examples/pytorch/compare.sh                 # 7 ranks on GPU 0, bin/migctl
 #   NP=2 GPUS=0,1 BACKENDS="migctl nccl none" examples/pytorch/compare.sh
@@ -12,7 +14,7 @@ PY=${PY:-python3}
 NP=${NP:-7}
 GPUS=${GPUS:-0}
 STEPS=${STEPS:-60}
-BACKENDS=${BACKENDS:-"migctl gloo none"}
+BACKENDS=${BACKENDS:-"migctl gloo none lockstep"}
 OUT=${OUT:-pytorch-compare-$(date +%Y%m%d-%H%M%S).jsonl}
 export MIGCTL_LIB=${MIGCTL_LIB:-$PWD/bin/libmigctl.so}
 run() { # model batch backend [args...]
@@ -22,19 +24,28 @@ run() { # model batch backend [args...]
     --backend "$backend" --batch "$batch" --steps "$STEPS" "$@" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' | tee -a "$OUT"
 }
 for b in $BACKENDS; do
-  run resnet 32 "$b"; run resnet 8 "$b"; run gpt 32 "$b"; run gpt 4 "$b"
+  set -- "$b"; [ "$b" = lockstep ] && set -- none --lockstep
+  run resnet 32 "$@"; run resnet 8 "$@"; run gpt 32 "$@"; run gpt 4 "$@"
 done
 "$PY" - "$OUT" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-bound = {(r["model"], r["batch_per_rank"]): r["step_ms_slowest_rank"] for r in rows if r["backend"] == "none"}
-print(f"{'model':8} {'batch':>5} {'backend':8} {'ms/step':>9} {'steps/s':>8} {'% bound':>8} {'exposed ms':>10}  ranks equal")
 for r in rows:
-    b = bound.get((r["model"], r["batch_per_rank"]))
+    if r.get("lockstep"):
+        r["backend"] = "lockstep"
+bound = {(r["model"], r["batch_per_rank"]): r["step_ms_slowest_rank"] for r in rows if r["backend"] == "none"}
+lock = {(r["model"], r["batch_per_rank"]): r["step_ms_slowest_rank"] for r in rows if r["backend"] == "lockstep"}
+print(f"{'model':8} {'batch':>5} {'backend':8} {'ms/step':>9} {'steps/s':>8} {'% bound':>8} {'exposed ms':>10} "
+      f"{'% lockstep':>10}  ranks equal")
+for r in rows:
+    key = (r["model"], r["batch_per_rank"])
+    b, lk = bound.get(key), lock.get(key)
     ms = r["step_ms_slowest_rank"]
     pct = f"{100 * b / ms:.0f}%" if b else "-"
     exp = f"{ms - b:.1f}" if b else "-"
-    print(f"{r['model']:8} {r['batch_per_rank']:>5} {r['backend']:8} {ms:9.1f} {r['steps_per_s']:8.2f} {pct:>8} {exp:>10}  {r['ranks_identical']}")
+    pl = f"{100 * lk / ms:.0f}%" if lk else "-"
+    print(f"{r['model']:8} {r['batch_per_rank']:>5} {r['backend']:8} {ms:9.1f} {r['steps_per_s']:8.2f} {pct:>8} {exp:>10} "
+          f"{pl:>10}  {r['ranks_identical']}")
 by = {}
 for r in rows:
     by.setdefault((r["model"], r["batch_per_rank"]), {})[r["backend"]] = r["losses"]
