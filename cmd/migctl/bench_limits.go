@@ -42,6 +42,10 @@ The figures are cached per host and GPU UUID in $XDG_CACHE_HOME/migctl/limits.js
 (~/.cache/migctl/limits.json): later calls, and every ` + "`migctl bench`" + ` run, read them there
 (--refresh measures again). ` + "`migctl bench`" + ` turns them into each row's LIMIT(US) — the time
 the busiest resource needs for the chosen algorithm (docs/collectives.md) — and %LIMIT.
+They also choose that algorithm: ` + "`migctl bench`" + ` (when it starts every rank) and a
+single-node ` + "`migctl run`" + ` hand them to the ranks (MIGCTL_MACHINE), whose cost model then
+weighs this host's link and host memory instead of hw/H200.md's (e.g. 2 ranks on one H200: the
+ring where host memory binds host-staged).
 Measure on an idle machine: copies and reductions of other processes lower the figures.`
 
 func newBenchLimitsCmd(s streams) *cobra.Command {

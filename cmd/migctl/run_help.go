@@ -34,8 +34,10 @@ PyTorch's env:// init hosts its store on rank 0), TORCHELASTIC_RESTART_COUNT,
 TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID (the job), TORCHELASTIC_ERROR_FILE,
 CUDA_VISIBLE_DEVICES, and for the SDK MIGCTL_RDZV_ADDR, MIGCTL_JOB_TOKEN (only ever in the
 environment), MIGCTL_JOB, MIGCTL_GENERATION, MIGCTL_BACKEND, MIGCTL_DEVICE, MIGCTL_TIMEOUT,
-MIGCTL_SOCKET; with --swap also LD_PRELOAD=libmigswap.so, MIGSWAP_JOB (the job: the daemon
-swaps it as a gang), MIGSWAP_PRIORITY and MIGSWAP_SOCKET. With several workers and no
+MIGCTL_SOCKET, and on one node MIGCTL_MACHINE (this host's figures from ` + "`migctl bench limits`" + `,
+when cached: the collectives choose their algorithm on them); with --swap also
+LD_PRELOAD=libmigswap.so, MIGSWAP_JOB (the job: the daemon swaps it as a gang),
+MIGSWAP_PRIORITY and MIGSWAP_SOCKET. With several workers and no
 OMP_NUM_THREADS in migctl's environment, OMP_NUM_THREADS=1 (as torchrun does: 7 workers each
 starting one OpenMP thread per core starve each other and the collectives); set it yourself
 (OMP_NUM_THREADS=4 migctl run ...) to choose another value.
