@@ -14,12 +14,16 @@
 // job's shared-memory segment and picks the transport and the all-reduce
 // algorithm from that topology exactly as `migctl bench` does:
 //
-//   - ranks on one physical GPU (MIG instances of one GPU, or several
-//     processes on one GPU), and the host backend: host-staged reduction
-//     through shared host memory;
 //   - one rank on each of several non-MIG GPUs of one host: a ring through
 //     CUDA IPC;
-//   - otherwise a ring through shared host memory.
+//   - otherwise, through shared host memory, whichever of host-staged, ring
+//     and hierarchical the cost model (allreduce.Machine.Choose) predicts
+//     fastest for the ranks' grouping by physical GPU, on the machine
+//     figures of the job (WithMachine, or MIGCTL_MACHINE: what `migctl
+//     bench limits` measured on this node, handed over by `migctl bench`
+//     and single-node `migctl run`), else hw/H200.md's. On a measured H200:
+//     2 ranks on one GPU take the ring (its reductions staged in device
+//     memory), 3 to 8 host-staged, and so does the host backend.
 //
 // The executor's knobs come from MIGCTL_TUNING when it is set
 // (chunk=2MiB,slots=8,workers=2,...: ParseTuning), else from the defaults
