@@ -44,6 +44,16 @@ def top_level(events):
     return out
 
 
+def print_gaps(events, ms, gap):
+    """Prints the stretches of more than gap ms in which none of events (sorted
+    by start; they may overlap) was running."""
+    end = events[0]["ts"]
+    for e in events:
+        if (e["ts"] - end) / 1000 > gap:
+            print(f"    gap {(e['ts'] - end) / 1000:6.2f} ms, until {ms(e['ts']):7.2f} ({e['name'][:60]})")
+        end = max(end, e["ts"] + e.get("dur", 0))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -80,11 +90,7 @@ def main():
         busy = sum(e.get("dur", 0) for e in top) / 1000
         print(f"thread {tid}: {len(es)} operators, busy {busy:.2f} ms between {ms(top[0]['ts']):.2f} and "
               f"{ms(top[-1]['ts'] + top[-1].get('dur', 0)):.2f}")
-        prev = top[0]["ts"]
-        for e in top:
-            if (e["ts"] - prev) / 1000 > args.gap:
-                print(f"    gap {(e['ts'] - prev) / 1000:6.2f} ms, until {ms(e['ts']):7.2f} ({e['name'][:60]})")
-            prev = e["ts"] + e.get("dur", 0)
+        print_gaps(top, ms, args.gap)
         n, d = collections.Counter(), collections.Counter()
         for e in top:
             n[e["name"]] += 1
@@ -98,11 +104,7 @@ def main():
         ks = sorted(kernels, key=lambda e: e["ts"])
         print(f"  from {ms(ks[0]['ts']):.2f} to {ms(max(e['ts'] + e['dur'] for e in ks)):.2f}; "
               f"idle gaps over {args.gap} ms:")
-        end = ks[0]["ts"]
-        for e in ks:
-            if (e["ts"] - end) / 1000 > args.gap:
-                print(f"    gap {(e['ts'] - end) / 1000:6.2f} ms, until {ms(e['ts']):7.2f} ({e['name'][:60]})")
-            end = max(end, e["ts"] + e["dur"])
+        print_gaps(ks, ms, args.gap)
     copies = sorted((e for e in ev if e.get("cat") == "gpu_memcpy" and t0 <= e["ts"] <= t1 + 20000),
                     key=lambda e: e["ts"])
     runs = []  # [kind, stream, start, end, bytes, n]
