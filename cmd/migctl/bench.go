@@ -91,7 +91,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.spec.NP, "np", 2, "number of ranks (processes)")
 	f.StringVar(&o.spec.Backend, "backend", "host", "where buffers live: host (CPU only) or gpu (CUDA)")
 	f.StringVar(&o.spec.Transport, "transport", "auto", "auto, shm (shared host memory, the MIG path) or ipc (CUDA IPC between non-MIG GPUs)")
-	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (the cost model's pick from the ranks' GPUs and the machine), hoststaged, ring or hierarchical")
+	f.StringVar(&o.spec.Algorithm, "algo", "auto", "all-reduce algorithm over shm: auto (the cost model's pick from the ranks' GPUs and this host's figures from migctl bench limits, hw/H200.md's with --limits=false), hoststaged, ring or hierarchical")
 	f.StringVar(&o.spec.ReduceOn, "reduce-on", "auto", "where host-staged all-reduces reduce: cpu (every rank's CPU threads), gpu (every rank's device, reading the peers' staged inputs from mapped host memory), split:F (the fraction F of every chunk on the devices, the rest on the CPU), split (the cost model's split) or auto (the cost model's pick)")
 	f.StringVarP(&o.dtype, "dtype", "d", "float", "element type: float|float32, half|float16, bfloat16|bf16, double|float64, int32, int64, uint8")
 	f.StringVar(&o.spec.Op, "op", "sum", "reduction: sum, avg, min, max")
