@@ -121,7 +121,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.StringVar(&o.mps, "mps", "auto", "ranks sharing a GPU (gpu backend, shm) run under a private MPS server: auto (when it works), on (or fail), off (time-sliced contexts)")
 	f.StringVar(&o.mpsCtl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
 	f.BoolVarP(&o.spec.Quiet, "quiet", "q", false, "no progress on stderr")
-	f.BoolVar(&o.spec.Limits, "limits", true, "print each row's floor for its algorithm, LIMIT(US), and %LIMIT, from `migctl bench limits` figures (measured once, cached)")
+	f.BoolVar(&o.spec.Limits, "limits", true, "print each row's floor for its algorithm, LIMIT(US), and %LIMIT, from the figures of migctl bench limits (measured once, cached; they also choose --algo auto)")
 	o.output = outputFlag(c)
 	return c
 }
