@@ -133,6 +133,16 @@ func (c *Communicator) AllReduceOrdered(ctx context.Context, send, recv comm.Buf
 	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: op})
 }
 
+// TakesSmallPath reports whether an all-reduce of bytes per rank through
+// the shm algorithm alg goes the small-message way (HostStagedSmall) when
+// the executor's SmallBytes is small: every shm algorithm hands it over
+// (the ring's 2(n−1) dependent steps cost far more there: 2 ranks on one
+// H200, 8 KiB 102 µs against 31–42, 64 KiB 139 against 43); the IPC ring
+// has no arena for it.
+func TakesSmallPath(alg Algorithm, bytes, small int) bool {
+	return (alg == HostStaged || alg == Hierarchical || alg == Ring) && bytes > 0 && bytes <= small
+}
+
 // allReduce is the schedule of an all-reduce call.
 func (c *Communicator) allReduce(send, recv comm.Buffer, count int, dt comm.DType, op comm.Op) (Schedule, error) {
 	n := count * dt.Size()
@@ -146,12 +156,9 @@ func (c *Communicator) allReduce(send, recv comm.Buffer, count int, dt comm.DTyp
 	if c.alg == Hierarchical {
 		p.Groups = c.Groups()
 	}
-	if (c.alg == HostStaged || c.alg == Hierarchical || c.alg == Ring) && n > 0 && n <= c.exec.opts.SmallBytes {
+	if TakesSmallPath(c.alg, n, c.exec.opts.SmallBytes) {
 		// Small messages: one copy each way and one flag round (every rank
 		// reduces all inputs itself); consecutive calls alternate areas.
-		// (The shm ring's 2(n−1) dependent steps cost far more there: 2
-		// ranks on one H200, 8 KiB 102 µs against 31–42, 64 KiB 139 against
-		// 43.)
 		p.Algorithm, p.Parity, p.Groups = HostStagedSmall, c.small&1, ""
 		// On the devices, but not an unsigned-byte average: the device's
 		// byte sum would wrap before the division (the CPU's does not).

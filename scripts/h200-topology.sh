@@ -62,6 +62,13 @@ for algo in auto hoststaged ring hierarchical; do
   run "r8x2_${algo}" 0,1 8 "$BIG" "$algo" 10 3
   run "s7x1_${algo}" 0   7 8KiB   "$algo" 300 30
 done
+# The shm ring's device reductions stage their blocks in device memory (the copy engines) since
+# 2026-12-02; across GPUs that is unmeasured (the cost model keeps the unstaged 0.55 there): the
+# ring with one rank per GPU, and the kernel reads it replaced beside both 2-GPU rings.
+run r2x2_auto 0,1 2 "$BIG" auto 10 3
+run r2x2_ring 0,1 2 "$BIG" ring 10 3
+MIGCTL_REDUCE_STAGE=0 run r2x2_ring_unstaged 0,1 2 "$BIG" ring 10 3
+MIGCTL_REDUCE_STAGE=0 run r4x2_ring_unstaged 0,1 4 "$BIG" ring 10 3
 # More CPU threads where the host's reduction binds (the default is about 14/np per rank):
 # how far host-staged and hierarchical move when the CPU is not the limit (issue 9, item 2).
 run r4x2_hoststaged_w6   0,1 4 "$BIG" hoststaged   10 3 --reduce-workers 6
@@ -109,6 +116,7 @@ for f in ("gloo1.txt", "gloo2.txt"):
 cases = [("256 MiB, 7 on 1 H200", "r7x1", 7, 256 << 20, 1, 41, 37),
          ("256 MiB, 2 on 1 H200", "r2x1", 2, 256 << 20, 1, 12, 10.7),
          ("256 MiB, 4 on 2 H200s (2 each)", "r4x2", 4, 256 << 20, 2, 14, 11),
+         ("256 MiB, 2 on 2 H200s (1 each)", "r2x2", 2, 256 << 20, 2, None, None),
          ("256 MiB, 8 on 2 H200s (4 each)", "r8x2", 8, 256 << 20, 2, 40, 24),
          ("8 KiB, 7 on 1 H200", "s7x1", 7, 8 << 10, 1, 0.060, 0.040)]
 
@@ -121,19 +129,28 @@ for label, prefix, n, size, ngpu, must, goal in cases:
     small = size < (1 << 20)
     g = gloo.get((n, size, ngpu))
     gs = (fmt(g[0], small) + ("" if g[1] else " (WRONG)")) if g else "n/a"
-    extra = sorted(os.path.basename(p)[:-5][len(prefix) + 1:] for p in glob.glob(os.path.join(out, prefix + "_*_w*.json")))
+    extra = sorted(os.path.basename(p)[:-5][len(prefix) + 1:] for p in glob.glob(os.path.join(out, prefix + "_*_w*.json"))
+                   + glob.glob(os.path.join(out, prefix + "_*_unstaged.json")))
     for algo in ["auto", "hoststaged", "ring", "hierarchical"] + extra:
+        if not os.path.exists(os.path.join(out, f"{prefix}_{algo}.rc")):
+            continue  # not run for this case
         r = ours(f"{prefix}_{algo}")
         algo = re.sub(r"_w(\d+)$", r" --reduce-workers \1", algo)
         if not r:
             print(f"| {label} | {algo} | FAILED (see the .err file) | | | | | | | {gs} | | | |")
             continue
         ok = r["rc"] == "0" and r["wrong"] == 0
-        verdict = ("goal ✔" if r["ms"] <= goal else "must ✔" if r["ms"] <= must else "misses") if ok else f"FAILED (rc {r['rc']}, {r['wrong']} wrong)"
+        if not ok:
+            verdict = f"FAILED (rc {r['rc']}, {r['wrong']} wrong)"
+        elif must is None:
+            verdict = "-"
+        else:
+            verdict = "goal ✔" if r["ms"] <= goal else "must ✔" if r["ms"] <= must else "misses"
         lim = fmt(r["limit"], small) if r["limit"] > 0 else "-"
         pct = f"{r['pct']:.0f}%" if r["pct"] > 0 else "-"
+        targets = f"≤ {fmt(must, small)} | ≤ {fmt(goal, small)}" if must is not None else "- | -"
         print(f"| {label} | {algo} | {r['alg']} | {fmt(r['ms'], small)} | {lim} | {pct} | {r['bind']} | {r['busbw']:.1f} | "
-              f"{r['wrong']} | {gs} | ≤ {fmt(must, small)} | ≤ {fmt(goal, small)} | {verdict} |")
+              f"{r['wrong']} | {gs} | {targets} | {verdict} |")
 try:
     lim = json.load(open(os.path.join(out, "limits.json")))
     m = lim["machine"]

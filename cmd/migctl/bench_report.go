@@ -207,7 +207,7 @@ func rowAlgorithm(coll allreduce.Coll, name string, bytes int64, small int) allr
 	case allreduce.Hierarchical.String():
 		alg = allreduce.Hierarchical
 	}
-	if (alg == allreduce.HostStaged || alg == allreduce.Hierarchical) && bytes > 0 && bytes <= int64(small) {
+	if allreduce.TakesSmallPath(alg, int(bytes), small) {
 		alg = allreduce.HostStagedSmall
 	}
 	return alg
