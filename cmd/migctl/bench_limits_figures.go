@@ -138,7 +138,6 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 	}
 	// Smaller than `bench limits` measures: a first run should not wait.
 	hostOpts := limits.HostOptions{Bytes: 32 << 20, Reps: 2, MemoryBytes: 256 << 20}
-	gpusMeasured := false
 	measure := func() (allreduce.Machine, string, error) {
 		var ordinals []int
 		if s.Backend == "gpu" {
@@ -150,7 +149,11 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 		}
 		source := fmt.Sprintf("measured (%s)", path)
 		m := l.Machine(allreduce.H200(), uuids)
-		gpusMeasured = len(uuids) > 0
+		if len(uuids) > 0 && os.Getenv(trainer.EnvCUDAFake) == "" {
+			// The ranks choose their algorithm on these figures too (not on
+			// a fake driver's, nor on the host's alone: no machine of those).
+			o.machine = &m
+		}
 		if s.Backend == "gpu" && len(uuids) == 0 {
 			source += "; GPU link from hw/H200.md"
 			h := allreduce.H200()
@@ -164,11 +167,6 @@ func (o *benchOptions) limits(ctx context.Context) func(*benchReport) error {
 		if m, source, err = measure(); err != nil {
 			fmt.Fprintf(progress, "bench: no LIMIT column: %v\n", err)
 			return nil
-		}
-		if gpusMeasured && os.Getenv(trainer.EnvCUDAFake) == "" {
-			// The ranks choose their algorithm on these figures too (not on
-			// a fake driver's, nor on the host's alone: no machine of those).
-			o.machine = &m
 		}
 	}
 	return func(rep *benchReport) error {

@@ -196,7 +196,7 @@ func TestRunCLI(t *testing.T) {
 	t.Run("no figures of another machine reach the workers", func(t *testing.T) {
 		// Without a cache, and with one for a GPU this node does not have
 		// (here: a simulated node), the workers get no MIGCTL_MACHINE and
-		// choose on hw/H200.md's figures (machineEnv's own test covers the
+		// choose on hw/H200.md's figures (limits' TestNodeMachine covers the
 		// GPUs that are here).
 		r := newRunCLI(t, bin)
 		args := append(r.sim, "--np", "2", "--profile", "1g.18gb", "-o", "json", "--", "sh", "-c", envScript)

@@ -102,10 +102,13 @@ def _cuda_sched(mode, index):
     flag = {"spin": 1, "yield": 2, "blocking": 4}[mode]  # CU_CTX_SCHED_SPIN, _YIELD, _BLOCKING_SYNC
     cu = ctypes.CDLL("libcuda.so.1")
     dev = ctypes.c_int()
-    for what, rc in (("cuInit", cu.cuInit(0)), ("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), index)),
-                     ("cuDevicePrimaryCtxSetFlags", cu.cuDevicePrimaryCtxSetFlags_v2(dev, flag))):
+
+    def check(what, rc):
         if rc != 0:
             raise RuntimeError(f"--cuda-sched {mode}: {what} returned CUDA error {rc}")
+    check("cuInit", cu.cuInit(0))
+    check("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), index))
+    check("cuDevicePrimaryCtxSetFlags", cu.cuDevicePrimaryCtxSetFlags_v2(dev, flag))
 
 
 def wrap(model, args, device):

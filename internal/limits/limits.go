@@ -567,6 +567,34 @@ func (l Limits) Machine(base allreduce.Machine, uuids []string) allreduce.Machin
 	return m
 }
 
+// NodeMachine is Machine for the GPUs a job runs on, for its algorithm
+// choice: the cached GPUs among chosen (nil: any GPU of the node) that the
+// node has (node: the UUIDs its driver lists), and false when there is no
+// such GPU — figures of a GPU not here (another host's cache, a fake
+// driver's, a simulated node) or of the host alone describe no machine the
+// job runs on.
+func (l Limits) NodeMachine(base allreduce.Machine, node, chosen []string) (allreduce.Machine, bool) {
+	want := node
+	if chosen != nil {
+		want = nil
+		for _, u := range chosen {
+			if slices.Contains(node, u) {
+				want = append(want, u)
+			}
+		}
+	}
+	var uuids []string
+	for _, u := range want {
+		if g, ok := l.GPU(u); ok && g.H2DGiBs > 0 && !slices.Contains(uuids, u) {
+			uuids = append(uuids, u)
+		}
+	}
+	if len(uuids) == 0 {
+		return base, false
+	}
+	return l.Machine(base, uuids), true
+}
+
 // GPU returns the cached figures of the device with this UUID.
 func (l Limits) GPU(uuid string) (GPU, bool) {
 	for _, g := range l.GPUs {

@@ -168,3 +168,44 @@ func TestCacheBeforeHostMemory(t *testing.T) {
 	require.NotContains(t, string(buf), "hostMemUnderDMAGiBs")
 	require.NotContains(t, string(buf), "memoryGiBs")
 }
+
+// NodeMachine gives the cached figures of the GPUs of this node that the
+// job uses, and nothing when the cache describes none of them.
+func TestNodeMachine(t *testing.T) {
+	gpu := func(uuid string, link, hostMem float64) GPU {
+		return GPU{UUID: uuid, H2DGiBs: link, D2HGiBs: link, DuplexGiBs: 2 * link, RoundTripUS: 11,
+			HostMemUnderDMAGiBs: hostMem}
+	}
+	l := Limits{Host: Host{ReduceThreadGiBs: 8.9, ReduceHostGiBs: 73},
+		GPUs: []GPU{gpu("GPU-a", 51.3, 147), gpu("GPU-b", 40, 120), gpu("GPU-elsewhere", 60, 200)}}
+	base := allreduce.H200()
+	tests := []struct {
+		desc          string
+		node, chosen  []string
+		ok            bool
+		link, hostMem float64
+	}{
+		{"a job on GPU a", []string{"GPU-a", "GPU-b"}, []string{"GPU-a"}, true, 51.3, 147},
+		// Two GPUs: the slower link; no host-memory cap (each GPU was measured alone).
+		{"a job on both", []string{"GPU-a", "GPU-b"}, []string{"GPU-b", "GPU-a"}, true, 40, base.HostMemGiBs},
+		{"leased MIG instances: the node's GPUs", []string{"GPU-b"}, nil, true, 40, 120},
+		{"the cached GPU is not on this node", []string{"GPU-c"}, nil, false, 0, 0},
+		{"no driver (a simulated node, CI)", nil, nil, false, 0, 0},
+		{"a chosen GPU the node does not report", []string{"GPU-a"}, []string{"GPU-elsewhere"}, false, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			m, ok := l.NodeMachine(base, tc.node, tc.chosen)
+			require.Equal(t, tc.ok, ok)
+			if !ok {
+				require.Equal(t, base, m)
+				return
+			}
+			require.Equal(t, tc.link, m.LinkGiBs)
+			require.Equal(t, tc.hostMem, m.HostMemGiBs)
+			require.Equal(t, 8.9, m.ReduceThreadGiBs)
+		})
+	}
+	_, ok := Limits{Host: l.Host}.NodeMachine(base, []string{"GPU-a"}, nil)
+	require.False(t, ok, "the host's figures alone: none")
+}
