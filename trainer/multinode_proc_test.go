@@ -31,7 +31,7 @@ const (
 	// envMNHost is the host name a child reports ("node<i>").
 	envMNHost = "MIGCTL_MN_HOST"
 	// envMNBackend: host (default; the fake NCCL) or gpu (NCCL, one GPU
-	// per node: CUDA_VISIBLE_DEVICES=<node>).
+	// per node: CUDA_VISIBLE_DEVICES=<node>; see envMNOneGPU).
 	envMNBackend = "MIGCTL_MN_BACKEND"
 	// envMNNodes and envMNPerNode: the layout (default 2 × 2).
 	envMNNodes   = "MIGCTL_MN_NODES"
@@ -40,6 +40,11 @@ const (
 	envMNBytes = "MIGCTL_MN_BYTES"
 	// envMNRequire=1 fails instead of skipping when GPUs or NCCL are missing.
 	envMNRequire = "MIGCTL_MN_REQUIRE"
+	// envMNOneGPU=1 (gpu backend) puts every node on GPU 0, each with its
+	// own NCCL_HOSTID: NCCL then takes the nodes for separate hosts (its
+	// duplicate-GPU check is per host) and connects them over its network
+	// transport, so the inter-node stage runs on one GPU too.
+	envMNOneGPU = "MIGCTL_MN_ONE_GPU"
 )
 
 func envInt(key string, def int) int {
@@ -55,7 +60,8 @@ func envInt(key string, def int) int {
 // element by element on every rank. On the host backend (CI) the nodes
 // meet over the fake NCCL across processes; with MIGCTL_MN_BACKEND=gpu
 // (scripts/h200-session.d/nccl-2node.sh) over the real NCCL, one GPU per
-// node, and a timed all-reduce of MIGCTL_MN_BYTES is reported.
+// node (or all on GPU 0 with MIGCTL_MN_ONE_GPU=1), and a timed all-reduce
+// of MIGCTL_MN_BYTES is reported.
 func TestGroupAcrossNodesProcesses(t *testing.T) {
 	if os.Getenv(envMNChild) == "1" {
 		mnChild(t)
@@ -66,6 +72,11 @@ func TestGroupAcrossNodesProcesses(t *testing.T) {
 		backend = "host"
 	}
 	nodes, per := envInt(envMNNodes, 2), envInt(envMNPerNode, 2)
+	oneGPU := os.Getenv(envMNOneGPU) == "1"
+	gpus := nodes // GPUs the layout needs
+	if oneGPU {
+		gpus = 1
+	}
 	skip := func(format string, args ...any) {
 		if os.Getenv(envMNRequire) == "1" {
 			t.Fatalf(format, args...)
@@ -81,8 +92,9 @@ func TestGroupAcrossNodesProcesses(t *testing.T) {
 		if api.Init(0) == nil {
 			n, _ = api.DeviceGetCount()
 		}
-		if n < nodes {
-			skip("SKIP: %d nodes need %d GPUs (one each), this machine has %d", nodes, nodes, n)
+		if n < gpus {
+			skip("SKIP: %d nodes need %d GPUs (one each; %s=1 puts them all on GPU 0), this machine has %d",
+				nodes, gpus, envMNOneGPU, n)
 		}
 		if _, err := nccl.Open(); err != nil {
 			skip("SKIP: %v", err)
@@ -119,9 +131,12 @@ func TestGroupAcrossNodesProcesses(t *testing.T) {
 			EnvGroupRank+"="+strconv.Itoa(node), EnvGroupWorldSize+"="+strconv.Itoa(nodes),
 			EnvRendezvous+"=unix://"+sock, EnvToken+"="+token, EnvJob+"=mn-test", EnvShmRoot+"="+root,
 			EnvTimeout+"=60s", EnvBackend+"="+backend)
-		if backend == "gpu" {
+		switch {
+		case backend == "gpu" && oneGPU:
+			env = append(env, "CUDA_VISIBLE_DEVICES=0", fmt.Sprintf("NCCL_HOSTID=migctl-mn-node%d", node))
+		case backend == "gpu":
 			env = append(env, "CUDA_VISIBLE_DEVICES="+strconv.Itoa(node))
-		} else {
+		default:
 			env = append(env, EnvNCCLFake+"=1")
 		}
 		cmd.Env = env

@@ -12,11 +12,15 @@
 #      collective checked element by element on every rank, and a timed 256 MiB fp32
 #      all-reduce (bin/trainer.test: TestGroupAcrossNodesProcesses with MIGCTL_MN_BACKEND=gpu).
 #      With fewer than 2 GPUs this part prints SKIP.
+#   3. any GPU count: the same two "nodes" both on GPU 0 (MIGCTL_MN_ONE_GPU=1), each with its own
+#      NCCL_HOSTID, so NCCL takes them for two hosts (its duplicate-GPU check is per host) and
+#      connects them over NET/Socket: the real library's inter-node path without a second GPU.
+#   NCCL's sockets stay on the loopback interface (NCCL_SOCKET_IFNAME=lo).
 #
 # Runs from the repo root on the GPU machine; needs bin/nccl.test and bin/trainer.test:
 #   go test -c -o bin/nccl.test ./internal/nccl && go test -c -o bin/trainer.test ./trainer
 # (`make gpu-test` builds both under these names). Writes logs to $OUT/nccl/, prints PASS/FAIL/
-# SKIP lines and a summary. Under a minute on 2 GPUs.
+# SKIP lines and a summary. Under two minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 O=${OUT:-./out}/nccl
@@ -73,32 +77,43 @@ if [ -x "$B/nccl.test" ]; then
   fi
 fi
 
-# 2. Two "nodes", one GPU each, NCCL on sockets.
-if [ "$ngpu" -lt 2 ]; then
-  echo "SKIP nccl-2node: needs 2 GPUs (one per \"node\"), found $ngpu"
-elif [ -x "$B/trainer.test" ]; then
-  export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
-  for layout in "2 1" "2 2"; do
-    set -- $layout
-    name="nccl-2node-${1}x${2}"
-    rm -f "$O"/nccl-debug.*
-    NCCL_DEBUG_FILE="$O/nccl-debug.%h.%p" MIGCTL_MN_BACKEND=gpu MIGCTL_MN_REQUIRE=1 MIGCTL_MN_NODES=$1 MIGCTL_MN_PER_NODE=$2 \
-      MIGCTL_MN_BYTES=${BYTES:-268435456} timeout 150 "$B/trainer.test" -test.v -test.count=1 \
-      -test.run '^TestGroupAcrossNodesProcesses$' >"$O/$name.log" 2>&1
-    rc=$?
-    cat "$O"/nccl-debug.* >"$O/$name.nccl.log" 2>/dev/null
-    rows=$(grep -o 'MNRESULT .*' "$O/$name.log")
-    echo "$rows" | sed 's/^/  /'
-    wrong=$(echo "$rows" | sed -n 's/.* wrong=\([0-9]*\).*/\1/p' | awk '{s+=$1} END {print s+0}')
-    slow=$(echo "$rows" | sed -n 's/.* median_ms=\([0-9.]*\).*/\1/p' | sort -g | tail -1)
-    socket=$(grep -c 'NET/Socket' "$O/$name.nccl.log" 2>/dev/null)
-    if [ $rc -eq 0 ] && grep -q -- '--- PASS: TestGroupAcrossNodesProcesses' "$O/$name.log" && [ "$wrong" = 0 ]; then
-      pass "$name: every collective exact on $(( $1 * $2 )) ranks, 256 MiB all-reduce ${slow:-?} ms (slowest rank's median), NET/Socket lines in NCCL's log: $socket"
-    else
-      fail "$name (rc $rc, wrong $wrong, see $O/$name.log)"; grep -E 'Error|FAIL|panic' "$O/$name.log" | head -8
-    fi
-    [ "${socket:-0}" -gt 0 ] || echo "  note: NCCL's log does not mention NET/Socket; see $O/$name.nccl.log"
-  done
+# 2 and 3. Two "nodes" over NCCL's sockets: one GPU each, then both on GPU 0.
+export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=INFO \
+  NCCL_DEBUG_SUBSYS=INIT,NET
+two_nodes() { # two_nodes NODES PER_NODE ONE_GPU(0|1)
+  local name="nccl-2node-${1}x${2}"
+  [ "$3" = 1 ] && name="$name-1gpu"
+  rm -f "$O"/nccl-debug.*
+  NCCL_DEBUG_FILE="$O/nccl-debug.%h.%p" MIGCTL_MN_BACKEND=gpu MIGCTL_MN_REQUIRE=1 MIGCTL_MN_NODES=$1 MIGCTL_MN_PER_NODE=$2 \
+    MIGCTL_MN_ONE_GPU=$3 MIGCTL_MN_BYTES=${BYTES:-268435456} timeout 150 "$B/trainer.test" -test.v -test.count=1 \
+    -test.run '^TestGroupAcrossNodesProcesses$' >"$O/$name.log" 2>&1
+  local rc=$?
+  cat "$O"/nccl-debug.* >"$O/$name.nccl.log" 2>/dev/null
+  local rows wrong slow socket
+  rows=$(grep -o 'MNRESULT .*' "$O/$name.log")
+  echo "$rows" | sed 's/^/  /'
+  wrong=$(echo "$rows" | sed -n 's/.* wrong=\([0-9]*\).*/\1/p' | awk '{s+=$1} END {print s+0}')
+  slow=$(echo "$rows" | sed -n 's/.* median_ms=\([0-9.]*\).*/\1/p' | sort -g | tail -1)
+  socket=$(grep -c 'NET/Socket' "$O/$name.nccl.log" 2>/dev/null)
+  if [ $rc -eq 0 ] && grep -q -- '--- PASS: TestGroupAcrossNodesProcesses' "$O/$name.log" && [ "$wrong" = 0 ]; then
+    pass "$name: every collective exact on $(( $1 * $2 )) ranks, 256 MiB all-reduce ${slow:-?} ms (slowest rank's median), NET/Socket lines in NCCL's log: $socket"
+  else
+    fail "$name (rc $rc, wrong $wrong, see $O/$name.log)"
+    grep -h -E 'Error|FAIL|panic|WARN' "$O/$name.log" "$O/$name.nccl.log" 2>/dev/null | head -8
+  fi
+  [ "${socket:-0}" -gt 0 ] || echo "  note: NCCL's log does not mention NET/Socket; see $O/$name.nccl.log"
+}
+if [ -x "$B/trainer.test" ]; then
+  if [ "$ngpu" -ge 2 ]; then
+    two_nodes 2 1 0
+    two_nodes 2 2 0
+  else
+    echo "SKIP nccl-2node (one GPU per node): needs 2 GPUs, found $ngpu"
+  fi
+  if [ "$ngpu" -ge 1 ]; then
+    two_nodes 2 1 1
+    two_nodes 2 2 1
+  fi
 fi
 echo "SUMMARY nccl: $fails failure(s); logs in $O"
 [ $fails -eq 0 ]

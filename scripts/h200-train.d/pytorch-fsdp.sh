@@ -4,7 +4,9 @@
 # `migctl run --gpus 0` at 7 ranks (the small GPT, FSDP FULL_SHARD vs DDP, 50 steps, losses to
 # fp32 round-off), then fsdp_check and ops_check with the job split over two "nodes" of 2 ranks on
 # GPU 0 (two `migctl run --nnodes 2` side by side: migctl inside each node, gloo between them, CUDA
-# tensors), and with 2 GPUs ops_check with node i on GPU i and NCCL between them.
+# tensors), then ops_check with NCCL between the nodes: with 2 GPUs node i on GPU i, and on GPU 0
+# with a NCCL_HOSTID per node (NCCL then takes the nodes for two hosts and joins them over its
+# sockets, on the loopback interface).
 # Needs bin/migctl and bin/libmigctl.so (make build lib), torch 2.x with CUDA. Logs under
 # $OUT/pytorch-fsdp/; one PASS/FAIL line per check; last line "N passed, N failed". < 4 minutes.
 set -uo pipefail
@@ -23,8 +25,10 @@ result() { # result NAME RC OUTFILE...
   fi
 }
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "gpus", torch.cuda.device_count())' | tee "$R/torch.txt"
-timeout 60 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py > "$R/fsdp-7.out" 2> "$R/fsdp-7.err"
-result "fsdp-vs-ddp-7-ranks" $? "$R/fsdp-7.out" "$R/fsdp-7.err"
+if [ -z "${NCCL_ONLY:-}" ]; then  # NCCL_ONLY=1: only the checks with NCCL between the nodes
+  timeout 60 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py > "$R/fsdp-7.out" 2> "$R/fsdp-7.err"
+  result "fsdp-vs-ddp-7-ranks" $? "$R/fsdp-7.out" "$R/fsdp-7.err"
+fi
 
 two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 ranks side by side
   local name=$1 g0=$2 g1=$3 i rc=0 port pids=()
@@ -33,6 +37,7 @@ two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 
   export MIGCTL_JOB_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   for i in 0 1; do
     local g=$g0; [ $i = 1 ] && g=$g1
+    ${HOSTID_PER_NODE:+env NCCL_HOSTID=migctl-node$i NCCL_SOCKET_IFNAME=lo} \
     timeout 55 $M run --gpus "$g" --np 2 --nnodes 2 --node-rank $i --rdzv-endpoint 127.0.0.1:$port -q --timeout 60s \
       -- "$@" > "$R/$name-node$i.out" 2> "$R/$name-node$i.err" &
     pids+=($!)
@@ -41,14 +46,18 @@ two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 
   result "$name" $rc "$R/$name-node0.out" "$R/$name-node0.err"
 }
 # the hierarchical path with CUDA tensors: migctl inside each node, gloo (host memory) between them
-two_nodes fsdp-vs-ddp-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py
-two_nodes ops-cuda-2-nodes-x-2 0 0 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
-# NCCL between the nodes (MIGCTL_INTER_NODE=nccl) needs the nodes on different GPUs
-if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
-  export MIGCTL_INTER_NODE=nccl
-  two_nodes ops-cuda-2-nodes-x-2-nccl 0 1 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
-  unset MIGCTL_INTER_NODE
-else
-  echo "(one GPU: the NCCL-between-nodes check needs two)"
+if [ -z "${NCCL_ONLY:-}" ]; then
+  two_nodes fsdp-vs-ddp-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py
+  two_nodes ops-cuda-2-nodes-x-2 0 0 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
 fi
+# NCCL between the nodes (MIGCTL_INTER_NODE=nccl): on two GPUs, then both nodes on GPU 0
+export MIGCTL_INTER_NODE=nccl
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+  two_nodes ops-cuda-2-nodes-x-2-nccl 0 1 python3 python/tests/ops_check.py --device cuda --sizes 0,7,65539 --large 0
+else
+  echo "(one GPU: NCCL between nodes on two GPUs skipped)"
+fi
+HOSTID_PER_NODE=1 two_nodes ops-cuda-2-nodes-x-2-nccl-1gpu 0 0 python3 python/tests/ops_check.py --device cuda \
+  --sizes 0,7,65539 --large 0
+unset MIGCTL_INTER_NODE
 echo "$pass passed, $fail failed"
