@@ -372,6 +372,21 @@ func peerGroups(peers []rendezvous.Peer, size int) (allreduce.Grouping, error) {
 	return allreduce.GroupByKey(keys)
 }
 
+// shmRootHint adds to err, a failure to register the job's shared segment
+// with the GPU, the likely cause when the segments' directory is not memory:
+// Linux does not let the driver pin pages of a disk file system.
+func shmRootHint(root string, err error) error {
+	if root == "" {
+		root = shm.DefaultRoot
+	}
+	fs, ferr := shm.FSOf(root)
+	if ferr != nil || fs.Memory {
+		return err
+	}
+	return fmt.Errorf("%w (the shared-memory directory %s is on %s, whose pages the GPU driver cannot pin: "+
+		"use a tmpfs such as /dev/shm: %s, or migctl run --shm-dir)", err, root, fs.Name, EnvShmRoot)
+}
+
 // connect maps the job's shared segment and builds the executor.
 func (g *Group) connect(ctx context.Context) error {
 	c := g.cfg
@@ -422,6 +437,9 @@ func (g *Group) connect(ctx context.Context) error {
 		return err
 	}
 	if g.exec, err = allreduce.NewExecutor(g.dev, g.tr, opts); err != nil {
+		if g.cfg.backend == BackendGPU {
+			err = shmRootHint(c.shmRoot, err)
+		}
 		return err
 	}
 	cm := allreduce.NewCommunicator(g.exec, g.alg)

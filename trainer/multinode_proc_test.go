@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/comm/shm"
 	"github.com/migctl/migctl/internal/cuda"
 	"github.com/migctl/migctl/internal/nccl"
 )
@@ -107,6 +108,15 @@ func TestGroupAcrossNodesProcesses(t *testing.T) {
 	srv, err := rendezvous.NewServer(token, world)
 	require.NoError(t, err)
 	dir := t.TempDir()
+	shmBase := dir // the nodes' shared-memory roots
+	if backend == "gpu" {
+		// The GPU pins the segments' pages, which needs a memory file
+		// system (see shmRootHint); the temp dir may be on a disk.
+		var err error
+		shmBase, err = os.MkdirTemp(shm.DefaultRoot, "migctl-mn-test-")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(shmBase) })
+	}
 	sock := filepath.Join(dir, "rdzv.sock")
 	lis, err := net.Listen("unix", sock)
 	require.NoError(t, err)
@@ -119,7 +129,7 @@ func TestGroupAcrossNodesProcesses(t *testing.T) {
 	outs := make([]*bytes.Buffer, world)
 	for r := range world {
 		node, local := r/per, r%per
-		root := filepath.Join(dir, fmt.Sprintf("shm-node%d", node))
+		root := filepath.Join(shmBase, fmt.Sprintf("shm-node%d", node))
 		require.NoError(t, os.MkdirAll(root, 0o700))
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGroupAcrossNodesProcesses$", "-test.count=1", "-test.v")
 		env := slices.DeleteFunc(os.Environ(), func(kv string) bool {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func TestSegmentLifecycle(t *testing.T) {
@@ -162,4 +163,18 @@ func TestCreateUnnamedFallsBackToMemfd(t *testing.T) {
 	defer other.Close()
 	seg.Bytes()[1] = 5
 	require.Equal(t, byte(5), other.Bytes()[1])
+}
+
+func TestFSOf(t *testing.T) {
+	fs, err := FSOf("/proc")
+	require.NoError(t, err)
+	require.Equal(t, FS{Name: "proc"}, fs)
+	if st, err := os.Stat(DefaultRoot); err == nil && st.IsDir() {
+		fs, err = FSOf(DefaultRoot)
+		require.NoError(t, err)
+		// /dev/shm is a tmpfs wherever POSIX shared memory works
+		require.Equal(t, FS{Name: "tmpfs", Memory: true}, fs)
+	}
+	_, err = FSOf(filepath.Join(t.TempDir(), "missing"))
+	require.ErrorIs(t, err, unix.ENOENT)
 }

@@ -6,7 +6,7 @@
 # GPU 0 (two `migctl run --nnodes 2` side by side: migctl inside each node, gloo between them, CUDA
 # tensors), then ops_check with NCCL between the nodes: with 2 GPUs node i on GPU i, and on GPU 0
 # with a NCCL_HOSTID per node (NCCL then takes the nodes for two hosts and joins them over its
-# sockets, on the loopback interface).
+# sockets, on the loopback interface), with fsdp_check too.
 # Needs bin/migctl and bin/libmigctl.so (make build lib), torch 2.x with CUDA. Logs under
 # $OUT/pytorch-fsdp/; one PASS/FAIL line per check; last line "N passed, N failed". < 4 minutes.
 set -uo pipefail
@@ -37,13 +37,14 @@ two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 
   export MIGCTL_JOB_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   for i in 0 1; do
     local g=$g0; [ $i = 1 ] && g=$g1
-    ${HOSTID_PER_NODE:+env NCCL_HOSTID=migctl-node$i NCCL_SOCKET_IFNAME=lo} \
+    ${HOSTID_PER_NODE:+env NCCL_HOSTID=migctl-node$i NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET} \
     timeout 55 $M run --gpus "$g" --np 2 --nnodes 2 --node-rank $i --rdzv-endpoint 127.0.0.1:$port -q --timeout 60s \
       -- "$@" > "$R/$name-node$i.out" 2> "$R/$name-node$i.err" &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
   result "$name" $rc "$R/$name-node0.out" "$R/$name-node0.err"
+  [ -n "${HOSTID_PER_NODE:-}" ] && echo "  NCCL's NET/Socket lines: $(cat "$R/$name"-node*.out "$R/$name"-node*.err 2>/dev/null | grep -c 'NET/Socket')"
 }
 # the hierarchical path with CUDA tensors: migctl inside each node, gloo (host memory) between them
 if [ -z "${NCCL_ONLY:-}" ]; then
@@ -59,5 +60,6 @@ else
 fi
 HOSTID_PER_NODE=1 two_nodes ops-cuda-2-nodes-x-2-nccl-1gpu 0 0 python3 python/tests/ops_check.py --device cuda \
   --sizes 0,7,65539 --large 0
+HOSTID_PER_NODE=1 two_nodes fsdp-vs-ddp-2-nodes-x-2-nccl-1gpu 0 0 python3 python/tests/fsdp_check.py
 unset MIGCTL_INTER_NODE
 echo "$pass passed, $fail failed"
