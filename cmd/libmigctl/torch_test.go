@@ -364,13 +364,7 @@ func TestTorchExampleProfile(t *testing.T) {
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	var rep map[string]any // rank 0's report, "[0]: {...}" (the examples' lines name no rank)
-	for _, line := range strings.Split(string(out), "\n") {
-		if j, ok := strings.CutPrefix(line, "[0]: "); ok && strings.HasPrefix(j, "{") {
-			require.NoError(t, json.Unmarshal([]byte(j), &rep), "%s", line)
-		}
-	}
-	require.NotNil(t, rep, "rank 0's report:\n%s", out)
+	rep := exampleReport(t, out)
 	require.Equal(t, true, rep["ranks_identical"], "%v", rep)
 	cpu, _ := rep["cpu_ms_per_step"].([]any)
 	require.Len(t, cpu, 2, "%v", rep)
@@ -391,4 +385,58 @@ func TestTorchExampleProfile(t *testing.T) {
 		trace, "--step", "9").CombinedOutput()
 	require.Error(t, err, "a step that was not profiled")
 	require.Contains(t, string(out2), "no train_step_9")
+}
+
+// exampleReport is rank 0's report of an examples/pytorch run under migctl
+// run: its line "[0]: {...}" (the examples' lines name no rank).
+func exampleReport(t *testing.T, out []byte) map[string]any {
+	t.Helper()
+	var rep map[string]any
+	for _, line := range strings.Split(string(out), "\n") {
+		if j, ok := strings.CutPrefix(line, "[0]: "); ok && strings.HasPrefix(j, "{") {
+			require.NoError(t, json.Unmarshal([]byte(j), &rep), "%s", line)
+		}
+	}
+	require.NotNil(t, rep, "rank 0's report:\n%s", out)
+	return rep
+}
+
+// TestTorchExampleLockstep: --backend none --lockstep trains with a barrier
+// per step and no gradients moved, over migctl under migctl run unless
+// --lockstep-via names another backend; --lockstep-via alone is refused.
+func TestTorchExampleLockstep(t *testing.T) {
+	lib, bin := artifacts(t)
+	needTorch(t)
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		barrier string // rank 0's barrier_backend; "" : the run fails
+		refusal string
+	}{
+		{"migctl under migctl run", []string{"--lockstep"}, "migctl", ""},
+		{"gloo", []string{"--lockstep", "--lockstep-via", "gloo"}, "gloo", ""},
+		{"via without lockstep", []string{"--lockstep-via", "gloo"}, "", "--lockstep-via is for --lockstep"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			argv := append([]string{"run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", "2", "-q", "--timeout", "60s", "--",
+				python, filepath.Join(repoRoot(t), "examples", "pytorch", "ddp_resnet.py"), "--backend", "none", "--device", "cpu",
+				"--batch", "2", "--image-size", "32", "--classes", "10", "--warmup", "1", "--steps", "2"}, tc.args...)
+			cmd := exec.CommandContext(ctx, bin, argv...)
+			cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+			cmd.WaitDelay = 5 * time.Second
+			out, err := cmd.CombinedOutput()
+			if tc.barrier == "" {
+				require.Error(t, err, "%s", out)
+				require.Contains(t, string(out), tc.refusal)
+				return
+			}
+			require.NoError(t, err, "%s", out)
+			rep := exampleReport(t, out)
+			require.Equal(t, true, rep["lockstep"], "%v", rep)
+			require.Equal(t, tc.barrier, rep["barrier_backend"], "%v", rep)
+			require.Equal(t, "none", rep["backend"], "%v", rep)
+		})
+	}
 }

@@ -48,6 +48,9 @@ def parser(description):
                     help="with --backend none: the ranks wait for each other once per step (a barrier after the "
                          "step, over migctl under `migctl run`, else gloo), moving no gradients: the bound of a "
                          "synchronous data-parallel job, whose every step is as slow as the slowest rank's")
+    ap.add_argument("--lockstep-via", choices=["migctl", "gloo"], default="",
+                    help="with --lockstep: the backend of the per-step barrier (default: migctl under "
+                         "`migctl run`, else gloo); gloo keeps the migctl library out of the process")
     ap.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
                     help="DDP broadcast_buffers=False (no broadcast of BatchNorm statistics and other buffers "
                          "at every forward; the ranks' buffers then differ)")
@@ -70,10 +73,15 @@ def setup(args):
     returns (rank, world, device). --backend none still joins a gloo group
     for the report only: training itself never communicates."""
     backend = "gloo" if args.backend == "none" else args.backend
+    if getattr(args, "lockstep_via", "") and not getattr(args, "lockstep", False):
+        raise SystemExit("--lockstep-via is for --lockstep")
     if getattr(args, "lockstep", False):
         if args.backend != "none":
             raise SystemExit("--lockstep is for --backend none (a backend's collectives synchronise the ranks)")
-        if os.environ.get("MIGCTL_RDZV_ADDR"):  # under `migctl run`: the cheapest barrier there is
+        via = getattr(args, "lockstep_via", "")
+        if via:
+            backend = via
+        elif os.environ.get("MIGCTL_RDZV_ADDR"):  # under `migctl run`: the cheapest barrier there is
             backend = "migctl"
     if backend == "migctl":
         import migctl_torch  # noqa: F401  (registers the backend)
@@ -237,7 +245,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                # CPU time of each rank's process (all its threads) per timed step, profiled steps included
                "cpu_ms_per_step": [round(t[2].item() * 1e3, 2) for t in all_t],
                "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
-               "lockstep": lockstep,
+               "lockstep": lockstep, "barrier_backend": dist.get_backend() if lockstep else None,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
         out.update(extra or {})
