@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/comm/shm"
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/internal/mps"
@@ -188,6 +189,15 @@ func (o *runOptions) Validate() error {
 		return errors.New("--priority is the swap priority: give --swap with it")
 	case o.logDir == "" && o.tee != "all":
 		return errors.New("--tee picks what reaches the terminal besides the --log-dir files: give --log-dir with it")
+	}
+	if o.backend == "gpu" {
+		// Known to fail in every worker: say so once, before starting them
+		// (a directory that cannot be read is left to the workers' errors).
+		if fs, err := shm.FSOf(o.shmDir); err == nil && !fs.Memory {
+			return fmt.Errorf("--shm-dir %s is on %s: GPU workers pin their shared memory for the copy engines, "+
+				"which Linux allows only on a memory file system: give a tmpfs (the default, /dev/shm) or hugetlbfs directory",
+				o.shmDir, fs.Name)
+		}
 	}
 	if o.profile != "" {
 		if _, err := mig.ParseProfileName(o.profile); err != nil {

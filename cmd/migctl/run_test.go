@@ -378,6 +378,8 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 			{desc: "np 0", args: []string{"--np", "0", "--backend", "host", "--", "true"}, want: "at least 1"},
 			{desc: "no program", args: []string{"--np", "2", "--backend", "host"}, want: "after --"},
 			{desc: "no devices", args: []string{"--np", "2", "--", "true"}, want: "--profile"},
+			{desc: "segments on a disk", args: []string{"--np", "1", "--gpus", "0", "--shm-dir", "/proc", "--", "true"},
+				want: "--shm-dir /proc is on proc: GPU workers pin their shared memory"},
 			{desc: "nodes without token", args: []string{"--np", "2", "--backend", "host", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--", "true"}, want: "export MIGCTL_JOB_TOKEN"},
 		} {
 			t.Run(tc.desc, func(t *testing.T) {
