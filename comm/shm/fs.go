@@ -23,7 +23,7 @@ var fsNames = map[int64]FS{
 	unix.TMPFS_MAGIC:           {"tmpfs", true},
 	unix.HUGETLBFS_MAGIC:       {"hugetlbfs", true},
 	unix.RAMFS_MAGIC:           {"ramfs", true},
-	unix.EXT4_SUPER_MAGIC:      {"ext4", false}, // ext2 and ext3 share it
+	unix.EXT4_SUPER_MAGIC:      {"ext2/3/4", false}, // one magic for the three
 	unix.XFS_SUPER_MAGIC:       {"xfs", false},
 	unix.BTRFS_SUPER_MAGIC:     {"btrfs", false},
 	unix.OVERLAYFS_SUPER_MAGIC: {"overlayfs", false},
