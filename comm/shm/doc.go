@@ -16,5 +16,8 @@
 // (Create, Open, Unlink) remain for tools and tests; Sweep removes those left
 // behind by creators that died, and by older versions that named them.
 //
+// A directory of segments that a GPU will pin must be a memory file system
+// (tmpfs, hugetlbfs): FSOf says which file system a directory is on.
+//
 // Nothing here blocks except Wait helpers, which take a context.
 package shm

@@ -8,7 +8,7 @@ import (
 
 // FS is what kind of file system holds a directory of segments.
 type FS struct {
-	// Name is the file system's kind ("tmpfs", "ext4", ...; "magic 0x…"
+	// Name is the file system's kind ("tmpfs", "ext2/3/4", ...; "magic 0x…"
 	// for one this package does not name).
 	Name string
 	// Memory is whether its files are memory with no backing store
@@ -39,7 +39,7 @@ func FSOf(dir string) (FS, error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return FS{}, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	if fs, ok := fsNames[int64(st.Type)]; ok { // Type is int32 on some platforms
+	if fs, ok := fsNames[int64(st.Type)]; ok {
 		return fs, nil
 	}
 	return FS{Name: fmt.Sprintf("magic %#x", uint64(st.Type))}, nil
