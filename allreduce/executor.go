@@ -170,6 +170,11 @@ type Executor struct {
 
 	ord      orderedState  // stream-ordered calls outstanding (ordered.go)
 	maxEpoch atomic.Uint64 // the latest call's epoch (what a release must exceed)
+
+	// sig is this call's signature; sigSeen[q] the epoch whose signature of
+	// rank q matched it (signature.go).
+	sig     signature
+	sigSeen []atomic.Uint64
 }
 
 // laneSplit is one rank's steps of a schedule by lane.
@@ -207,7 +212,7 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 	if err := dev.Register(tr.Arena()); err != nil {
 		return nil, fmt.Errorf("registering the shared arena with the device: %w", err)
 	}
-	e := &Executor{dev: dev, tr: tr, opts: opts,
+	e := &Executor{dev: dev, tr: tr, opts: opts, sigSeen: make([]atomic.Uint64, tr.World()),
 		red: comm.ReduceOptions{Workers: opts.ReduceWorkers, NonTemporal: comm.NonTemporalFor(comm.ReadsByDMA(dev))}}
 	e.sw, _ = tr.(spinWaiter)
 	if opts.Trace != nil {
@@ -297,6 +302,9 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	e.calls++
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
+	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
+		return e.fail(sched, err)
+	}
 	r := e.tr.Rank()
 	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
 	e.prev = sched.Params
@@ -493,17 +501,29 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 	// (the others fail after it, through the abort flag or the cancellation
 	// it caused, and say less).
 	// A wait for another rank's flag names the rank at fault: it goes first.
+	// A call that differs from a peer's goes before all (the others fail
+	// after it, through the abort flag it raised).
 	var first error
 	var at uint64
 	peerWait := func(err error) bool {
 		var we *waitError
 		return errors.As(err, &we) && we.peer != e.tr.Rank()
 	}
+	rank := func(err error) int {
+		var me *MismatchError
+		switch {
+		case errors.As(err, &me):
+			return 2
+		case peerWait(err):
+			return 1
+		}
+		return 0
+	}
 	for l, err := range errs {
 		if err == nil {
 			continue
 		}
-		if first == nil || peerWait(err) && !peerWait(first) || peerWait(err) == peerWait(first) && order[l] < at {
+		if first == nil || rank(err) > rank(first) || rank(err) == rank(first) && order[l] < at {
 			first, at = err, order[l]
 		}
 	}
@@ -658,6 +678,9 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			}
 		} else if tr != nil {
 			tr[i].ready = e.trace.since()
+		}
+		if err := e.checkPeers(st.Wait, epoch); err != nil {
+			return err
 		}
 		async := st.Len > 0 && (st.Kind == CopyOut || st.Kind == CopyIn || st.Kind == ReduceIn ||
 			st.Kind == ReducePeer || st.Kind == CopyPeer)

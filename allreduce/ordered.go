@@ -86,6 +86,9 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	e.calls++
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
+	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
+		return nil, e.fail(sched, err)
+	}
 	e.prev = sched.Params
 	r := e.tr.Rank()
 	// A new event, not a reused one: the caller's stream waits for it and

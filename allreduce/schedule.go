@@ -176,13 +176,18 @@ type Step struct {
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
 const (
-	FlagsPerRank = 5
+	FlagsPerRank = 8
 	roleA        = 0 // staged / sent
 	roleB        = 1 // reduced / consumed (hierarchical: group partial on the host)
 	roleC        = 2 // fetched / arrived (hierarchical: result reduced)
 	// RoleFin is the executor's end-of-call flag (value = call count).
 	RoleFin = 3
 	roleD   = 4 // hierarchical: fetched
+	// The call's signature (signature.go), published before any other flag
+	// of the call: what it is, and its size in two halves.
+	roleSig   = 5
+	roleSigLo = 6
+	roleSigHi = 7
 )
 
 // FlagOf is the index of rank r's flag for role.

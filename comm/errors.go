@@ -23,6 +23,11 @@ var (
 	// kept (registrations, scratch buffers, the kernels' module): the
 	// caller must not unregister or unmap what it handed to it.
 	ErrNotDrained = errors.New("stream did not drain")
+	// ErrMismatch reports ranks whose collective calls differ (another
+	// collective, size, element type, operator or root at the same place in
+	// the sequence of calls): every rank must issue the same collectives in
+	// the same order with the same arguments. It also matches ErrInvalid.
+	ErrMismatch = errors.New("collective calls differ between ranks")
 )
 
 // AbortCause says why a rank raised the job's abort flag.
@@ -40,6 +45,9 @@ const (
 	// the peer whose heartbeat was stalest then (a suspect), or the raising
 	// rank when every peer was alive.
 	AbortDeadline
+	// AbortMismatch: the raising rank found that Rank's collective call
+	// differs from its own (ErrMismatch).
+	AbortMismatch
 )
 
 // AbortError is what every rank's collectives fail with once the job's
@@ -66,13 +74,26 @@ func (e *AbortError) Error() string {
 			return fmt.Sprintf("rank %d timed out waiting; rank %d had not heartbeaten for %v (stopped or hung?)", e.By, e.Rank, e.Age)
 		}
 		return fmt.Sprintf("rank %d timed out waiting and aborted the job", e.By)
+	case AbortMismatch:
+		return fmt.Sprintf("rank %d found that rank %d's collective call differs from its own and aborted the job: %v "+
+			"(every rank must issue the same collectives in the same order, with the same sizes, element types, "+
+			"operators and roots)", e.By, e.Rank, ErrMismatch)
 	}
 	return fmt.Sprintf("rank %d failed and aborted the job", e.Rank)
 }
 
-// Is matches ErrAborted, and ErrPeerDead for a peer that exited or stalled.
+// Is matches ErrAborted, ErrPeerDead for a peer that exited or stalled, and
+// ErrMismatch (with ErrInvalid) for calls that differ between ranks.
 func (e *AbortError) Is(target error) bool {
-	return target == ErrAborted || (target == ErrPeerDead && (e.Cause == AbortExited || e.Cause == AbortStalled))
+	switch target {
+	case ErrAborted:
+		return true
+	case ErrPeerDead:
+		return e.Cause == AbortExited || e.Cause == AbortStalled
+	case ErrMismatch, ErrInvalid:
+		return e.Cause == AbortMismatch
+	}
+	return false
 }
 
 // FaultRank is the rank at fault (rendezvous.Client.AbortWith reports it).

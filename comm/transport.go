@@ -132,6 +132,11 @@ func readAbortWord(w uint64) *AbortError {
 // *AbortError (ErrAborted).
 func (t *ShmTransport) Abort() { t.abort(AbortError{Rank: t.rank, Cause: AbortFailed}) }
 
+// AbortMismatch raises the job's abort flag for a collective call of rank
+// peer that differs from this rank's (AbortMismatch): every rank's waits
+// then fail with an *AbortError that matches ErrMismatch.
+func (t *ShmTransport) AbortMismatch(peer int) { t.abort(AbortError{Rank: peer, Cause: AbortMismatch}) }
+
 // abort raises the abort flag with e (By is this rank); the first wins.
 func (t *ShmTransport) abort(e AbortError) {
 	e.By = t.rank

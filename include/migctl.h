@@ -5,7 +5,12 @@
  *
  * One group per process. A process started by `migctl run` calls
  * migctl_init_from_env() once, then issues collectives; every rank must issue
- * the same collectives in the same order with the same counts. Collectives
+ * the same collectives in the same order with the same counts, dtypes, ops and
+ * roots. The ranks compare each call's kind, size, dtype, op and root: where a
+ * rank's call differs from a peer's, every rank's call fails with
+ * MIGCTL_ERR_INVALID (the text names both calls; a rank that had nothing to
+ * wait for, such as a broadcast's root, may finish that call and fail at its
+ * next one) and the group stays failed. Collectives
  * return at once with a handle (they only queue the work: never waiting for a
  * peer); migctl_wait() blocks until the collective has finished (the result
  * is then in the receive buffer) and frees the handle, migctl_test() polls
@@ -63,7 +68,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 7 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 8 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -71,12 +76,14 @@ extern "C" {
                               6: migctl_run of a small device all-reduce on the devices
                                  (smallon=device) returns in stream order;
                               7: MIGCTL_STAT_DIRECT (migctl_run may run a collective on the
-                                 calling thread) */
+                                 calling thread);
+                              8: calls that differ between ranks fail with MIGCTL_ERR_INVALID */
 
 /* Result codes. */
 #define MIGCTL_OK 0
 #define MIGCTL_PENDING 1                 /* migctl_test / migctl_wait with a timeout: not finished yet */
-#define MIGCTL_ERR_INVALID (-1)          /* bad argument: dtype, op, count, root, pointer */
+#define MIGCTL_ERR_INVALID (-1)          /* bad argument: dtype, op, count, root, pointer; or calls
+                                            that differ between ranks */
 #define MIGCTL_ERR_NOT_INITIALIZED (-2)  /* migctl_init_from_env has not succeeded */
 #define MIGCTL_ERR_TIMEOUT (-3)          /* the collective ran past its deadline (MIGCTL_TIMEOUT) */
 #define MIGCTL_ERR_PEER_DEAD (-4)        /* another rank died */

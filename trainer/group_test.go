@@ -208,6 +208,31 @@ func TestAsyncKeepsOrder(t *testing.T) {
 	requireAll(t, errs)
 }
 
+// TestMismatchedCallsFailEveryRank: a rank that all-reduces more elements
+// than its peers makes every rank's call fail at once with comm.ErrMismatch
+// (not a wrong result, not the deadline), and the group stays failed.
+func TestMismatchedCallsFailEveryRank(t *testing.T) {
+	const n = 3
+	start := time.Now()
+	var failed atomic.Int32
+	err := world(t, n, nil, func(g *Group) error {
+		ctx := context.Background()
+		buf := make([]float32, 1000+g.Rank()/2*24) // rank 2 has 24 more
+		err := g.AllReduce(ctx, HostSlice(buf), HostSlice(buf), Sum)
+		if !errors.Is(err, comm.ErrMismatch) {
+			return fmt.Errorf("rank %d: %v, want a mismatch", g.Rank(), err)
+		}
+		failed.Add(1)
+		if err := g.Barrier(ctx); !errors.Is(err, comm.ErrMismatch) {
+			return fmt.Errorf("rank %d, the next call: %v, want the mismatch again", g.Rank(), err)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int32(n), failed.Load())
+	require.Less(t, time.Since(start), 10*time.Second, "found at once, not at the 20-s deadline")
+}
+
 func TestBadOperands(t *testing.T) {
 	ctx := context.Background()
 	g, err := Init(ctx, WithBackend(BackendHost), WithShmRoot(t.TempDir()))

@@ -7,6 +7,11 @@ package main
 #include <stdlib.h>
 #include "migctl.h"
 #include "cabi.h"
+// Go's build cache does not watch include/migctl.h (outside this package):
+// naming its version here makes a version change rebuild the library.
+#if MIGCTL_ABI_VERSION != 8
+#error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
+#endif
 */
 import "C"
 
@@ -81,6 +86,8 @@ func code(err error) C.int {
 		return C.MIGCTL_ERR_NOT_INITIALIZED
 	case errors.Is(err, errAlreadyInit):
 		return C.MIGCTL_ERR_ALREADY_INITIALIZED
+	case errors.Is(err, comm.ErrMismatch):
+		return C.MIGCTL_ERR_INVALID
 	case errors.Is(err, trainer.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return C.MIGCTL_ERR_TIMEOUT
 	case errors.Is(err, comm.ErrPeerDead):

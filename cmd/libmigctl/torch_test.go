@@ -254,15 +254,17 @@ func TestTorchCollectivesDoNotBlock(t *testing.T) {
 
 // TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
 // survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
-// must raise within the collective deadline — from dist.all_reduce, and from
-// the Future's wait() of an asynchronous one (DDP's path).
+// must raise within the collective deadline — from dist.all_reduce, from
+// the Future's wait() of an asynchronous one, and from DDP's backward, where
+// the reducer reads the bucket's Future in C++ (an error set the Python way
+// crashed the process there: see migctl_torch/_futures.py).
 func TestTorchKilledRank(t *testing.T) {
 	lib, _ := artifacts(t)
 	needTorch(t)
 	for _, tc := range []struct {
 		name string
 		args []string
-	}{{"all_reduce", nil}, {"future", []string{"--future"}}} {
+	}{{"all_reduce", nil}, {"future", []string{"--future"}}, {"ddp", []string{"--ddp"}}} {
 		t.Run(tc.name, func(t *testing.T) { killedRank(t, lib, tc.args) })
 	}
 }
@@ -334,6 +336,25 @@ func killedRank(t *testing.T, lib string, args []string) {
 		after := res[r].done.Sub(res[killed].done)
 		require.Less(t, after, deadline+5*time.Second, "rank %d raised %v after the kill", r, after)
 		t.Logf("rank %d raised %v after rank %d died: %v", r, after.Round(time.Millisecond), killed, lines[r]["error"])
+	}
+}
+
+// TestTorchMismatchedCalls: ranks whose collective calls differ (a count, an
+// element type, a collective, a model's shapes under DDP) all raise within
+// seconds, the error naming the cause, where they used to return a wrong
+// result or wait for the deadline.
+func TestTorchMismatchedCalls(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for _, c := range []string{"count", "dtype", "coll", "ddp"} {
+		t.Run(c, func(t *testing.T) {
+			for r, m := range runRanks(t, 3, 2*time.Minute, "mismatch_check.py", "--case", c) {
+				require.Equal(t, true, m["raised"], "rank %d", r)
+				if c != "ddp" {
+					require.Contains(t, m["error"], "collective calls differ between ranks", "rank %d", r)
+				}
+			}
+		})
 	}
 }
 

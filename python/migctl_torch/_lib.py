@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 OK = 0
 PENDING = 1

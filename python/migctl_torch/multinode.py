@@ -42,7 +42,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _futures, _lib
 
 _ENV = ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -87,7 +87,8 @@ class HierWork(dist._Work):
         self._devices = devices
         self._done = threading.Event()
         self._exc = None
-        self._future = None
+        self._future = None  # handed out by get_future (_futures.pair's outer)
+        self._inner = None  # the Future this Work settles
         self._consumed = False
         self._lock = threading.Lock()
 
@@ -95,16 +96,10 @@ class HierWork(dist._Work):
         with self._lock:
             self._exc = exc
             self._done.set()
-            fut = self._future
+            inner = self._inner
         self._hier._finished(self)
-        if fut is not None:
-            self._settle(fut)
-
-    def _settle(self, fut):
-        if self._exc is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._exc)
+        if inner is not None:
+            _futures.settle(inner, self._result, self._exc)
 
     def wait(self, timeout=None):
         secs = None
@@ -121,12 +116,12 @@ class HierWork(dist._Work):
     def get_future(self):
         with self._lock:
             self._consumed = True
-            if self._future is None:
-                self._future = (torch.futures.Future(devices=self._devices) if self._devices
-                                else torch.futures.Future())
+            if self._future is not None:
+                return self._future
+            self._inner, self._future = _futures.pair(self._devices)
             fut, done = self._future, self._done.is_set()
         if done:
-            self._settle(fut)
+            _futures.settle(self._inner, self._result, self._exc)
             self._hier._finished(self)
         return fut
 

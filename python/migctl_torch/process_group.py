@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _lib, multinode
+from . import _futures, _lib, multinode
 
 import collections
 
@@ -192,7 +192,8 @@ class Work(dist._Work):
         self._exc = None
         self._state = _ISSUED
         self._consumed = False
-        self._future = None
+        self._future = None  # what get_future handed out (_futures.pair's outer)
+        self._inner = None  # the Future this Work settles
         comm._hold(self)
 
     def _run(self):
@@ -212,21 +213,15 @@ class Work(dist._Work):
         with c._mu:
             self._exc = err
             self._state = _DONE
-            fut = self._future
+            inner = self._inner
             if self._consumed:
                 c._live.pop(id(self), None)
             elif len(c._live) > c.KEEP:
                 c._trim()
             if c._waiters:
                 c._cv.notify_all()
-        if fut is not None:
-            self._settle(fut)
-
-    def _settle(self, fut):
-        if self._exc is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._exc)
+        if inner is not None:
+            _futures.settle(inner, self._result, self._exc)
 
     def wait(self, timeout=None):
         c = self._comm
@@ -268,8 +263,8 @@ class Work(dist._Work):
             fut = self._future
             if fut is not None:
                 return fut
-            fut = self._future = (torch.futures.Future(devices=self._devices) if self._devices
-                                  else torch.futures.Future())
+            self._inner, fut = _futures.pair(self._devices)
+            self._future = fut
             state = self._state
             if state == _ISSUED:
                 self._state = _CLAIMED
@@ -278,8 +273,8 @@ class Work(dist._Work):
         if state == _ISSUED:
             c.completer.submit(self)
         elif state == _DONE:
-            self._settle(fut)
-        # _CLAIMED: the claimer settles it when it finishes (it reads _future under the lock)
+            _futures.settle(self._inner, self._result, self._exc)
+        # _CLAIMED: the claimer settles it when it finishes (it reads _inner under the lock)
         return fut
 
     def is_completed(self):

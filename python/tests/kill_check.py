@@ -2,7 +2,9 @@
 rank --kill SIGKILLs itself at step 5, the others must raise a MigctlError
 (peer dead, aborted or deadline) instead of hanging. Started by the Go test
 with its own rendezvous (migctl run would SIGTERM the survivors itself).
-A survivor prints one JSON line and exits 0 when it raised.
+A survivor prints one JSON line and exits 0 when it raised. With --ddp the
+loop is DDP training steps (a bucket's Future fails inside backward: the
+survivors must raise there, not crash).
 
 On the GPU machine, the same on CUDA tensors through get_future().wait() and
 a device synchronize (DDP's path), under migctl run with SIGTERM ignored for
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("--kill", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--future", action="store_true", help="all-reduce through get_future().wait(), then synchronize")
+    ap.add_argument("--ddp", action="store_true", help="DDP training steps instead of bare all-reduces")
     ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a launcher's stop of the survivors)")
     a = ap.parse_args()
     if a.ignore_term:
@@ -40,12 +43,25 @@ def main():
     dist.init_process_group("migctl")
     rank = dist.get_rank()
     t = torch.ones(4096, device=a.device)
+    ddp = None
+    if a.ddp:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).to(a.device)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        x = torch.randn(16, 64, device=a.device)
     start = time.time()
     for step in range(100000):
         if rank == a.kill and step == 5:
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            if a.future:
+            if ddp is not None:
+                opt.zero_grad()
+                ddp(x).square().mean().backward()
+                opt.step()
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
+            elif a.future:
                 dist.all_reduce(t, async_op=True).get_future().wait()
                 if a.device == "cuda":
                     torch.cuda.synchronize()  # a stream left waiting for a collective that never ends hangs here
