@@ -81,7 +81,9 @@
 // CUDA memory; Write and Read copy to and from it.
 //
 // Every rank must issue the same collectives in the same order with the same
-// counts. A Group is safe for concurrent use: calls are queued and run one at
+// counts, element types, operators and roots; the ranks compare each call's,
+// and a call that differs from a peer's fails on every rank with
+// comm.ErrMismatch (the group is then unusable). A Group is safe for concurrent use: calls are queued and run one at
 // a time in the order they were issued. The Async variants return a *Work at
 // once; its Wait blocks until the collective has finished. Buffers belong to
 // the collective until then.
@@ -101,6 +103,6 @@
 // too.
 //
 // Errors wrap the sentinels of package comm (comm.ErrPeerDead,
-// comm.ErrAborted, comm.ErrInvalid) and this package's (ErrTimeout,
+// comm.ErrAborted, comm.ErrInvalid, comm.ErrMismatch) and this package's (ErrTimeout,
 // ErrMultiNode, ErrClosed, ErrUnsupported); match them with errors.Is.
 package trainer
