@@ -77,7 +77,8 @@ extern "C" {
                                  (smallon=device) returns in stream order;
                               7: MIGCTL_STAT_DIRECT (migctl_run may run a collective on the
                                  calling thread);
-                              8: calls that differ between ranks fail with MIGCTL_ERR_INVALID */
+                              8: calls that differ between ranks fail with MIGCTL_ERR_INVALID;
+                                 migctl_set_timeout */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -239,6 +240,13 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_DIRECT 10         /* of those, run on the calling thread (nothing else in flight) */
 #define MIGCTL_STAT_COUNT 11
 int migctl_stats(uint64_t *out, size_t n);
+
+/* Sets the deadline of every collective issued from now on (MIGCTL_TIMEOUT at
+ * init), in milliseconds (> 0): a collective that has not finished that long
+ * after it started fails with MIGCTL_ERR_TIMEOUT on every rank. Each rank sets
+ * its own; PyTorch's init_process_group(timeout=...) sets it through
+ * migctl_torch. */
+int migctl_set_timeout(int64_t timeout_ms);
 
 /* Fails the group's collectives on every rank with reason (a rank that cannot
  * go on releases the others at once instead of at their deadline). */

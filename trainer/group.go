@@ -76,8 +76,9 @@ type Group struct {
 	pending atomic.Int64
 	inlined sync.WaitGroup
 
-	hold   *holdState
-	clock  *callClock // the deadline of the worker's collectives
+	hold    *holdState
+	clock   *callClock   // the deadline of the worker's collectives
+	timeout atomic.Int64 // every collective's deadline, in nanoseconds (SetTimeout)
 	swap   *swapMember
 	daemon *daemonLink
 
@@ -119,6 +120,7 @@ func Init(ctx context.Context, opts ...Option) (_ *Group, err error) {
 	g := &Group{cfg: c, queue: make(chan *Work, 64), stopped: make(chan struct{}), scratch: map[string]comm.Buffer{},
 		hold: newHoldState()}
 	g.clock = newCallClock(g.hold)
+	g.timeout.Store(int64(c.timeout))
 	defer func() {
 		if err != nil {
 			if g.kv != nil {
@@ -544,7 +546,19 @@ func (g *Group) Transport() Transport { return g.transport }
 func (g *Group) Algorithm() string { return g.alg.String() }
 
 // Timeout is every collective's deadline.
-func (g *Group) Timeout() time.Duration { return g.cfg.timeout }
+func (g *Group) Timeout() time.Duration { return time.Duration(g.timeout.Load()) }
+
+// SetTimeout sets every collective's deadline (WithTimeout, MIGCTL_TIMEOUT
+// at Init) for the collectives issued from now on; d must be positive. Each
+// rank sets its own: a collective fails on every rank once the first
+// rank's deadline for it passes.
+func (g *Group) SetTimeout(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("collective timeout %v: must be positive: %w", d, comm.ErrInvalid)
+	}
+	g.timeout.Store(int64(d))
+	return nil
+}
 
 // Peers are every rank's rendezvous records, by rank.
 func (g *Group) Peers() []rendezvous.Peer { return append([]rendezvous.Peer(nil), g.peers...) }

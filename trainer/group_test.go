@@ -373,6 +373,34 @@ func TestDeadlineNamesTimeout(t *testing.T) {
 	require.Less(t, time.Since(start), 15*time.Second)
 }
 
+// TestSetTimeout: a deadline set after Init (what migctl_torch does with
+// init_process_group's timeout) governs the collectives issued afterwards,
+// over the 20-s one the group was made with; a non-positive one is refused.
+func TestSetTimeout(t *testing.T) {
+	const n = 2
+	start := time.Now()
+	errs := world(t, n, nil, func(g *Group) error {
+		ctx := context.Background()
+		if err := g.SetTimeout(0); !errors.Is(err, comm.ErrInvalid) {
+			return fmt.Errorf("SetTimeout(0): %v, want ErrInvalid", err)
+		}
+		if err := g.SetTimeout(400 * time.Millisecond); err != nil {
+			return err
+		}
+		if got := g.Timeout(); got != 400*time.Millisecond {
+			return fmt.Errorf("Timeout() = %v after SetTimeout(400ms)", got)
+		}
+		if g.Rank() == 1 {
+			time.Sleep(1500 * time.Millisecond) // in the group, never calling
+			return nil
+		}
+		return g.Barrier(ctx)
+	})
+	require.ErrorIs(t, errs, ErrTimeout)
+	require.ErrorContains(t, errs, "400ms")
+	require.Less(t, time.Since(start), 10*time.Second, "the new deadline, not the group's 20 s")
+}
+
 func TestHoldPausesDeadline(t *testing.T) {
 	const n = 2
 	errs := world(t, n, func(int) []Option { return []Option{WithTimeout(300 * time.Millisecond)} }, func(g *Group) error {

@@ -53,7 +53,7 @@ func (g *Group) orderedOn(send, recv Buffer) (uintptr, bool) {
 // stream after it. The call's deadline is the group's timeout from now
 // (the executor's watchdog enforces it after this returns).
 func (g *Group) allReduceOrdered(ctx context.Context, stream uintptr, send, recv Buffer, op Op) error {
-	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.cfg.timeout))
+	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.Timeout()))
 	defer cancel()
 	var ev comm.Event
 	err := g.withOperands(dctx, send, recv, send.count, send.count, func(s, r comm.Buffer) (err error) {

@@ -140,7 +140,7 @@ func (g *Group) runWork(w *Work) error {
 	if err := g.hold.waitReleased(w.ctx); err != nil {
 		return fmt.Errorf("%s: %w", w.name, err)
 	}
-	ctx, stop := g.clock.begin(w.ctx, g.cfg.timeout)
+	ctx, stop := g.clock.begin(w.ctx, g.Timeout())
 	defer stop()
 	for _, e := range w.after {
 		if err := e.Wait(ctx); err != nil {

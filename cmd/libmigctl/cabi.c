@@ -670,6 +670,11 @@ int migctl_test(migctl_work_t work) {
 
 int migctl_abort(const char *reason) { GUARD(MIGCTL_ERR_FORKED); return migctlGoAbort((char *)reason); }
 
+int migctl_set_timeout(int64_t timeout_ms) {
+	GUARD(MIGCTL_ERR_FORKED);
+	return migctlGoSetTimeout(timeout_ms);
+}
+
 int migctl_finalize(void) {
 	GUARD(MIGCTL_ERR_FORKED);
 	pthread_mutex_lock(&issue_mu); // no issue is half done: the dispatcher drains every issued one

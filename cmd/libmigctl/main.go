@@ -21,10 +21,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/migctl/migctl/comm"
@@ -361,6 +363,21 @@ func run(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
 		return g.Barrier(ctx)
 	}
 	return fmt.Errorf("libmigctl: collective kind %d: %w", s.kind, comm.ErrInvalid)
+}
+
+//export migctlGoSetTimeout
+func migctlGoSetTimeout(ms C.int64_t) C.int {
+	g, err := current()
+	if err != nil {
+		return fail(err)
+	}
+	if ms <= 0 || ms > C.int64_t(math.MaxInt64/int64(time.Millisecond)) {
+		return fail(fmt.Errorf("libmigctl: collective timeout of %d ms: want a positive number of milliseconds: %w", int64(ms), comm.ErrInvalid))
+	}
+	if err := g.SetTimeout(time.Duration(ms) * time.Millisecond); err != nil {
+		return fail(fmt.Errorf("libmigctl: %w", err))
+	}
+	return C.MIGCTL_OK
 }
 
 //export migctlGoAbort

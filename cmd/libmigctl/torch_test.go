@@ -339,6 +339,18 @@ func killedRank(t *testing.T, lib string, args []string) {
 	}
 }
 
+// TestTorchTimeoutFromInit: init_process_group's timeout (2 s) is the
+// collectives' deadline, over the launcher's 60 s: a rank that stops calling
+// makes the other raise a timeout error after 2 s.
+func TestTorchTimeoutFromInit(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	lines := runRanks(t, 2, 2*time.Minute, "timeout_check.py", "--timeout", "2")
+	require.GreaterOrEqual(t, lines[0]["seconds"], 2.0)
+	require.Less(t, lines[0]["seconds"], 7.0)
+	require.Contains(t, lines[0]["error"], "deadline")
+}
+
 // TestTorchMismatchedCalls: ranks whose collective calls differ (a count, an
 // element type, a collective, a model's shapes under DDP) all raise within
 // seconds, the error naming the cause, where they used to return a wrong

@@ -98,6 +98,7 @@ class Library:
             "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
             "migctl_test": ([ctypes.c_uint64], c_int),
             "migctl_abort": ([ctypes.c_char_p], c_int),
+            "migctl_set_timeout": ([ctypes.c_int64], c_int),
             "migctl_finalize": ([], c_int),
             "migctl_last_error": ([], ctypes.c_char_p),
             "migctl_stats": ([ctypes.POINTER(ctypes.c_uint64), c_size], c_int),

@@ -210,6 +210,7 @@ class Hier:
             addr = store.get(key).decode()
         job = (os.environ.get("MIGCTL_JOB") or "trainer") + f"-node{n}"
         self.local = _Comm.get_node(lr, L, addr, job)
+        self.local.set_timeout(timeout)
         # local rank lr's gloo group across nodes
         self.cross = _gloo(dist.PrefixStore(f"migctl/cross{lr}/", store), n, N, timeout) if N > 1 else None
         inter = (os.environ.get(INTER_NODE) or "gloo").lower()

@@ -39,6 +39,10 @@ _OPS = [(name, code) for name, code in (("SUM", _lib.SUM), ("AVG", _lib.AVG), ("
 
 _SUM = dist.ReduceOp.SUM
 
+# init_process_group's timeout when the caller gave none: the launcher's
+# collective deadline (MIGCTL_TIMEOUT) stays then.
+_TORCH_DEFAULT_TIMEOUT = getattr(getattr(dist, "constants", None), "default_pg_timeout", timedelta(minutes=30))
+
 
 def _op_hashes():
     """hash(ReduceOp) -> the library's operator: a ReduceOp hashes to its
@@ -434,6 +438,17 @@ class _Comm:
     def _fail(self, code, name):
         raise self.lib.error(int(code), name)
 
+    def set_timeout(self, timeout):
+        """Applies init_process_group's timeout to the collectives issued from
+        now on, unless it is torch's default (then the launcher's, MIGCTL_TIMEOUT
+        from `migctl run --timeout`, stays)."""
+        if not isinstance(timeout, timedelta) or timeout == _TORCH_DEFAULT_TIMEOUT:
+            return
+        ms = int(timeout.total_seconds() * 1000)
+        if ms <= 0:
+            raise ValueError(f"migctl backend: timeout {timeout}: must be positive")
+        self.lib.check(self.lib.lib.migctl_set_timeout(ms), "set_timeout")
+
     def _where(self, t, name):
         """(device flag, CUstream) of a tensor for the library. A CUDA
         tensor's collective waits for the work queued on the current stream
@@ -764,6 +779,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
                 self._comm = multinode.Hier.get(store, rank, size, timeout)
             else:
                 self._comm = _Comm.get(rank, size)
+                self._comm.set_timeout(timeout)
         except NotImplementedError as e:
             # A group of some of the job's ranks (dist.new_group(ranks=[...])).
             # torch forms a group on every rank together and then waits on a
