@@ -79,8 +79,8 @@ type Group struct {
 	hold    *holdState
 	clock   *callClock   // the deadline of the worker's collectives
 	timeout atomic.Int64 // every collective's deadline, in nanoseconds (SetTimeout)
-	swap   *swapMember
-	daemon *daemonLink
+	swap    *swapMember
+	daemon  *daemonLink
 
 	// Owned by the worker goroutine.
 	scratch    map[string]comm.Buffer
