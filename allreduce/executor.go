@@ -92,10 +92,18 @@ func Staged(ranks int, shmBytes int64) (chunk, slots int) {
 	for chunk > 1<<20 && chunk*max(ranks, 1) > 16<<20 {
 		chunk /= 2
 	}
+	return FitShm(ranks, chunk, slots, shmBytes), slots
+}
+
+// FitShm is chunk halved, down to 256 KiB, until the arena of ranks ranks
+// with slots slots, (ranks+1)·slots·chunk, takes at most half of shmBytes,
+// the size of the shared-memory file system (0 or less: unknown, chunk as
+// it is), so that a small one (a container's 64 MiB /dev/shm) is not overrun.
+func FitShm(ranks, chunk, slots int, shmBytes int64) int {
 	for shmBytes > 0 && chunk > 256<<10 && int64(ArenaBytes(ranks, chunk, slots)) > shmBytes/2 {
 		chunk /= 2
 	}
-	return chunk, slots
+	return chunk
 }
 
 // DefaultSmallBytes is the default Options.SmallBytes.

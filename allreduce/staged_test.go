@@ -38,3 +38,28 @@ func TestStaged(t *testing.T) {
 		}
 	}
 }
+
+// FitShm, what the host backend's geometry goes through too: a 7-rank job
+// runs in a container's 64 MiB /dev/shm (its default arena, 8·4·2 MiB,
+// would take all of it).
+func TestFitShm(t *testing.T) {
+	for _, tc := range []struct {
+		ranks, chunk, slots int
+		shm                 int64
+		want                int
+	}{
+		{7, 2 << 20, 4, 0, 2 << 20},          // unknown size: as it is
+		{7, 2 << 20, 4, 16 << 30, 2 << 20},   // roomy
+		{7, 2 << 20, 4, 64 << 20, 1 << 20},   // 8·4·1 MiB = 32 MiB
+		{7, 4 << 20, 8, 64 << 20, 512 << 10}, // migctl bench's host default
+		{2, 2 << 20, 4, 64 << 20, 2 << 20},   // 3·4·2 MiB = 24 MiB fits
+		{32, 2 << 20, 4, 64 << 20, 256 << 10},
+		{7, 128 << 10, 4, 1 << 20, 128 << 10}, // below 256 KiB already: left alone
+	} {
+		got := allreduce.FitShm(tc.ranks, tc.chunk, tc.slots, tc.shm)
+		require.Equal(t, tc.want, got, "%+v", tc)
+		if tc.shm > 0 && got > 256<<10 {
+			require.LessOrEqual(t, int64(allreduce.ArenaBytes(tc.ranks, got, tc.slots)), tc.shm/2, "%+v", tc)
+		}
+	}
+}

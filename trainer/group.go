@@ -406,11 +406,13 @@ func (g *Group) connect(ctx context.Context) error {
 	if chunk <= 0 || slots <= 0 {
 		// Device buffers stage through host memory: the geometry measured
 		// for that (allreduce.Staged); the host backend's reductions
-		// stay with small arenas. Both depend only on what every rank of
+		// stay with small arenas. Both fit a small shared-memory file
+		// system (allreduce.FitShm) and depend only on what every rank of
 		// the node sees alike (the node's size, the filesystem's size).
-		dc, ds := 2<<20, 4
+		shmBytes := comm.ShmCapacity(c.shmRoot)
+		dc, ds := allreduce.FitShm(size, 2<<20, 4, shmBytes), 4
 		if c.backend == BackendGPU {
-			dc, ds = allreduce.Staged(size, comm.ShmCapacity(c.shmRoot))
+			dc, ds = allreduce.Staged(size, shmBytes)
 		}
 		if chunk <= 0 {
 			chunk = dc

@@ -105,7 +105,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
 	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
-	f.StringVar(&o.chunk, "chunk", "auto", "shared-memory slot size (pipeline chunk), a multiple of 4KiB (same units as -b); auto: with --backend gpu 16MiB/np within 1-8MiB (what measured best on H200s), else 4MiB")
+	f.StringVar(&o.chunk, "chunk", "auto", "shared-memory slot size (pipeline chunk), a multiple of 4KiB (same units as -b); auto: with --backend gpu 16MiB/np within 1-8MiB (what measured best on H200s), else 4MiB; halved (down to 256KiB) while the arena, (np+1)·slots·chunk, would take over half of --shm-dir")
 	f.IntVar(&o.spec.Slots, "slots", 8, "slots per rank in shared memory (pipeline depth)")
 	f.StringVar(&o.small, "small-bytes", "64KiB", "all-reduces through shared memory (host-staged, ring, hierarchical) up to this size take the small-message path (one copy each way, one flag round); 0: never (same units as -b)")
 	f.StringVar(&o.spec.SmallOn, "small-on", "cpu", "where small-message all-reduces reduce: cpu (every rank sums the staged inputs and copies the result in) or device (every rank's stream waits for the peers' flags itself and reduces their staged inputs from mapped host memory: no CPU step between the copies)")
@@ -154,7 +154,7 @@ func (o *benchOptions) Complete() error {
 	if o.chunk == "auto" {
 		// the SDK's default for the backend (trainer: allreduce.Staged
 		// for device buffers), stated here so the report can use it
-		c := 4 << 20
+		c := allreduce.FitShm(o.spec.NP, 4<<20, o.spec.Slots, comm.ShmCapacity(o.spec.ShmRoot))
 		if o.spec.Backend == "gpu" {
 			c, _ = allreduce.Staged(o.spec.NP, comm.ShmCapacity(o.spec.ShmRoot))
 		}

@@ -116,7 +116,9 @@ func TestBenchValidateAccepts(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.min, o.spec.MinBytes)
 			require.Equal(t, tc.max, o.spec.MaxBytes)
-			require.Equal(t, 4<<20, o.spec.Chunk, "default --chunk 4MiB")
+			// 4 MiB, or less where /dev/shm is small (a container's 64 MiB)
+			require.Equal(t, allreduce.FitShm(o.spec.NP, 4<<20, o.spec.Slots, comm.ShmCapacity(o.spec.ShmRoot)), o.spec.Chunk,
+				"default --chunk 4MiB")
 			require.Equal(t, 64<<10, o.spec.Small, "default --small-bytes 64KiB")
 		})
 	}
@@ -137,7 +139,8 @@ func TestSizeFlagsStateTheRule(t *testing.T) {
 }
 
 // --chunk auto and --mps: the device geometry follows allreduce.Staged for
-// the ranks, the host backend keeps 4 MiB, and the MPS request sees every
+// the ranks, the host backend keeps 4 MiB where the shared memory has room
+// (allreduce.FitShm), and the MPS request sees every
 // local rank's GPU (and refuses CUDA IPC).
 func TestBenchChunkAutoAndMPS(t *testing.T) {
 	o, err := benchValidate(t, allreduce.AllReduce, "--backend", "gpu", "--np", "7", "--gpu", "0", "--shm-dir", t.TempDir())
@@ -154,7 +157,10 @@ func TestBenchChunkAutoAndMPS(t *testing.T) {
 	require.Equal(t, []int{0, 1}, o.mpsRequest().gpus)
 	o, err = benchValidate(t, allreduce.AllReduce, "--backend", "host", "--np", "3")
 	require.NoError(t, err)
-	require.Equal(t, 4<<20, o.spec.Chunk)
+	require.Equal(t, allreduce.FitShm(3, 4<<20, 8, comm.ShmCapacity(o.spec.ShmRoot)), o.spec.Chunk)
+	if comm.ShmCapacity(o.spec.ShmRoot) >= 1<<30 {
+		require.Equal(t, 4<<20, o.spec.Chunk)
+	}
 	_, err = benchValidate(t, allreduce.AllReduce, "--mps", "maybe")
 	require.ErrorContains(t, err, `--mps "maybe"`)
 }
