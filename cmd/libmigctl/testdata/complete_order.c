@@ -23,6 +23,7 @@ void migctlGoDropOrder(uint64_t id);
 int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
                    uintptr_t stream, uint64_t order);
 int migctlGoAbort(char *reason);
+int migctlGoSetTimeout(int64_t ms);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
 
@@ -51,6 +52,7 @@ int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, in
 	return MIGCTL_OK;
 }
 int migctlGoAbort(char *reason) { return MIGCTL_OK; }
+int migctlGoSetTimeout(int64_t ms) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
 
 static pthread_t disp;
