@@ -19,8 +19,9 @@ import (
 // The three words carry the call's epoch, so a word of an earlier or later
 // call is never compared; a peer already past this call is not checked.
 // Calls whose flags only the devices wait for (the small all-reduce on the
-// devices) are checked where the CPU waits for a flag of the same call, if
-// anywhere.
+// devices) are compared at the publish only, which still finds every
+// mismatched pair (see publishSignature); the abort then releases the
+// devices' waits.
 
 // sigBits is the width of a signature word's value (below the epoch).
 const sigBits = EpochShift
