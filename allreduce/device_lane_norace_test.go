@@ -9,6 +9,7 @@ package allreduce
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,4 +90,51 @@ func heldRanks(t *testing.T) (g *cudaGroup, bufs []comm.Buffer, short, long cont
 	long, c2 := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(c2)
 	return g, bufs, short, long
+}
+
+// With the small all-reduce on the devices (whose flags only the streams
+// wait for), the comparison at the publish still finds a mismatched pair:
+// every rank fails at once or at its next call, and no stream is left
+// waiting (the abort releases the device waits; a released stream may then
+// read what a peer's stream writes: not for the race detector).
+func TestMismatchedCallsSmallOnDevice(t *testing.T) {
+	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallBytes: 4 << 10, SmallOnDevice: true})
+	for r := range 3 {
+		require.NotNil(t, g.comms[r].exec.words, "the fake driver's streams wait for the flags themselves")
+	}
+	bufs := make([]comm.Buffer, 3)
+	for r := range 3 {
+		var err error
+		bufs[r], err = g.devs[r].Alloc(4 << 10)
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	run := func(count func(r int) int) []error {
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for r, c := range g.comms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				errs[r] = c.AllReduce(ctx, bufs[r], bufs[r], count(r), comm.Float32, comm.Sum)
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	errs := run(func(r int) int { return 100 + r/2*8 }) // rank 2: 8 more elements
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			require.ErrorIs(t, err, comm.ErrMismatch)
+			failed++
+		}
+	}
+	require.Positive(t, failed, "found at the publish")
+	for r, err := range run(func(int) int { return 100 }) {
+		require.ErrorIs(t, err, comm.ErrMismatch, "rank %d, the next call", r)
+	}
+	require.Less(t, time.Since(start), 10*time.Second, "no stream left waiting for the deadline")
 }
