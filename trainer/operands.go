@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
 )
 
 // withOperands resolves send and recv to buffers of the group's device
@@ -86,7 +87,7 @@ func (g *Group) recordStreams(bufs ...Buffer) ([]comm.Event, error) {
 		}
 		e, err := ext.RecordStream(b.stream)
 		if err != nil {
-			return nil, fmt.Errorf("ordering after the caller's stream: %w", err)
+			return nil, streamError(err)
 		}
 		events = append(events, e)
 		waited = append(waited, b.stream)
@@ -107,9 +108,20 @@ func (g *Group) RecordStream(stream uintptr) (comm.Event, error) {
 	}
 	e, err := ext.RecordStream(stream)
 	if err != nil {
-		return nil, fmt.Errorf("ordering after the caller's stream: %w", err)
+		return nil, streamError(err)
 	}
 	return e, nil
+}
+
+// streamError is a failure to mark the caller's stream, which says so
+// plainly when the stream is being captured into a CUDA graph.
+func streamError(err error) error {
+	if cuda.IsStreamCapture(err) {
+		return fmt.Errorf("the caller's stream is being captured into a CUDA graph, and a collective cannot be "+
+			"(its copies and flags are driven from the host): run it outside the capture (capture the model "+
+			"without it): %w: %w", ErrUnsupported, err)
+	}
+	return fmt.Errorf("ordering after the caller's stream: %w", err)
 }
 
 // operand returns b as a buffer of the group's device of at least n bytes,

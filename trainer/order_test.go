@@ -2,10 +2,14 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
@@ -132,4 +136,49 @@ func fakePrimaryModule(f *cuda.Fake) (cuda.Context, cuda.Module, func(), error) 
 		return 0, 0, nil, err
 	}
 	return c, mod, release, nil
+}
+
+// capturingFake is the fake driver with one stream that is being captured
+// into a CUDA graph: the driver refuses a query of it.
+type capturingFake struct {
+	*cuda.Fake
+	capturing cuda.Stream
+}
+
+func (c capturingFake) StreamQuery(s cuda.Stream) error {
+	if s == c.capturing {
+		return cuda.ErrStreamCaptureUnsupported
+	}
+	return c.Fake.StreamQuery(s)
+}
+
+// TestCollectiveInGraphCapture: a collective on a stream being captured
+// into a CUDA graph (PyTorch's torch.cuda.graph) fails at the call with
+// ErrUnsupported and a text that says why, and the group goes on working
+// (nothing was issued).
+func TestCollectiveInGraphCapture(t *testing.T) {
+	const count = 64
+	const captured = cuda.Stream(0x7e57)
+	err := world(t, 1, func(int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		return []Option{withCUDA(capturingFake{f, captured}), WithBackend(BackendGPU)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		b, err := g.Alloc(count, Float32)
+		if err != nil {
+			return err
+		}
+		raw := DeviceBuffer(uintptr(b.own.(*comm.CUDABuffer).Ptr()), count, Float32, uintptr(captured))
+		err = g.AllReduce(ctx, raw, raw, Sum)
+		if !errors.Is(err, ErrUnsupported) || !errors.Is(err, cuda.ErrStreamCaptureUnsupported) ||
+			!strings.Contains(fmt.Sprint(err), "captured into a CUDA graph") {
+			return fmt.Errorf("all-reduce on a capturing stream: %v, want ErrUnsupported naming the capture", err)
+		}
+		if _, err := g.RecordStream(uintptr(captured)); !errors.Is(err, ErrUnsupported) {
+			return fmt.Errorf("RecordStream of a capturing stream: %v, want ErrUnsupported", err)
+		}
+		return g.AllReduce(ctx, b, b, Sum) // the group still works
+	})
+	require.NoError(t, err)
 }

@@ -59,6 +59,12 @@ const (
 	ErrNotPermitted Result = 800
 	// ErrNotSupported: the operation is not supported on this system or device.
 	ErrNotSupported Result = 801
+	// ErrStreamCaptureUnsupported: the call is not allowed while a stream
+	// is being captured into a CUDA graph (it invalidates the capture).
+	ErrStreamCaptureUnsupported Result = 900
+	// ErrStreamCaptureInvalidated: the capture was invalidated by an
+	// earlier error.
+	ErrStreamCaptureInvalidated Result = 901
 	// ErrUnknown: the driver reported an unknown internal error.
 	ErrUnknown Result = 999
 	// ErrFunctionMissing is migctl's own code (never the driver's): the loaded
@@ -115,6 +121,15 @@ var resultNames = map[Result]struct{ name, text string }{
 	ErrNotSupported:                {"CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 	802:                            {"CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"},
 	803:                            {"CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"},
+	ErrStreamCaptureUnsupported:    {"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+	ErrStreamCaptureInvalidated:    {"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+	902:                            {"CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
+	903:                            {"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
+	904:                            {"CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+	905:                            {"CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"},
+	906:                            {"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
+	907:                            {"CUDA_ERROR_CAPTURED_EVENT", "operation not permitted on an event last recorded in a capturing stream"},
+	908:                            {"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
 	ErrUnknown:                     {"CUDA_ERROR_UNKNOWN", "unknown error"},
 	ErrFunctionMissing:             {"MIGCTL_CUDA_FUNCTION_MISSING", "libcuda does not export a driver function migctl needs"},
 }
@@ -154,4 +169,13 @@ func resultError(code int) error {
 		return e
 	}
 	return Result(code)
+}
+
+// IsStreamCapture reports whether err is one of the driver's results about
+// stream capture (CUDA_ERROR_STREAM_CAPTURE_* and CUDA_ERROR_CAPTURED_EVENT,
+// 900-908): work was asked of a stream that is being captured into a CUDA
+// graph, where the call is not allowed.
+func IsStreamCapture(err error) bool {
+	var r Result
+	return errors.As(err, &r) && r >= 900 && r <= 908
 }

@@ -20,6 +20,7 @@ func TestResultError(t *testing.T) {
 		{"invalid value", 1, ErrInvalidValue, "cuda: CUDA_ERROR_INVALID_VALUE (1): invalid argument"},
 		{"already registered", 712, ErrHostMemoryAlreadyRegistered, "cuda: CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712): part or all of the requested memory range is already mapped"},
 		{"missing entry point", -1, ErrFunctionMissing, "cuda: MIGCTL_CUDA_FUNCTION_MISSING (-1): libcuda does not export a driver function migctl needs"},
+		{"capturing stream", 900, ErrStreamCaptureUnsupported, "cuda: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900): operation not permitted when stream is capturing"},
 		{"unknown code", 4242, Result(4242), "cuda: unrecognised CUresult 4242"},
 	}
 	for _, tc := range tests {
@@ -86,4 +87,14 @@ func TestArgsLayout(t *testing.T) {
 	a.Reset()
 	a.Bytes(make([]byte, MaxArgBytes+1), 8)
 	require.True(t, a.Overflow())
+}
+
+// IsStreamCapture: the capture results (900-908), wrapped or not, and no other.
+func TestIsStreamCapture(t *testing.T) {
+	for code := 899; code <= 909; code++ {
+		want := code >= 900 && code <= 908
+		require.Equal(t, want, IsStreamCapture(fmt.Errorf("x: %w", resultError(code))), "code %d", code)
+	}
+	require.False(t, IsStreamCapture(nil))
+	require.False(t, IsStreamCapture(errors.New("cuda: 900")))
 }
