@@ -78,7 +78,8 @@ extern "C" {
                               7: MIGCTL_STAT_DIRECT (migctl_run may run a collective on the
                                  calling thread);
                               8: calls that differ between ranks fail with MIGCTL_ERR_INVALID;
-                                 migctl_set_timeout */
+                                 migctl_set_timeout; a capturing stream fails the issue with
+                                 MIGCTL_ERR_UNSUPPORTED */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -89,7 +90,8 @@ extern "C" {
 #define MIGCTL_ERR_TIMEOUT (-3)          /* the collective ran past its deadline (MIGCTL_TIMEOUT) */
 #define MIGCTL_ERR_PEER_DEAD (-4)        /* another rank died */
 #define MIGCTL_ERR_ABORTED (-5)          /* the group was aborted (by a rank or the launcher) */
-#define MIGCTL_ERR_UNSUPPORTED (-6)      /* not possible on this group (device memory on the host backend) */
+#define MIGCTL_ERR_UNSUPPORTED (-6)      /* not possible on this group (device memory on the host backend),
+                                            or on a stream being captured into a CUDA graph */
 #define MIGCTL_ERR_CLOSED (-7)           /* migctl_finalize was called */
 #define MIGCTL_ERR_FORKED (-8)           /* called in a child forked after the library was loaded */
 #define MIGCTL_ERR_BAD_HANDLE (-9)       /* unknown or already waited-for handle */
