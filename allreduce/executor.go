@@ -310,9 +310,6 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	e.calls++
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
-	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
-		return e.fail(sched, err)
-	}
 	r := e.tr.Rank()
 	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
 	e.prev = sched.Params
@@ -462,6 +459,10 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		if e.trace != nil {
 			e.trace.cur.fence = e.trace.since()
 		}
+	}
+	// After the fence: see signature.go.
+	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
+		return err
 	}
 	lanes := e.lanesOf(sched.Steps[r])
 	busy := 0

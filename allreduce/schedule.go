@@ -176,7 +176,7 @@ type Step struct {
 
 // Flags per rank: flag index = rank*FlagsPerRank + role.
 const (
-	FlagsPerRank = 8
+	FlagsPerRank = 11
 	roleA        = 0 // staged / sent
 	roleB        = 1 // reduced / consumed (hierarchical: group partial on the host)
 	roleC        = 2 // fetched / arrived (hierarchical: result reduced)
@@ -184,7 +184,8 @@ const (
 	RoleFin = 3
 	roleD   = 4 // hierarchical: fetched
 	// The call's signature (signature.go), published before any other flag
-	// of the call: what it is, and its size in two halves.
+	// of the call: what it is, and its size in two halves; calls of odd
+	// number use the next three (two generations are kept).
 	roleSig   = 5
 	roleSigLo = 6
 	roleSigHi = 7

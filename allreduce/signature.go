@@ -17,11 +17,18 @@ import (
 // with its own once per call and peer: on a difference it raises the abort
 // flag naming the peer (comm.AbortMismatch) and fails with a *MismatchError.
 // The three words carry the call's epoch, so a word of an earlier or later
-// call is never compared; a peer already past this call is not checked.
+// call is never compared. Calls of even and odd number use separate words,
+// and a call publishes after its fence (the wait for every rank to finish
+// the previous call, where it needs one): so a rank that finished a call
+// waiting for nobody (a broadcast's root) and went on to the next has not
+// overwritten its signature of the call before every rank has finished it.
+// A rank cannot get two calls ahead of a peer still in one (the call in
+// between either fences or waits for every rank), except by queueing small
+// all-reduces on the devices (Options.SmallOnDevice, whose calls return
+// before they ran): there a pair may go unnoticed.
 // Calls whose flags only the devices wait for (the small all-reduce on the
-// devices) are compared at the publish only, which still finds every
-// mismatched pair (see publishSignature); the abort then releases the
-// devices' waits.
+// devices) are compared at the publish only (see publishSignature); the
+// abort then releases the devices' waits.
 
 // sigBits is the width of a signature word's value (below the epoch).
 const sigBits = EpochShift
@@ -115,11 +122,11 @@ var _ mismatchAborter = (*comm.ShmTransport)(nil)
 // broadcasts from different roots): one of the two fails at once, the
 // other at its first wait, or at its next call if it had none.
 func (e *Executor) publishSignature(epoch uint64, s signature) error {
-	r := e.tr.Rank()
+	r, g := e.tr.Rank(), sigGen(epoch)
 	e.sig = s
-	e.tr.Set(FlagOf(r, roleSigHi), epoch|s.hi)
-	e.tr.Set(FlagOf(r, roleSigLo), epoch|s.lo)
-	e.tr.Set(FlagOf(r, roleSig), epoch|s.kind)
+	e.tr.Set(FlagOf(r, g+roleSigHi), epoch|s.hi)
+	e.tr.Set(FlagOf(r, g+roleSigLo), epoch|s.lo)
+	e.tr.Set(FlagOf(r, g+roleSig), epoch|s.kind)
 	for q := range e.tr.World() {
 		if err := e.checkPeer(q, epoch); err != nil {
 			return err
@@ -138,7 +145,8 @@ func (e *Executor) checkPeer(q int, epoch uint64) error {
 		return nil
 	}
 	const mask = 1<<sigBits - 1
-	k, lo, hi := e.tr.Flag(FlagOf(q, roleSig)), e.tr.Flag(FlagOf(q, roleSigLo)), e.tr.Flag(FlagOf(q, roleSigHi))
+	g := sigGen(epoch)
+	k, lo, hi := e.tr.Flag(FlagOf(q, g+roleSig)), e.tr.Flag(FlagOf(q, g+roleSigLo)), e.tr.Flag(FlagOf(q, g+roleSigHi))
 	if k&^mask != epoch || lo&^mask != epoch || hi&^mask != epoch {
 		return nil
 	}
@@ -152,6 +160,10 @@ func (e *Executor) checkPeer(q int, epoch uint64) error {
 	}
 	return &MismatchError{Rank: e.tr.Rank(), Peer: q, Call: epoch >> EpochShift, mine: e.sig, peer: peer}
 }
+
+// sigGen is the offset of the call's signature words from roleSig: 0 for
+// calls of even number, 3 for odd ones.
+func sigGen(epoch uint64) int { return int(epoch>>EpochShift&1) * 3 }
 
 // checkPeers is checkPeer for the ranks of conds' flags.
 func (e *Executor) checkPeers(conds []Cond, epoch uint64) error {

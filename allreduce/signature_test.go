@@ -153,3 +153,43 @@ func TestSignatureFields(t *testing.T) {
 	require.Equal(t, comm.Min, r.op())
 	require.Equal(t, 0, r.root(), "an all-reduce has no root")
 }
+
+// A broadcast's root waits for nobody, so it can finish a mismatched
+// broadcast and publish its next call (a barrier: no fence) before the
+// other rank makes its own broadcast: that rank must still find the
+// root's signature of the broadcast (two generations are kept) rather
+// than read a staged area of another size, or finish without a word.
+func TestMismatchAfterTheRootMovedOn(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		other callSpec // rank 1's broadcast; rank 0's: 100 float32 from rank 0
+	}{
+		{"size", callSpec{Broadcast, 200, comm.Float32, comm.Sum, 0}},
+		{"root", callSpec{Broadcast, 100, comm.Float32, comm.Sum, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGroup(t, 2, HostStaged, Options{Chunk: 256 << 10, Slots: 2})
+			mine := [2]callSpec{{Broadcast, 100, comm.Float32, comm.Sum, 0}, tc.other}
+			rootDone := make(chan struct{})
+			errs := g.run(func(r int, c *Communicator) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if r == 1 {
+					<-rootDone // rank 0 has finished its broadcast
+					time.Sleep(50 * time.Millisecond)
+				}
+				err := mine[r].run(ctx, t, c, g.devs[r], 2)
+				if r == 0 {
+					close(rootDone)
+				}
+				if err != nil {
+					return err
+				}
+				return c.Barrier(ctx)
+			})
+			var me *MismatchError
+			require.ErrorAs(t, errs[1], &me, "the late rank compares with the root's broadcast")
+			require.ErrorIs(t, errs[0], comm.ErrMismatch, "the root fails at its barrier")
+		})
+	}
+}
