@@ -41,7 +41,7 @@ need() { for f in "$@"; do [ -e "$f" ] || { say "missing $f: build it first (see
 
 case "$PART" in
 9)
-  need bin/migctl bin/trainer.test bin/nccl.test
+  need bin/migctl bin/trainer.test bin/nccl.test bin/gloo_allreduce.py
   say "== issue 9's table (h200-topology.sh)"
   OUT="$O/topology" timeout 420 scripts/h200-topology.sh >"$O/topology.log" 2>&1
   say "topology rc=$?"
