@@ -73,9 +73,14 @@ func worker(mode string) int {
 			time.Sleep(time.Minute)
 		}
 		return 0
-	case "stubborn": // rank 0 fails; the others ignore SIGTERM and leave a grandchild
+	case "stubborn": // rank 0 fails once the others ignore SIGTERM and left a grandchild
 		if rank == 0 {
-			time.Sleep(300 * time.Millisecond)
+			// Not before: a slow start (a loaded machine, the race
+			// detector) would otherwise meet the SIGTERM unprotected.
+			for r := 1; r < envInt("N_WORKERS"); r++ {
+				waitFile(os.Getenv("T_DIR"), fmt.Sprintf("grandchild-%d-%d", gen, r))
+			}
+			time.Sleep(100 * time.Millisecond)
 			return 1
 		}
 		signal.Ignore(syscall.SIGTERM)
@@ -319,7 +324,7 @@ func TestNoRestartLeft(t *testing.T) {
 // TestGraceThenKill: workers that ignore SIGTERM (and started a grandchild)
 // are killed after the grace period, grandchild included.
 func TestGraceThenKill(t *testing.T) {
-	cfg := baseConfig(t, 3, "stubborn")
+	cfg := baseConfig(t, 3, "stubborn", "N_WORKERS=3")
 	cfg.Grace = 500 * time.Millisecond
 	dir := tdir(cfg)
 	tr := &tracker{}
