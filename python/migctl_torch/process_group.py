@@ -104,7 +104,20 @@ def _op(opts, call):
                 return code
         except TypeError:
             pass
-    raise NotImplementedError(f"migctl backend: {call} with ReduceOp {op} is not supported (SUM, AVG, MIN and MAX are)")
+    raise NotImplementedError(f"migctl backend: {call} with ReduceOp {_op_name(op)} is not supported (SUM, AVG, MIN and MAX "
+                              "are); use a gloo group for it")
+
+
+def _op_name(op):
+    """The ReduceOp's name (PRODUCT, BAND, ...) for an error message."""
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        try:
+            if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+                return name
+        except (TypeError, RuntimeError):
+            pass
+    inner = getattr(op, "op", None)  # torch 2.x: ReduceOp.op is its RedOpType
+    return str(getattr(inner, "name", inner if inner is not None else op))
 
 
 def _sync_path(comm, opts, method):

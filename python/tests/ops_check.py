@@ -241,18 +241,18 @@ def run(device, sizes):
     global checks
     uneven = [("all_to_all_single", lambda: dist.all_to_all_single(
         torch.ones(world + 1, device=dev), torch.ones(world + 1, device=dev),
-        [2] + [1] * (world - 1), [2] + [1] * (world - 1)))] if world > 1 else []  # uneven splits
-    for name, call in uneven + [
-        ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world)),
-        ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT)),
+        [2] + [1] * (world - 1), [2] + [1] * (world - 1)), ())] if world > 1 else []  # uneven splits
+    for name, call, words in uneven + [
+        ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world), ()),
+        ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT), ("PRODUCT",)),
     ]:
         checks += 1
         try:
             call()
             failures.append(f"{name}: no NotImplementedError")
         except NotImplementedError as e:
-            if name not in str(e):
-                failures.append(f"{name}: NotImplementedError does not name the call: {e}")
+            if name not in str(e) or not all(w in str(e) for w in words):
+                failures.append(f"{name}: NotImplementedError does not name the call ({', '.join(words) or name}): {e}")
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__} instead of NotImplementedError: {e}")
     # A group of some of the ranks: every rank forms it (torch then waits for all of
