@@ -94,9 +94,8 @@ func (e *MismatchError) Error() string {
 		// settings or machine figures differ).
 		what = fmt.Sprintf(" (algorithm %s here, %s there: the ranks' settings differ)", e.mine.algorithm(), e.peer.algorithm())
 	}
-	return fmt.Sprintf("collective call %d: rank %d called %s, rank %d %s%s: %v (every rank must issue the same "+
-		"collectives in the same order, with the same sizes, element types, operators and roots)",
-		e.Call, e.Rank, e.mine, e.Peer, e.peer, what, comm.ErrMismatch)
+	return fmt.Sprintf("collective call %d: rank %d called %s, rank %d %s%s: %v (%s)",
+		e.Call, e.Rank, e.mine, e.Peer, e.peer, what, comm.ErrMismatch, comm.MismatchRule)
 }
 
 // Is matches comm.ErrMismatch and comm.ErrInvalid.

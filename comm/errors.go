@@ -30,6 +30,11 @@ var (
 	ErrMismatch = errors.New("collective calls differ between ranks")
 )
 
+// MismatchRule is the rule that calls which differ between ranks break, for
+// the errors that report them.
+const MismatchRule = "every rank must issue the same collectives in the same order, with the same sizes, " +
+	"element types, operators and roots"
+
 // AbortCause says why a rank raised the job's abort flag.
 type AbortCause uint8
 
@@ -75,9 +80,8 @@ func (e *AbortError) Error() string {
 		}
 		return fmt.Sprintf("rank %d timed out waiting and aborted the job", e.By)
 	case AbortMismatch:
-		return fmt.Sprintf("rank %d found that rank %d's collective call differs from its own and aborted the job: %v "+
-			"(every rank must issue the same collectives in the same order, with the same sizes, element types, "+
-			"operators and roots)", e.By, e.Rank, ErrMismatch)
+		return fmt.Sprintf("rank %d found that rank %d's collective call differs from its own and aborted the job: %v (%s)",
+			e.By, e.Rank, ErrMismatch, MismatchRule)
 	}
 	return fmt.Sprintf("rank %d failed and aborted the job", e.Rank)
 }

@@ -410,9 +410,11 @@ func (g *Group) connect(ctx context.Context) error {
 		// system (allreduce.FitShm) and depend only on what every rank of
 		// the node sees alike (the node's size, the filesystem's size).
 		shmBytes := comm.ShmCapacity(c.shmRoot)
-		dc, ds := allreduce.FitShm(size, 2<<20, 4, shmBytes), 4
+		var dc, ds int
 		if c.backend == BackendGPU {
 			dc, ds = allreduce.Staged(size, shmBytes)
+		} else {
+			dc, ds = allreduce.FitShm(size, 2<<20, 4, shmBytes), 4
 		}
 		if chunk <= 0 {
 			chunk = dc

@@ -371,9 +371,10 @@ func migctlGoSetTimeout(ms C.int64_t) C.int {
 	if err != nil {
 		return fail(err)
 	}
-	if ms <= 0 || ms > C.int64_t(math.MaxInt64/int64(time.Millisecond)) {
-		return fail(fmt.Errorf("libmigctl: collective timeout of %d ms: want a positive number of milliseconds: %w", int64(ms), comm.ErrInvalid))
+	if ms > C.int64_t(math.MaxInt64/int64(time.Millisecond)) {
+		return fail(fmt.Errorf("libmigctl: collective timeout of %d ms: too long: %w", int64(ms), comm.ErrInvalid))
 	}
+	// SetTimeout refuses the rest (0 and negative).
 	if err := g.SetTimeout(time.Duration(ms) * time.Millisecond); err != nil {
 		return fail(fmt.Errorf("libmigctl: %w", err))
 	}

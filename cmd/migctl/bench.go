@@ -154,11 +154,12 @@ func (o *benchOptions) Complete() error {
 	if o.chunk == "auto" {
 		// the SDK's default for the backend (trainer: allreduce.Staged
 		// for device buffers), stated here so the report can use it
-		c := allreduce.FitShm(o.spec.NP, 4<<20, o.spec.Slots, comm.ShmCapacity(o.spec.ShmRoot))
+		shmBytes := comm.ShmCapacity(o.spec.ShmRoot)
 		if o.spec.Backend == "gpu" {
-			c, _ = allreduce.Staged(o.spec.NP, comm.ShmCapacity(o.spec.ShmRoot))
+			o.spec.Chunk, _ = allreduce.Staged(o.spec.NP, shmBytes)
+		} else {
+			o.spec.Chunk = allreduce.FitShm(o.spec.NP, 4<<20, o.spec.Slots, shmBytes)
 		}
-		o.spec.Chunk = c
 	} else {
 		chunk, err := bytesize.Parse(o.chunk)
 		if err != nil {
