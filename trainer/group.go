@@ -91,6 +91,8 @@ type Group struct {
 	closeErr  error
 	mu        sync.Mutex
 	closed    bool
+	subs      []*Group        // groups formed from this one (NewGroup), closed with it
+	subNames  map[string]bool // their names, for good
 }
 
 // kv is what the group needs of a rendezvous client.
@@ -575,11 +577,17 @@ func (g *Group) Close() error {
 		g.mu.Lock()
 		g.closed = true
 		close(g.queue)
+		subs := g.subs
+		g.subs = nil
 		g.mu.Unlock()
+		var errs []error
+		for _, s := range subs { // they use this group's device and rendezvous
+			errs = append(errs, s.Close())
+		}
 		<-g.stopped
 		g.inlined.Wait() // calls running inline on their callers' goroutines
 		g.clock.close()
-		g.closeErr = g.release()
+		g.closeErr = errors.Join(append(errs, g.release())...)
 	})
 	return g.closeErr
 }

@@ -109,7 +109,7 @@ func (g *Group) joinNodes() error {
 		s.topo.AnyMIG = s.topo.AnyMIG || p.MIG
 	}
 	s.topo.SameGPU = len(gpus) == 1
-	s.kv = &nodeKV{kv: g.kv, prefix: "trainer/node/" + strconv.Itoa(s.node) + "/", local: s.local, size: plan.localSize}
+	s.kv = &memberKV{kv: g.kv, prefix: "trainer/node/" + strconv.Itoa(s.node) + "/", local: s.local, size: plan.localSize}
 	g.node = s
 	g.localRank, g.localSize = s.local, plan.localSize
 	g.cfg.nodeRank, g.cfg.numNodes = s.node, plan.nodes()
@@ -166,37 +166,6 @@ func (s *nodeStage) close() error {
 		return nil
 	}
 	return s.inter.close()
-}
-
-// nodeKV scopes a rendezvous store to one node: keys get a prefix, and a
-// barrier waits for the node's ranks only.
-type nodeKV struct {
-	kv          comm.KV
-	prefix      string
-	local, size int
-}
-
-func (k *nodeKV) Put(ctx context.Context, key string, v []byte) error {
-	return k.kv.Put(ctx, k.prefix+key, v)
-}
-
-func (k *nodeKV) Get(ctx context.Context, key string) ([]byte, error) {
-	return k.kv.Get(ctx, k.prefix+key)
-}
-
-// Barrier returns once every rank of the node has entered it (each puts a
-// key; each waits for all of them). A name is used once per generation.
-func (k *nodeKV) Barrier(ctx context.Context, name string) error {
-	base := k.prefix + "barrier/" + name + "/"
-	if err := k.kv.Put(ctx, base+strconv.Itoa(k.local), []byte{1}); err != nil {
-		return fmt.Errorf("node barrier %q: %w", name, err)
-	}
-	for q := range k.size {
-		if _, err := k.kv.Get(ctx, base+strconv.Itoa(q)); err != nil {
-			return fmt.Errorf("node barrier %q: waiting for local rank %d: %w", name, q, err)
-		}
-	}
-	return nil
 }
 
 // nodeComm runs the collectives of a group across nodes: each call becomes

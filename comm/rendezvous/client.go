@@ -45,6 +45,35 @@ type Topology struct {
 	AnyMIG   bool
 }
 
+// TopologyOf summarises peers as Register does for a job's: on one host,
+// on one physical GPU (ParentGPUUUID, else GPUUUID), any of them a MIG
+// instance. A group formed of some of a job's ranks (trainer's NewGroup)
+// computes its own from their records.
+func TopologyOf(peers []Peer) Topology {
+	t := Topology{SameHost: true, SameGPU: true}
+	for _, p := range peers {
+		if p.Host != peers[0].Host {
+			t.SameHost = false
+		}
+		if p.physical() != peers[0].physical() || p.physical() == "" {
+			t.SameGPU = false
+		}
+		if p.MIG {
+			t.AnyMIG = true
+		}
+	}
+	t.SameGPU = t.SameGPU && t.SameHost
+	return t
+}
+
+// physical is the physical GPU of the peer's device.
+func (p Peer) physical() string {
+	if p.ParentGPUUUID != "" {
+		return p.ParentGPUUUID
+	}
+	return p.GPUUUID
+}
+
 // Membership is what Register answers.
 type Membership struct {
 	Rank  int

@@ -504,27 +504,12 @@ func diffSettings(r int, got map[string]string, ref int, want map[string]string)
 }
 
 func topology(peers []*pb.Peer) *pb.Topology {
-	t := &pb.Topology{SameHost: true, SameGpu: true}
-	for _, p := range peers {
-		if p.GetHost() != peers[0].GetHost() {
-			t.SameHost = false
-		}
-		if parent(p) != parent(peers[0]) || parent(p) == "" {
-			t.SameGpu = false
-		}
-		if p.GetMig() {
-			t.AnyMig = true
-		}
+	ps := make([]Peer, len(peers))
+	for i, p := range peers {
+		ps[i] = Peer{Host: p.GetHost(), GPUUUID: p.GetGpuUuid(), ParentGPUUUID: p.GetParentGpuUuid(), MIG: p.GetMig()}
 	}
-	t.SameGpu = t.SameGpu && t.SameHost
-	return t
-}
-
-func parent(p *pb.Peer) string {
-	if u := p.GetParentGpuUuid(); u != "" {
-		return u
-	}
-	return p.GetGpuUuid()
+	t := TopologyOf(ps)
+	return &pb.Topology{SameHost: t.SameHost, SameGpu: t.SameGPU, AnyMig: t.AnyMIG}
 }
 
 // Put implements the service.
