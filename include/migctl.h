@@ -3,10 +3,11 @@
  * github.com/migctl/migctl/trainer) for programs that are not written in Go.
  * The Python package migctl_torch loads it with ctypes.
  *
- * One group per process. A process started by `migctl run` calls
- * migctl_init_from_env() once, then issues collectives; every rank must issue
- * the same collectives in the same order with the same counts, dtypes, ops and
- * roots. The ranks compare each call's kind, size, dtype, op and root: where a
+ * A process started by `migctl run` calls migctl_init_from_env() once (its
+ * group: every rank of the job, group 0), then issues collectives; every rank
+ * must issue the same collectives in the same order with the same counts,
+ * dtypes, ops and roots. migctl_new_group forms groups of some of the ranks
+ * (see there); the collectives without a group argument are group 0's. The ranks compare each call's kind, size, dtype, op and root: where a
  * rank's call differs from a peer's, every rank's call fails with
  * MIGCTL_ERR_INVALID (the text names both calls; a rank that had nothing to
  * wait for, such as a broadcast's root, may finish that call and fail at its
@@ -68,7 +69,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 8 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 9 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -79,7 +80,10 @@ extern "C" {
                                  calling thread);
                               8: calls that differ between ranks fail with MIGCTL_ERR_INVALID;
                                  migctl_set_timeout; a capturing stream fails the issue with
-                                 MIGCTL_ERR_UNSUPPORTED */
+                                 MIGCTL_ERR_UNSUPPORTED;
+                              9: groups of some of the ranks: migctl_new_group, migctl_free_group,
+                                 migctl_group_rank/size, migctl_issue_on, migctl_run_on,
+                                 migctl_set_timeout_on */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -249,6 +253,44 @@ int migctl_stats(uint64_t *out, size_t n);
  * its own; PyTorch's init_process_group(timeout=...) sets it through
  * migctl_torch. */
 int migctl_set_timeout(int64_t timeout_ms);
+
+/* Groups of some of the ranks (PyTorch's dist.new_group: FSDP's hybrid
+ * sharding, tensor- or pipeline-parallel groups), within one node.
+ *
+ * migctl_new_group forms one of the n ranks listed (their ranks in group 0;
+ * ranks[i] becomes rank i of the new group) and returns its id (> 0), or a
+ * negative MIGCTL_ERR_* code. Every listed rank calls it with the same ranks
+ * and name (1 to 64 of [A-Za-z0-9._-], never used before in the job), the
+ * other ranks do not; it returns once all of them have (bounded by group 0's
+ * timeout). It fails with MIGCTL_ERR_INVALID for a bad list (the caller not
+ * in it, a rank twice or out of range), a name used before or members that
+ * listed other ranks; with MIGCTL_ERR_UNSUPPORTED for ranks on several hosts.
+ * The group shares the
+ * process's device and picks its own transport and algorithm; at most
+ * MIGCTL_MAX_GROUPS - 1 are formed per process (ids are not reused).
+ *
+ * migctl_issue_on, migctl_run_on and migctl_set_timeout_on are migctl_issue,
+ * migctl_run and migctl_set_timeout on group (0 or an id); handles are
+ * waited for with migctl_wait as any other. A process's collectives run one
+ * at a time in the order they were issued, whatever their group: the ranks
+ * must issue them so that no two wait on each other across groups (the
+ * members of each group in the same order; as with NCCL, a program that runs
+ * the same sequence of calls on every rank does).
+ *
+ * migctl_free_group(id) releases a group after its collectives in flight;
+ * issuing on it afterwards fails with MIGCTL_ERR_CLOSED. migctl_finalize
+ * frees every group. migctl_group_rank and migctl_group_size are the rank and
+ * size in group (-1 for an unknown one). */
+#define MIGCTL_MAX_GROUPS 1024
+int migctl_new_group(const int *ranks, int n, const char *name);
+int migctl_free_group(int group);
+int migctl_group_rank(int group);
+int migctl_group_size(int group);
+int64_t migctl_issue_on(int group, int kind, const void *send, void *recv, size_t count, int dtype, int op,
+                        int root, int device, uintptr_t stream);
+int migctl_run_on(int group, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                  int device, uintptr_t stream);
+int migctl_set_timeout_on(int group, int64_t timeout_ms);
 
 /* Fails the group's collectives on every rank with reason (a rank that cannot
  * go on releases the others at once instead of at their deadline). */

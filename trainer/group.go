@@ -626,7 +626,9 @@ func (g *Group) release() error {
 
 // Abort fails the group's collectives on every rank (the running ones and
 // all later ones) with reason: a rank that cannot go on releases the others
-// at once instead of at their deadline. It does nothing after Close.
+// at once instead of at their deadline. The groups formed from it
+// (NewGroup) fail too, and the job's rendezvous is aborted (every group of
+// the job). It does nothing after Close.
 func (g *Group) Abort(reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -641,6 +643,9 @@ func (g *Group) Abort(reason string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = g.kv.Abort(ctx, fmt.Sprintf("rank %d: %s", g.rank, reason))
+	}
+	for _, s := range g.subs { // the groups formed from this one fail with it
+		s.Abort(reason)
 	}
 }
 

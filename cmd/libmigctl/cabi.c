@@ -217,8 +217,15 @@ static uint32_t disp_asleep; // the dispatcher sleeps (or is about to) on issued
 static uint64_t taken;       // the last handle the dispatcher took (written by the dispatcher only)
 static int stopping;         // finalize: the dispatcher returns once the ring is drained
 static int state;            // 0 not initialised, 1 ready, 2 finalized
-static int group_size;
-static int group_on_gpu;     // the group runs on CUDA device memory
+static int group_on_gpu;     // the groups run on CUDA device memory
+// The size of each group by id (0: the process's; others from
+// migctl_new_group); 0 where there is none (never formed, or freed).
+static int group_sizes[MIGCTL_MAX_GROUPS];
+
+static int size_of(int group) {
+	if (group < 0 || group >= MIGCTL_MAX_GROUPS) return 0;
+	return __atomic_load_n(&group_sizes[group], __ATOMIC_ACQUIRE);
+}
 
 // One collective runs at a time, in issue order: the dispatcher's (from
 // taking a slot to completing it) or a direct migctl_run's (see there). The
@@ -252,11 +259,24 @@ static void wake_dispatcher(void) {
 	if (__atomic_load_n(&disp_asleep, __ATOMIC_SEQ_CST)) futex(&issued_seq, FUTEX_WAKE, 1, NULL);
 }
 
-// check_call validates a collective's arguments (MIGCTL_OK or the error).
-static int check_call(int kind, void *send, void *recv, size_t count, int dtype, int op, int root) {
+// check_state says whether the library is ready for calls (MIGCTL_OK or the error).
+static int check_state(void) {
 	int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
 	if (st == 0) return set_error(MIGCTL_ERR_NOT_INITIALIZED, "libmigctl: not initialised: call migctl_init_from_env first");
 	if (st == 2) return set_error(MIGCTL_ERR_CLOSED, "libmigctl: migctl_finalize was called: the group is closed");
+	return MIGCTL_OK;
+}
+
+// check_call validates a collective's arguments: the group's size, or the error.
+static int check_call(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root) {
+	int rc = check_state();
+	if (rc < 0) return rc;
+	int size = size_of(group);
+	if (size <= 0)
+		return set_error(group > 0 && group < MIGCTL_MAX_GROUPS ? MIGCTL_ERR_CLOSED : MIGCTL_ERR_INVALID,
+		                 group > 0 && group < MIGCTL_MAX_GROUPS
+		                     ? "libmigctl: that group was freed (migctl_free_group) or never formed"
+		                     : "libmigctl: unknown group: want 0 (the process's group) or an id of migctl_new_group");
 	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER)
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)");
 	if (kind != MIGCTL_KIND_BARRIER) {
@@ -266,12 +286,12 @@ static int check_call(int kind, void *send, void *recv, size_t count, int dtype,
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad op: want MIGCTL_SUM, AVG, MIN or MAX");
 		if (count > 0 && (recv == NULL || (send == NULL && kind != MIGCTL_KIND_BROADCAST)))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: NULL buffer for a non-empty collective");
-		if (kind == MIGCTL_KIND_BROADCAST && (root < 0 || root >= group_size))
+		if (kind == MIGCTL_KIND_BROADCAST && (root < 0 || root >= size))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: broadcast root out of range: want 0..size-1");
 		if (count > (size_t)INT64_MAX / 8)
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
 	}
-	return MIGCTL_OK;
+	return size;
 }
 
 // mark marks the caller's stream now, at the call, for device memory on the
@@ -292,9 +312,9 @@ static void note_run(int64_t run) {
 	__atomic_store_n(&run_ewma_ns, ewma == 0 ? run : ewma + (run - ewma) / 8, __ATOMIC_RELAXED);
 }
 
-static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                     uintptr_t stream, int streamed) {
-	int64_t rc = check_call(kind, send, recv, count, dtype, op, root);
+static int64_t issue(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
+                     int device, uintptr_t stream, int streamed) {
+	int64_t rc = check_call(group, kind, send, recv, count, dtype, op, root);
 	if (rc < 0) return rc;
 	int64_t o = mark(kind, count, device, stream);
 	if (o < 0) return o; // the text is set
@@ -314,6 +334,7 @@ static int64_t issue(int kind, void *send, void *recv, size_t count, int dtype, 
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: too many collectives in flight (4096 issued and not "
 		                                     "waited for): migctl_wait for every handle");
 	}
+	s->group = group;
 	s->kind = kind;
 	s->send = send;
 	s->recv = recv;
@@ -501,9 +522,9 @@ const char *migctl_last_error(void) { return last_error; }
 static int init(int rank, int size, const char *rdzv, const char *job) {
 	int rc = migctlGoInit(rank, size, (char *)rdzv, (char *)job);
 	if (rc == MIGCTL_OK && __atomic_load_n(&state, __ATOMIC_ACQUIRE) == 0) {
-		group_size = migctlGoInfo(1);
-		group_on_gpu = migctlGoInfo(4) == 1;
-		choose_spin(migctlGoInfo(3), migctlGoInfo(5));
+		__atomic_store_n(&group_sizes[0], migctlGoInfo(0, 1), __ATOMIC_RELEASE);
+		group_on_gpu = migctlGoInfo(0, 4) == 1;
+		choose_spin(migctlGoInfo(0, 3), migctlGoInfo(0, 5));
 		__atomic_store_n(&state, 1, __ATOMIC_RELEASE);
 	}
 	return rc;
@@ -524,11 +545,32 @@ int migctl_serve(int size, char *addr, size_t addr_len) {
 	if (size < 1) return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_serve: want size >= 1");
 	return migctlGoServe(size, addr, addr_len);
 }
-int migctl_rank(void) { GUARD(-1); return migctlGoInfo(0); }
-int migctl_size(void) { GUARD(-1); return migctlGoInfo(1); }
-int migctl_local_rank(void) { GUARD(-1); return migctlGoInfo(2); }
-int migctl_local_size(void) { GUARD(-1); return migctlGoInfo(3); }
-int migctl_on_gpu(void) { GUARD(-1); return migctlGoInfo(4); }
+int migctl_rank(void) { GUARD(-1); return migctlGoInfo(0, 0); }
+int migctl_size(void) { GUARD(-1); return migctlGoInfo(0, 1); }
+int migctl_local_rank(void) { GUARD(-1); return migctlGoInfo(0, 2); }
+int migctl_local_size(void) { GUARD(-1); return migctlGoInfo(0, 3); }
+int migctl_on_gpu(void) { GUARD(-1); return migctlGoInfo(0, 4); }
+int migctl_group_rank(int group) { GUARD(-1); return migctlGoInfo(group, 0); }
+int migctl_group_size(int group) { GUARD(-1); return migctlGoInfo(group, 1); }
+
+int migctl_new_group(const int *ranks, int n, const char *name) {
+	GUARD(MIGCTL_ERR_FORKED);
+	int rc = check_state();
+	if (rc < 0) return rc;
+	if (ranks == NULL || n < 1 || name == NULL)
+		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_new_group: want ranks (n >= 1) and a name");
+	int id = migctlGoNewGroup((int *)ranks, n, (char *)name);
+	if (id > 0) __atomic_store_n(&group_sizes[id], n, __ATOMIC_RELEASE);
+	return id;
+}
+
+int migctl_free_group(int group) {
+	GUARD(MIGCTL_ERR_FORKED);
+	if (group <= 0 || group >= MIGCTL_MAX_GROUPS || size_of(group) == 0)
+		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_free_group: not a group of migctl_new_group (or freed)");
+	__atomic_store_n(&group_sizes[group], 0, __ATOMIC_RELEASE); // issues refused from now on
+	return migctlGoFreeGroup(group);
+}
 
 static int out(int64_t h, migctl_work_t *work) {
 	if (h < 0) return (int)h;
@@ -546,40 +588,46 @@ int migctl_allreduce(const void *send, void *recv, size_t count, int dtype, int 
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream, 0), work);
+	return out(issue(0, MIGCTL_KIND_ALLREDUCE, (void *)send, recv, count, dtype, op, 0, device, stream, 0), work);
 }
 
 int migctl_reduce_scatter(const void *send, void *recv, size_t recv_count, int dtype, int op,
                           int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream, 0), work);
+	return out(issue(0, MIGCTL_KIND_REDUCE_SCATTER, (void *)send, recv, recv_count, dtype, op, 0, device, stream, 0), work);
 }
 
 int migctl_all_gather(const void *send, void *recv, size_t send_count, int dtype,
                       int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream, 0), work);
+	return out(issue(0, MIGCTL_KIND_ALL_GATHER, (void *)send, recv, send_count, dtype, 0, 0, device, stream, 0), work);
 }
 
 int migctl_broadcast(const void *send, void *recv, size_t count, int dtype, int root,
                      int device, uintptr_t stream, migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream, 0), work);
+	return out(issue(0, MIGCTL_KIND_BROADCAST, (void *)send, recv, count, dtype, 0, root, device, stream, 0), work);
 }
 
 int migctl_barrier(migctl_work_t *work) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	NULL_WORK();
-	return out(issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0, 0), work);
+	return out(issue(0, MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0, 0), work);
 }
 
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
-	return issue(kind, (void *)send, recv, count, dtype, op, root, device, stream, 0);
+	return issue(0, kind, (void *)send, recv, count, dtype, op, root, device, stream, 0);
+}
+
+int64_t migctl_issue_on(int group, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                        int device, uintptr_t stream) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	return issue(group, kind, (void *)send, recv, count, dtype, op, root, device, stream, 0);
 }
 
 // wait_for is migctl_wait of a valid handle; the waiter spins at most
@@ -609,13 +657,13 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
 #define DIRECT_NO 1000
 static const size_t elem_size[] = {4, 2, 2, 8, 4, 8, 1}; // MIGCTL_FLOAT32..MIGCTL_UINT8
 
-static int direct(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                  uintptr_t stream) {
+static int direct(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
+                  int device, uintptr_t stream) {
 	if (direct_max == 0) return DIRECT_NO;
-	int rc = check_call(kind, send, recv, count, dtype, op, root);
-	if (rc < 0) return rc;
+	int size = check_call(group, kind, send, recv, count, dtype, op, root);
+	if (size < 0) return size;
 	size_t bytes = kind == MIGCTL_KIND_BARRIER ? 0 : count * elem_size[dtype];
-	if (kind == MIGCTL_KIND_ALL_GATHER || kind == MIGCTL_KIND_REDUCE_SCATTER) bytes *= (size_t)group_size;
+	if (kind == MIGCTL_KIND_ALL_GATHER || kind == MIGCTL_KIND_REDUCE_SCATTER) bytes *= (size_t)size;
 	if (bytes > direct_max) return DIRECT_NO;
 	pthread_mutex_lock(&issue_mu);
 	int ok = state == 1 && __atomic_load_n(&taken, __ATOMIC_ACQUIRE) == issued && run_trylock();
@@ -627,7 +675,7 @@ static int direct(int kind, void *send, void *recv, size_t count, int dtype, int
 		return (int)order;
 	}
 	int64_t start = mono_ns();
-	int code = migctlGoDirect(kind, send, recv, count, dtype, op, root, device, stream, (uint64_t)order);
+	int code = migctlGoDirect(group, kind, send, recv, count, dtype, op, root, device, stream, (uint64_t)order);
 	int64_t run = mono_ns() - start;
 	note_run(run);
 	run_unlock();
@@ -648,16 +696,27 @@ static int direct(int kind, void *send, void *recv, size_t count, int dtype, int
 // the C thread, hands the thread's P away and back). Otherwise it goes
 // through the ring like any other, and the waiting thread, which has nothing
 // else to do, may poll longer before it sleeps (run_spin_max_ns).
-int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-               uintptr_t stream) {
-	GUARD_FAST(MIGCTL_ERR_FORKED);
-	int rc = direct(kind, (void *)send, recv, count, dtype, op, root, device, stream);
+static int run(int group, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+               int device, uintptr_t stream) {
+	int rc = direct(group, kind, (void *)send, recv, count, dtype, op, root, device, stream);
 	if (rc != DIRECT_NO) return rc;
-	int64_t h = issue(kind, (void *)send, recv, count, dtype, op, root, device, stream, 1);
+	int64_t h = issue(group, kind, (void *)send, recv, count, dtype, op, root, device, stream, 1);
 	if (h < 0) return (int)h;
 	stat_add(MIGCTL_STAT_RUNS, 1);
 	return wait_for(&ring[h % MIGCTL_SLOTS], (migctl_work_t)h, -1,
 	                run_spin_max_ns > 0 ? run_spin_max_ns : (adaptive ? spin_max_ns : 0));
+}
+
+int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root, int device,
+               uintptr_t stream) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	return run(0, kind, send, recv, count, dtype, op, root, device, stream);
+}
+
+int migctl_run_on(int group, int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                  int device, uintptr_t stream) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	return run(group, kind, send, recv, count, dtype, op, root, device, stream);
 }
 
 int migctl_test(migctl_work_t work) {
@@ -672,7 +731,12 @@ int migctl_abort(const char *reason) { GUARD(MIGCTL_ERR_FORKED); return migctlGo
 
 int migctl_set_timeout(int64_t timeout_ms) {
 	GUARD(MIGCTL_ERR_FORKED);
-	return migctlGoSetTimeout(timeout_ms);
+	return migctlGoSetTimeout(0, timeout_ms);
+}
+
+int migctl_set_timeout_on(int group, int64_t timeout_ms) {
+	GUARD(MIGCTL_ERR_FORKED);
+	return migctlGoSetTimeout(group, timeout_ms);
 }
 
 int migctl_finalize(void) {

@@ -10,6 +10,7 @@
 
 typedef struct {
 	uint64_t id;      // the handle in this slot; 0: free; UINT64_MAX: being released
+	int group;        // 0: the process's group; else an id of migctl_new_group
 	int kind, dtype, op, root, device;
 	void *send, *recv;
 	size_t count;

@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 8
+#if MIGCTL_ABI_VERSION != 9
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -36,11 +36,14 @@ import (
 
 func main() {} // a c-shared library has no main
 
-// The process's group. The collectives in flight live in cabi.c's ring; the
-// dispatcher goroutine runs them.
+// The process's group (group 0) and the groups formed from it by id. The
+// collectives in flight live in cabi.c's ring; the dispatcher goroutine runs
+// them.
 var (
 	mu         sync.Mutex
 	group      *trainer.Group
+	subs       = map[int]*trainer.Group{}
+	lastSub    int // the last id given out (ids are not reused)
 	closed     bool
 	dispatched chan struct{} // closed when the dispatcher has returned
 	initCtx    = context.Background
@@ -110,7 +113,7 @@ var (
 	errForked      = errors.New("forked")
 	errBadHandle   = errors.New("unknown work handle (already waited for, or never issued)")
 	errNotInit     = errors.New("libmigctl: not initialised: call migctl_init_from_env first")
-	errAlreadyInit = errors.New("libmigctl: already initialised (one group per process)")
+	errAlreadyInit = errors.New("libmigctl: already initialised (migctl_new_group forms more groups)")
 )
 
 // current returns the group, or an error saying why there is none.
@@ -124,6 +127,26 @@ func current() (*trainer.Group, error) {
 		return nil, errNotInit
 	}
 	return group, nil
+}
+
+// groupOf returns group id (0: the process's group), or an error saying why
+// there is none.
+func groupOf(id int) (*trainer.Group, error) {
+	if id == 0 {
+		return current()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("libmigctl: migctl_finalize was called: %w", trainer.ErrClosed)
+	}
+	if g := subs[id]; g != nil {
+		return g, nil
+	}
+	if id > 0 && id <= lastSub {
+		return nil, fmt.Errorf("libmigctl: group %d was freed: %w", id, trainer.ErrClosed)
+	}
+	return nil, fmt.Errorf("libmigctl: no group %d: %w", id, comm.ErrInvalid)
 }
 
 // migctlGoInit joins the group: rank and size (-1: from the environment),
@@ -175,7 +198,7 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 		if s == nil {
 			return
 		}
-		err := run(g, s, takeMark(uint64(s.order)))
+		err := runSlot(g, s, takeMark(uint64(s.order)))
 		if err == nil {
 			C.migctl_complete(s, C.MIGCTL_OK, nil, 0)
 			continue
@@ -191,8 +214,8 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 }
 
 //export migctlGoInfo
-func migctlGoInfo(what C.int) C.int {
-	g, err := current()
+func migctlGoInfo(id, what C.int) C.int {
+	g, err := groupOf(int(id))
 	if err != nil {
 		fail(err)
 		return -1
@@ -304,16 +327,16 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 // (comm.HoldYields).
 //
 //export migctlGoDirect
-func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t, order C.uint64_t) C.int {
+func migctlGoDirect(id, kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype, op, root, device C.int, stream C.uintptr_t, order C.uint64_t) C.int {
 	mark := takeMark(uint64(order))
 	g, err := current()
 	if err != nil {
 		return fail(err)
 	}
-	s := C.migctl_slot_t{kind: kind, send: send, recv: recv, count: count, dtype: dtype, op: op,
+	s := C.migctl_slot_t{group: id, kind: kind, send: send, recv: recv, count: count, dtype: dtype, op: op,
 		root: root, device: device, stream: stream, streamed: 1}
 	release := comm.HoldYields()
-	err = run(g, &s, mark)
+	err = runSlot(g, &s, mark)
 	release()
 	if err != nil {
 		return fail(err)
@@ -321,10 +344,16 @@ func migctlGoDirect(kind C.int, send, recv unsafe.Pointer, count C.size_t, dtype
 	return C.MIGCTL_OK
 }
 
-// run runs the collective of slot s (its arguments were checked by cabi.c),
-// ordered after mark (the caller's stream's work at the issue; nil: none),
-// and returns its error.
-func run(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
+// runSlot runs the collective of slot s on its group (the process's group
+// is g; its arguments were checked by cabi.c), ordered after mark (the
+// caller's stream's work at the issue; nil: none), and returns its error.
+func runSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
+	if s.group != 0 {
+		var err error
+		if g, err = groupOf(int(s.group)); err != nil {
+			return err
+		}
+	}
 	send, recv := s.send, s.recv
 	n, size := int(s.count), g.Size()
 	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)
@@ -366,8 +395,8 @@ func run(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
 }
 
 //export migctlGoSetTimeout
-func migctlGoSetTimeout(ms C.int64_t) C.int {
-	g, err := current()
+func migctlGoSetTimeout(id C.int, ms C.int64_t) C.int {
+	g, err := groupOf(int(id))
 	if err != nil {
 		return fail(err)
 	}
@@ -377,6 +406,59 @@ func migctlGoSetTimeout(ms C.int64_t) C.int {
 	// SetTimeout refuses the rest (0 and negative).
 	if err := g.SetTimeout(time.Duration(ms) * time.Millisecond); err != nil {
 		return fail(fmt.Errorf("libmigctl: %w", err))
+	}
+	return C.MIGCTL_OK
+}
+
+// migctlGoNewGroup forms a group of the n ranks at ranks (their ranks in
+// the process's group) named name, and returns its id (> 0) or the error's
+// code.
+//
+//export migctlGoNewGroup
+func migctlGoNewGroup(ranks *C.int, n C.int, name *C.char) C.int {
+	g, err := current()
+	if err != nil {
+		return fail(err)
+	}
+	list := make([]int, int(n))
+	for i, r := range unsafe.Slice(ranks, int(n)) {
+		list[i] = int(r)
+	}
+	mu.Lock()
+	if lastSub >= C.MIGCTL_MAX_GROUPS-1 {
+		mu.Unlock()
+		return fail(fmt.Errorf("libmigctl: migctl_new_group: this process formed %d groups, the most it may: %w", lastSub, comm.ErrInvalid))
+	}
+	mu.Unlock()
+	s, err := g.NewGroup(initCtx(), C.GoString(name), list)
+	if err != nil {
+		return fail(fmt.Errorf("libmigctl: migctl_new_group: %w", err))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if closed {
+		_ = s.Close()
+		return fail(fmt.Errorf("libmigctl: migctl_finalize was called: %w", trainer.ErrClosed))
+	}
+	lastSub++
+	subs[lastSub] = s
+	return C.int(lastSub)
+}
+
+// migctlGoFreeGroup closes group id (cabi.c refuses new collectives on it
+// already).
+//
+//export migctlGoFreeGroup
+func migctlGoFreeGroup(id C.int) C.int {
+	mu.Lock()
+	s := subs[int(id)]
+	delete(subs, int(id))
+	mu.Unlock()
+	if s == nil {
+		return fail(fmt.Errorf("libmigctl: migctl_free_group: no group %d: %w", id, comm.ErrInvalid))
+	}
+	if err := s.Close(); err != nil {
+		return fail(fmt.Errorf("libmigctl: migctl_free_group %d: %w", id, err))
 	}
 	return C.MIGCTL_OK
 }
@@ -443,6 +525,7 @@ func migctlGoFinalize() C.int {
 	mu.Lock()
 	g, done, h := group, dispatched, served
 	group, closed, served = nil, true, nil
+	clear(subs) // g's Close closes them
 	mu.Unlock()
 	var err error
 	if g != nil {

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 OK = 0
 PENDING = 1
@@ -102,6 +102,14 @@ class Library:
             "migctl_finalize": ([], c_int),
             "migctl_last_error": ([], ctypes.c_char_p),
             "migctl_stats": ([ctypes.POINTER(ctypes.c_uint64), c_size], c_int),
+            # groups of some of the ranks (ABI 9)
+            "migctl_new_group": ([ctypes.POINTER(c_int), c_int, ctypes.c_char_p], c_int),
+            "migctl_free_group": ([c_int], c_int),
+            "migctl_group_rank": ([c_int], c_int),
+            "migctl_group_size": ([c_int], c_int),
+            "migctl_issue_on": ([c_int, c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], ctypes.c_int64),
+            "migctl_run_on": ([c_int, c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], c_int),
+            "migctl_set_timeout_on": ([c_int, ctypes.c_int64], c_int),
         }
         for name, (args, res) in proto.items():
             f = getattr(lib, name)

@@ -138,6 +138,44 @@ def main():
     check(c.migctl_run(L.KIND_ALLREDUCE, x, x, 3, L.INT32, L.SUM, 0, L.HOST, 0) == L.OK, f"run after issue: {err()}")
     check(c.migctl_test(hb) == L.OK and c.migctl_wait(hb, -1) == L.OK, "broadcast done before the run returned")
     check(list(x) == [size] * 3, f"run after a queued broadcast: {list(x)}, want {[size] * 3}")
+    # groups of some of the ranks: the first and the last, listed last first
+    ends = [size - 1, 0]
+    arr = (ctypes.c_int * 2)(*ends)
+    check(c.migctl_new_group(None, 2, b"x") == L.ERR_INVALID, "new_group without ranks")
+    check(c.migctl_new_group(arr, 2, None) == L.ERR_INVALID, "new_group without a name")
+    check(c.migctl_new_group((ctypes.c_int * 1)(size), 1, b"x") == L.ERR_INVALID and "not in this group" in err(),
+          f"new_group of a rank out of range: {err()}")
+    check(c.migctl_group_rank(5) == -1 and c.migctl_group_size(0) == size, "group rank/size of unknown and 0")
+    check(c.migctl_issue_on(7, L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_CLOSED, "issue on no group")
+    check(c.migctl_issue_on(-1, L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_INVALID, "issue on group -1")
+    if rank in ends:
+        gid = c.migctl_new_group(arr, 2, b"ends")
+        check(gid > 0, f"new_group: {gid} {err()}")
+        check(c.migctl_group_rank(gid) == ends.index(rank) and c.migctl_group_size(gid) == 2,
+              f"group rank {c.migctl_group_rank(gid)} size {c.migctl_group_size(gid)}")
+        check(c.migctl_set_timeout_on(gid, 60000) == L.OK, f"set_timeout_on: {err()}")
+        y = (ctypes.c_int64 * 2)(rank, 1)
+        hh = c.migctl_issue_on(gid, L.KIND_ALLREDUCE, y, y, 2, L.INT64, L.SUM, 0, L.HOST, 0)
+        check(hh > 0 and c.migctl_wait(hh, -1) == L.OK, f"issue_on allreduce: {err()}")
+        check(list(y) == [size - 1, 2], f"group allreduce: {list(y)}, want {[size - 1, 2]}")
+        z = (ctypes.c_float * 3)(*([float(rank)] * 3))
+        check(c.migctl_run_on(gid, L.KIND_BROADCAST, z, z, 3, L.FLOAT32, 0, 1, L.HOST, 0) == L.OK, f"run_on: {err()}")
+        check(list(z) == [0.0] * 3, f"group broadcast from its rank 1 (rank 0): {list(z)}")
+        check(c.migctl_run_on(gid, L.KIND_BROADCAST, z, z, 3, L.FLOAT32, 0, 2, L.HOST, 0) == L.ERR_INVALID,
+              "group broadcast root out of the group's range")
+        check(c.migctl_free_group(gid) == L.OK, f"free_group: {err()}")
+        check(c.migctl_issue_on(gid, L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_CLOSED and
+              "freed" in err(), f"issue on a freed group: {err()}")
+        check(c.migctl_free_group(gid) == L.ERR_INVALID, "second free_group")
+        again = c.migctl_new_group(arr, 2, b"ends")
+        check(again == L.ERR_INVALID and "before" in err(), f"a name used again: {again} {err()}")
+        kept = c.migctl_new_group(arr, 2, b"kept")  # left for finalize to free
+        check(kept == gid + 1, f"second group id {kept}, want {gid + 1}")
+        hk = c.migctl_issue_on(kept, L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0)
+        check(hk > 0 and c.migctl_wait(hk, -1) == L.OK, f"barrier on the kept group: {err()}")
+    else:
+        check(c.migctl_new_group(arr, 2, b"ends") == L.ERR_INVALID and "not one of them" in err(),
+              f"new_group by a rank outside it: {err()}")
     # the counters: every collective so far finished and was waited for; host memory needs no stream marks
     st = lib.stats()
     check(set(st) == set(L.STATS), f"stats keys {sorted(st)}")

@@ -17,13 +17,15 @@
 
 // What cgo's _cgo_export.h declares (the test's own is empty).
 int migctlGoInit(int rank, int size, char *rdzv, char *job);
-int migctlGoInfo(int what);
+int migctlGoInfo(int group, int what);
 int64_t migctlGoOrder(uintptr_t stream);
 void migctlGoDropOrder(uint64_t id);
-int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                   uintptr_t stream, uint64_t order);
+int migctlGoDirect(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
+                   int device, uintptr_t stream, uint64_t order);
+int migctlGoNewGroup(int *ranks, int n, char *name);
+int migctlGoFreeGroup(int group);
 int migctlGoAbort(char *reason);
-int migctlGoSetTimeout(int64_t ms);
+int migctlGoSetTimeout(int group, int64_t ms);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
 
@@ -37,7 +39,7 @@ static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void 
 static int directs;
 
 int migctlGoInit(int rank, int size, char *rdzv, char *job) { return MIGCTL_OK; }
-int migctlGoInfo(int what) {
+int migctlGoInfo(int group, int what) {
 	switch (what) {
 	case 1: case 3: return 1; // size, local size
 	case 5: return 2;         // GOMAXPROCS
@@ -46,13 +48,15 @@ int migctlGoInfo(int what) {
 }
 int64_t migctlGoOrder(uintptr_t stream) { return 0; }
 void migctlGoDropOrder(uint64_t id) {}
-int migctlGoDirect(int kind, void *send, void *recv, size_t count, int dtype, int op, int root, int device,
-                   uintptr_t stream, uint64_t order) {
+int migctlGoDirect(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
+                   int device, uintptr_t stream, uint64_t order) {
 	directs++;
 	return MIGCTL_OK;
 }
 int migctlGoAbort(char *reason) { return MIGCTL_OK; }
-int migctlGoSetTimeout(int64_t ms) { return MIGCTL_OK; }
+int migctlGoSetTimeout(int group, int64_t ms) { return MIGCTL_OK; }
+int migctlGoNewGroup(int *ranks, int n, char *name) { return MIGCTL_ERR_UNSUPPORTED; }
+int migctlGoFreeGroup(int group) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
 
 static pthread_t disp;
