@@ -208,6 +208,34 @@ func TestTorchBackendOps(t *testing.T) {
 	require.Equal(t, "migctl", lines[0]["backend"])
 }
 
+// TestTorchSubgroups: groups of some of the ranks (dist.new_group(ranks=
+// [...])) run every collective among their members, beside the job's group
+// and each other, DDP on them matches gloo's, and one formed before the
+// job's migctl group says what to do.
+func TestTorchSubgroups(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for _, tc := range []struct {
+		name string
+		np   int
+		args []string
+	}{
+		{"pairs", 4, nil},
+		{"a rank without a pair", 5, nil},
+		{"gloo default", 4, []string{"--gloo-default"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lines := runRanks(t, tc.np, 3*time.Minute, "subgroup_check.py", tc.args...)
+			for r, m := range lines {
+				require.Greater(t, m["checks"].(float64), 0.0, "rank %d", r)
+			}
+			if tc.args == nil {
+				require.Greater(t, lines[1]["checks"].(float64), 20.0, "rank 1: every collective of both groups")
+			}
+		})
+	}
+}
+
 // TestTorchSyncAllReduce: an all-reduce whose caller waits at once (torch
 // 2.x's opts.asyncOp=False) goes through migctl_run and returns a finished
 // Work, in order behind the collectives in flight, on every dtype and op.

@@ -184,8 +184,8 @@ class Hier:
             elif (rank, size) != (h.rank, h.size):
                 raise NotImplementedError(
                     f"migctl backend: a group of rank {rank} of {size} in a process that is rank {h.rank} of "
-                    f"{h.size}: the migctl backend has one group per process (new_group with a subset of ranks "
-                    "is not supported)")
+                    f"{h.size}: groups of some of the ranks (new_group(ranks=[...])) are not supported in a job "
+                    "across nodes; create a gloo group for them with dist.new_group(ranks, backend='gloo')")
             return h
 
     def __init__(self, store, rank, size, timeout):

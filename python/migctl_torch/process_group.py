@@ -1,6 +1,7 @@
 """The "migctl" ProcessGroup: torch.distributed collectives over libmigctl.so.
 
-The state lives in the library (one group per process); this module converts
+The state lives in the library (the job's group, and the groups of some of
+its ranks that dist.new_group forms: migctl_new_group); this module converts
 tensors to pointers, streams and dtype codes, and turns the library's handles
 into Work objects and torch Futures. A call only queues the collective in
 the library (one C call, migctl_issue) and returns a Work: it never waits for
@@ -11,8 +12,11 @@ they were issued (the library runs collectives one at a time in that order).
 """
 
 import atexit
+import ctypes
+import functools
 import os
 import queue
+import secrets
 import threading
 from datetime import timedelta
 
@@ -375,6 +379,31 @@ class _Comm:
             return c
 
     @classmethod
+    def existing(cls):
+        """The process's group if it was joined in this process, else None."""
+        with cls._imu:
+            c = cls._instance
+            return c if c is not None and c.pid == os.getpid() else None
+
+    @classmethod
+    def for_group(cls, store, rank, size, timeout):
+        """What a torch group of size ranks runs on: the job's group (joined
+        on first use), or a new group of some of its ranks (new_group(ranks=
+        [...])) formed through torch's store for that group."""
+        world = cls.existing()
+        job_size = world.size if world is not None else int(os.environ.get("WORLD_SIZE", -1))
+        if job_size < 0 or size == job_size:
+            c = cls.get(rank, size)
+            c.set_timeout(timeout)
+            return c
+        if world is None:
+            raise NotImplementedError(
+                f"migctl backend: a group of {size} of the job's {job_size} ranks needs the job's migctl group "
+                "first: init_process_group('migctl'), or dist.new_group(backend='migctl') of every rank, "
+                "before new_group(ranks=[...], backend='migctl')")
+        return _SubComm.form(world, store, rank, size, timeout)
+
+    @classmethod
     def get_node(cls, rank, size, rdzv, job):
         """The group of this node's ranks of a multi-node job (rank and size
         among them), whose rendezvous is at rdzv (see multinode.py)."""
@@ -406,20 +435,27 @@ class _Comm:
         self.cwait = self.lib.lib.migctl_wait
         self.crun = self.lib.lib.migctl_run
         self.completer = _Completer()
+        self._subs = []  # the groups of some of the ranks formed in this process (_SubComm)
+        self._init_works()
+        atexit.register(self._finalize)
+
+    def _init_works(self):
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
         self._waiters = 0
         self._unclaimed = collections.deque()  # the last Works issued, oldest first
         self._live = {}  # id -> Work not yet finished and consumed (insertion ordered)
-        atexit.register(self._finalize)
+
+    def _busy(self):
+        with self._mu:
+            return any(w._state != _DONE for w in self._live.values())
 
     def _finalize(self):
         if os.getpid() != self.pid:
             return
-        with self._mu:
-            busy = any(w._state != _DONE for w in self._live.values())
-        if not busy:  # with collectives in flight (a peer died) exiting must not wait for their deadline
-            self.lib.lib.migctl_finalize()
+        # with collectives in flight (a peer died) exiting must not wait for their deadline
+        if not self._busy() and not any(s._busy() for s in self._subs):
+            self.lib.lib.migctl_finalize()  # frees the groups of some of the ranks too
 
     # --- helpers ----------------------------------------------------------
 
@@ -458,7 +494,10 @@ class _Comm:
         if not isinstance(timeout, timedelta) or timeout == _TORCH_DEFAULT_TIMEOUT:
             return
         # the library refuses one that is not positive
-        self.lib.check(self.lib.lib.migctl_set_timeout(int(timeout.total_seconds() * 1000)), "set_timeout")
+        self.lib.check(self._set_timeout_ms(int(timeout.total_seconds() * 1000)), "set_timeout")
+
+    def _set_timeout_ms(self, ms):
+        return self.lib.lib.migctl_set_timeout(ms)
 
     def _where(self, t, name):
         """(device flag, CUstream) of a tensor for the library. A CUDA
@@ -714,6 +753,51 @@ class _Comm:
         return _Done(result, devices)
 
 
+class _SubComm(_Comm):
+    """A group of some of the job's ranks (dist.new_group(ranks=[...])):
+    _Comm's collectives on its id in the library (migctl_new_group). It
+    shares the job's group's completion thread: the library runs a
+    process's collectives in issue order, whatever their group."""
+
+    @classmethod
+    def form(cls, world, store, rank, size, timeout):
+        """Forms the group whose torch store is store (torch's, prefixed for
+        this group alone): the members learn each other's ranks in the job,
+        and its rank 0 names it."""
+        store.set(f"migctl/member/{rank}", str(world.rank))
+        if rank == 0:
+            store.set("migctl/name", "g" + secrets.token_hex(8))
+        ranks = [int(store.get(f"migctl/member/{i}")) for i in range(size)]
+        name = store.get("migctl/name").decode()
+        c = cls(world, ranks, name)
+        if (c.rank, c.size) != (rank, size):
+            raise RuntimeError(f"migctl backend: torch says rank {rank} of {size} in the group of ranks {ranks}, "
+                               f"the library rank {c.rank} of {c.size}")
+        c.set_timeout(timeout)
+        return c
+
+    def __init__(self, world, ranks, name):  # noqa: PLW0231 - the job's group is initialised
+        self.lib = world.lib
+        self.pid = world.pid
+        lib = self.lib.lib
+        gid = lib.migctl_new_group((ctypes.c_int * len(ranks))(*ranks), len(ranks), name.encode())
+        if gid < 0:
+            raise self.lib.error(gid, f"new_group of ranks {ranks}")
+        self.gid = gid
+        self.ranks = ranks
+        self.rank, self.size = lib.migctl_group_rank(gid), lib.migctl_group_size(gid)
+        self.on_gpu = world.on_gpu
+        self.cissue = functools.partial(lib.migctl_issue_on, gid)
+        self.crun = functools.partial(lib.migctl_run_on, gid)
+        self.cwait = world.cwait
+        self.completer = world.completer
+        self._init_works()
+        world._subs.append(self)
+
+    def _set_timeout_ms(self, ms):
+        return self.lib.lib.migctl_set_timeout_on(self.gid, ms)
+
+
 class _Several(dist._Work):
     """Several Works as one (the coalesced calls): wait() waits for each;
     get_future() completes with result once all have."""
@@ -767,9 +851,9 @@ class _Several(dist._Work):
 
 
 class _Refused:
-    """The collectives of a group the backend cannot run (a subset of the
-    job's ranks): every one raises the NotImplementedError that forming it
-    gave."""
+    """The collectives of a group the backend cannot run (some of the ranks
+    of a job across nodes, or formed before the job's migctl group): every
+    one raises the NotImplementedError that forming it gave."""
 
     def __init__(self, err):
         self._err = err
@@ -788,15 +872,15 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         try:
             if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
                 self._comm = multinode.Hier.get(store, rank, size, timeout)
-            else:
-                self._comm = _Comm.get(rank, size)
-                self._comm.set_timeout(timeout)
+            else:  # the job's group, or a group of some of its ranks
+                self._comm = _Comm.for_group(store, rank, size, timeout)
         except NotImplementedError as e:
-            # A group of some of the job's ranks (dist.new_group(ranks=[...])).
-            # torch forms a group on every rank together and then waits on a
-            # store barrier for all of them: raising here would leave the
-            # ranks outside this one waiting in new_group until its timeout.
-            # The group is formed; its first collective raises.
+            # A group the backend cannot run (some of the ranks of a job
+            # across nodes, or before the job's migctl group). torch forms a
+            # group on every rank together and then waits on a store barrier
+            # for all of them: raising here would leave the ranks outside
+            # this one waiting in new_group until its timeout. The group is
+            # formed; its first collective raises.
             self._comm = _Refused(e)
             return
         if self._comm.rank != rank or self._comm.size != size:

@@ -4,8 +4,8 @@ CUDA with --device cuda), across the real processes of `migctl run`:
     migctl run --backend host --np 3 -- python3 python/tests/ops_check.py
 
 Every op, every dtype, odd sizes, in place and out of place, non-contiguous
-tensors, async Work and Futures, and the NotImplementedError of unsupported
-calls. Inputs are small integers, so every sum is exact in every dtype and
+tensors, async Work and Futures, a group of some of the ranks, and the
+NotImplementedError of unsupported calls. Inputs are small integers, so every sum is exact in every dtype and
 every element is checked. Prints one JSON line; exits 1 on any mismatch."""
 
 import argparse
@@ -255,19 +255,26 @@ def run(device, sizes):
                 failures.append(f"{name}: NotImplementedError does not name the call ({', '.join(words) or name}): {e}")
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__} instead of NotImplementedError: {e}")
-    # A group of some of the ranks: every rank forms it (torch then waits for all of
-    # them on its store: forming it must not fail, or the others would wait there), and
-    # its first collective raises on its members.
+    # A group of some of the ranks: every rank forms it. Within one node it runs
+    # (subgroup_check.py tests it whole); across nodes forming it must not fail (torch
+    # then waits for every rank on its store, the others would wait there) and its first
+    # collective raises on its members.
     if world > 1:
-        sub = dist.new_group(ranks=[0])
-        if rank == 0:
+        sub = dist.new_group(ranks=[0, world - 1])
+        if rank in (0, world - 1):
             checks += 1
+            t = torch.full((2,), float(rank), device=dev)
             try:
-                dist.all_reduce(torch.ones(2, device=dev), group=sub)
-                failures.append("new_group(ranks=[0]): all_reduce raised no NotImplementedError")
+                dist.all_reduce(t, group=sub)
+                if migctl_torch.multinode.spans_nodes():
+                    failures.append("new_group(ranks=[0, last]) across nodes: all_reduce raised no NotImplementedError")
+                elif t.tolist() != [float(world - 1)] * 2:
+                    failures.append(f"new_group(ranks=[0, last]): all_reduce gave {t.tolist()}")
             except NotImplementedError as e:
-                if "new_group" not in str(e):
-                    failures.append(f"new_group(ranks=[0]): the error does not name new_group: {e}")
+                if not migctl_torch.multinode.spans_nodes():
+                    failures.append(f"new_group(ranks=[0, last]) on one node: {e}")
+                elif "new_group" not in str(e):
+                    failures.append(f"new_group(ranks=[0, last]): the error does not name new_group: {e}")
     dist.barrier()
 
 
