@@ -88,6 +88,11 @@
 // once; its Wait blocks until the collective has finished. Buffers belong to
 // the collective until then.
 //
+// NewGroup forms a group of some of a group's ranks on one node (PyTorch's
+// dist.new_group), with its own segment, stream, order of collectives and
+// algorithm chosen from its members' topology; it shares the parent's
+// device, rendezvous and swap state, and closes with it.
+//
 // Every collective has a deadline (WithTimeout, MIGCTL_TIMEOUT; default 5m):
 // a dead or stalled peer becomes an error on every rank, never a hang.
 //

@@ -8,7 +8,9 @@ In one process group: the model from one seed trained --steps SGD steps with
 DDP, then again with FullyShardedDataParallel (FULL_SHARD, one unit per
 transformer block plus the root: all-gathers of the flat parameters,
 reduce-scatters of the gradients through all_gather_into_tensor and
-reduce_scatter_tensor), each rank on its own synthetic batches. Compares
+reduce_scatter_tensor; --strategy hybrid: HYBRID_SHARD, sharded within pairs
+of ranks and all-reduced across them, on groups of some of the ranks), each
+rank on its own synthetic batches. Compares
 every step's loss on every rank and the final parameters (FSDP's gathered
 with summon_full_params). Prints one JSON line per rank; exits 1 on a
 mismatch, 0 with "skipped" where FSDP cannot run (torch 1.x, no CUDA)."""
@@ -63,6 +65,9 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--tol", type=float, default=2e-4, help="largest relative loss difference that passes")
+    ap.add_argument("--strategy", choices=("full", "hybrid"), default="full",
+                    help="FULL_SHARD over the job's group, or HYBRID_SHARD: sharded within pairs of ranks "
+                         "{2i, 2i+1}, replicated across them (groups of some of the ranks; an even world of 4+)")
     a = ap.parse_args()
     if int(torch.__version__.split(".")[0]) < 2:
         skip(f"FSDP over a Python process group needs torch 2.x (this is {torch.__version__})")
@@ -105,8 +110,20 @@ def main():
     p_ddp = {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
     t_ddp = time.time() - t0
 
-    fsdp = FSDP(fresh(), device_id=dev, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                use_orig_params=True)
+    kw = {"sharding_strategy": ShardingStrategy.FULL_SHARD}
+    if a.strategy == "hybrid":
+        if world < 4 or world % 2:
+            skip(f"HYBRID_SHARD over pairs needs an even world of 4 or more (this is {world})")
+        # every rank forms every group, in one order
+        shard = [dist.new_group(ranks=[2 * i, 2 * i + 1]) for i in range(world // 2)]
+        replicate = [dist.new_group(ranks=list(range(j, world, 2))) for j in range(2)]
+        kw = {"sharding_strategy": ShardingStrategy.HYBRID_SHARD,
+              "process_group": (shard[rank // 2], replicate[rank % 2])}
+    fsdp = FSDP(fresh(), device_id=dev, auto_wrap_policy=policy, use_orig_params=True, **kw)
+    groups = [getattr(fsdp, "process_group", None), getattr(fsdp, "_inter_node_pg", None)]
+    sizes = [pg.size() if pg is not None else 0 for pg in groups]
+    if a.strategy == "hybrid" and sizes != [2, world // 2]:
+        failures.append(f"HYBRID_SHARD's groups (shard, replicate) have {sizes} ranks, want [2, {world // 2}]")
     l_fsdp = train(fsdp, batches, a.steps, a.lr)
     with FSDP.summon_full_params(fsdp):
         p_fsdp = {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in fsdp.named_parameters()}
@@ -123,7 +140,7 @@ def main():
         failures.append(f"final parameters differ by {pdiff:.3g}")
     if not all(x == x for x in l_fsdp):
         failures.append("FSDP loss is NaN")
-    out = {"rank": rank, "world": world, "torch": torch.__version__, "steps": a.steps, "params":
+    out = {"rank": rank, "world": world, "strategy": a.strategy, "group_sizes": sizes, "torch": torch.__version__, "steps": a.steps, "params":
            sum(p.numel() for p in p_ddp.values()), "max_rel_loss_diff": rel, "max_param_diff": pdiff,
            "loss_first": [round(x, 6) for x in l_ddp[:3]], "loss_last_ddp": l_ddp[-1], "loss_last_fsdp": l_fsdp[-1],
            "seconds_ddp": round(t_ddp, 2), "seconds_total": round(time.time() - t0, 2), "failures": failures}

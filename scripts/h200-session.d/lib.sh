@@ -21,9 +21,10 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
   say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d algo=%s mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("algorithm"), d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
-  # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3
+  # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3;
+  # TREE: where examples/ and python/ are (default: this checkout; another build's with its MIGCTL_LIB)
   [ "$SECONDS" -lt "${DDP_DEADLINE:-1000000}" ] || { say "$1 skipped (time)"; return; }
-  timeout 80 $M run --gpus 0 --np 7 -q -- ${PIN:-} python3 "examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 "${@:5}" \
+  timeout 80 $M run --gpus 0 --np 7 -q -- ${PIN:-} python3 "${TREE:-.}/examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 "${@:5}" \
     2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
   say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); c=r.get("cpu_ms_per_step") or [0]; print("ms/step=%.1f identical=%s cpu_ms/step(mean,max)=%.1f,%.1f" % (r["step_ms_median_slowest_rank"], r["ranks_identical"], sum(c)/len(c), max(c)))' "$W/$1.json" 2>/dev/null)"
 }
@@ -32,7 +33,7 @@ ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhea
   local label=$1 out; shift
   OVH_N=$((${OVH_N:-0} + 1)); out=$W/ovh-$OVH_N.out
   env N=1000 ROUNDS=5 "$@" timeout 90 $M run --gpus 0 --np "${NP:-7}" -q --timeout 60s -- \
-    ${PIN:-} python3 python/tests/overhead_check.py --device cuda >"$out" 2>&1
+    ${PIN:-} python3 "${TREE:-.}/python/tests/overhead_check.py" --device cuda >"$out" 2>&1
   say "ovh np=${NP:-7} $label rc=$? $(sed -n 's/^\[[0-9]*\]: \({.*}\)$/\1/p' "$out" | python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
