@@ -29,7 +29,7 @@ import inspect
 import torch.distributed as dist
 
 from ._lib import ABI_VERSION, MigctlError
-from .process_group import SUPPORTED, ProcessGroupMigctl, allreduce_hook, create
+from .process_group import SUPPORTED, ProcessGroupMigctl, allreduce_hook, create_extended
 
 __all__ = ["ABI_VERSION", "MigctlError", "ProcessGroupMigctl", "SUPPORTED", "allreduce_hook",
            "BACKEND"]
@@ -40,11 +40,11 @@ BACKEND = "migctl"
 def _register():
     if getattr(dist.Backend, BACKEND.upper(), None) is not None:
         return  # registered already (a second import)
-    kwargs = {}
+    kwargs = {"extended_api": True}  # the creator gets the group's name too
     params = inspect.signature(dist.Backend.register_backend).parameters
     if "devices" in params:  # torch 2.x: the devices the backend serves
         kwargs["devices"] = ["cpu", "cuda"]
-    dist.Backend.register_backend(BACKEND, create, **kwargs)
+    dist.Backend.register_backend(BACKEND, create_extended, **kwargs)
 
 
 _register()

@@ -866,9 +866,14 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     """torch.distributed ProcessGroup over libmigctl.so. Created by
     dist.init_process_group("migctl") in a process started by `migctl run`."""
 
-    def __init__(self, store, rank, size, timeout=None):
+    def __init__(self, store, rank, size, timeout=None, name=None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
+        # torch 2.x keeps a Python group's name on it only when the group sets
+        # it (DeviceMesh, functional collectives and FSDP2 read group_name)
+        set_name = getattr(self, "_set_group_name", None)
+        if name and set_name is not None:
+            set_name(name)
         try:
             if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
                 self._comm = multinode.Hier.get(store, rank, size, timeout)
@@ -1117,8 +1122,16 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
 
 def create(store, rank, size, timeout=None):
-    """The creator registered with torch.distributed.Backend.register_backend."""
+    """A ProcessGroupMigctl as torch's plain creator API passes its arguments."""
     return ProcessGroupMigctl(store, rank, size, timeout)
+
+
+def create_extended(opts, pg_options=None):
+    """The creator registered with torch.distributed.Backend.register_backend
+    (extended_api=True, torch 1.13 and 2.x): torch's _DistributedBackendOptions
+    carry the group's name as well, which torch 2.x needs on the group."""
+    return ProcessGroupMigctl(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              name=getattr(opts, "group_id", None))
 
 
 def allreduce_hook(state, bucket):

@@ -65,9 +65,11 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--tol", type=float, default=2e-4, help="largest relative loss difference that passes")
-    ap.add_argument("--strategy", choices=("full", "hybrid"), default="full",
-                    help="FULL_SHARD over the job's group, or HYBRID_SHARD: sharded within pairs of ranks "
-                         "{2i, 2i+1}, replicated across them (groups of some of the ranks; an even world of 4+)")
+    ap.add_argument("--strategy", choices=("full", "hybrid", "fsdp2", "fsdp2-hybrid"), default="full",
+                    help="FSDP's FULL_SHARD over the job's group, or HYBRID_SHARD: sharded within pairs of ranks "
+                         "{2i, 2i+1}, replicated across them (groups of some of the ranks; an even world of 4+); "
+                         "fsdp2: fully_shard (torch 2.6+) on a 1-D device mesh of every rank, fsdp2-hybrid on a "
+                         "2-D one (replicate x shard pairs)")
     a = ap.parse_args()
     if int(torch.__version__.split(".")[0]) < 2:
         skip(f"FSDP over a Python process group needs torch 2.x (this is {torch.__version__})")
@@ -110,6 +112,9 @@ def main():
     p_ddp = {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
     t_ddp = time.time() - t0
 
+    if a.strategy.startswith("fsdp2"):
+        fsdp2(a, fresh, batches, l_ddp, p_ddp, t0, t_ddp, rank, world, dev, Block)
+        return
     kw = {"sharding_strategy": ShardingStrategy.FULL_SHARD}
     if a.strategy == "hybrid":
         if world < 4 or world % 2:
@@ -144,6 +149,56 @@ def main():
            sum(p.numel() for p in p_ddp.values()), "max_rel_loss_diff": rel, "max_param_diff": pdiff,
            "loss_first": [round(x, 6) for x in l_ddp[:3]], "loss_last_ddp": l_ddp[-1], "loss_last_fsdp": l_fsdp[-1],
            "seconds_ddp": round(t_ddp, 2), "seconds_total": round(time.time() - t0, 2), "failures": failures}
+    print(json.dumps(out), flush=True)
+    dist.barrier()
+    sys.exit(1 if failures else 0)
+
+
+def fsdp2(a, fresh, batches, l_ddp, p_ddp, t0, t_ddp, rank, world, dev, block_cls):
+    """fully_shard (FSDP2: DTensor parameters on a device mesh) against DDP's run."""
+    failures = []
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard
+    except ImportError as e:
+        skip(f"no fully_shard in torch {torch.__version__}: {e}")
+    if a.strategy == "fsdp2-hybrid":
+        if world < 4 or world % 2:
+            skip(f"a 2-D mesh of pairs needs an even world of 4 or more (this is {world})")
+        mesh = init_device_mesh("cuda", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("shard",))
+    sizes = [mesh.get_group(d).size() for d in range(mesh.ndim)]
+    model = fresh()
+    for m in model.modules():
+        if isinstance(m, block_cls):
+            fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    l_fsdp = train(model, batches, a.steps, a.lr)
+    p_fsdp = {}
+    for n, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        p_fsdp[n] = full.detach().clone()
+    rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(l_ddp, l_fsdp))
+    if rel > a.tol:
+        k = max(range(len(l_ddp)), key=lambda i: abs(l_ddp[i] - l_fsdp[i]))
+        failures.append(f"losses differ by {rel:.3g} (relative) > {a.tol}; worst at step {k}: DDP {l_ddp[k]} FSDP2 {l_fsdp[k]}")
+    missing = sorted(set(p_ddp) ^ set(p_fsdp))
+    if missing:
+        failures.append(f"parameter names differ between DDP and FSDP2: {missing[:4]}")
+    pdiff = max(((p_ddp[n] - p_fsdp[n]).abs().max().item() for n in p_ddp if n in p_fsdp), default=0.0)
+    if pdiff > 1e-3:
+        failures.append(f"final parameters differ by {pdiff:.3g}")
+    want = [world // 2, 2] if a.strategy == "fsdp2-hybrid" else [world]
+    if sizes != want:
+        failures.append(f"the mesh's groups have {sizes} ranks, want {want}")
+    out = {"rank": rank, "world": world, "strategy": a.strategy, "group_sizes": sizes,
+           "torch": torch.__version__, "steps": a.steps, "max_rel_loss_diff": rel, "max_param_diff": pdiff,
+           "loss_last_ddp": l_ddp[-1], "loss_last_fsdp": l_fsdp[-1], "seconds_ddp": round(t_ddp, 2),
+           "seconds_total": round(time.time() - t0, 2), "failures": failures}
     print(json.dumps(out), flush=True)
     dist.barrier()
     sys.exit(1 if failures else 0)
