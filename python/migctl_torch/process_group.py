@@ -869,11 +869,10 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout=None, name=None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        # torch 2.x keeps a Python group's name on it only when the group sets
-        # it (DeviceMesh, functional collectives and FSDP2 read group_name)
-        set_name = getattr(self, "_set_group_name", None)
-        if name and set_name is not None:
-            set_name(name)
+        # torch 2.x's ProcessGroup keeps its name on its C++ backends, which a
+        # Python group has none of: group_name (what DeviceMesh, and so FSDP2,
+        # reads) raised "ProcessGroup name not set". The group keeps it.
+        self._group_name = name
         try:
             if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
                 self._comm = multinode.Hier.get(store, rank, size, timeout)
@@ -896,6 +895,16 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     def getBackendName(self):
         return "migctl"
+
+    @property
+    def group_name(self):
+        """torch's name of the group (torch 2.x's _DistributedBackendOptions.group_id)."""
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    def _set_group_name(self, name):
+        self._group_name = name
 
     def __repr__(self):
         return f"ProcessGroupMigctl(rank={self._rank}, size={self._size})"

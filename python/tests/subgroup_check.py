@@ -48,8 +48,24 @@ def groups(world):
     return pairs, odd
 
 
+def torch_name(pg):
+    """torch's name of a group (its registry: 2.x _world.pg_names, 1.13 _pg_names)."""
+    c = dist.distributed_c10d
+    names = getattr(getattr(c, "_world", None), "pg_names", None)
+    return (names if names is not None else getattr(c, "_pg_names", {})).get(pg)
+
+
 def collectives(rank, world, dev):
     pairs, odd = groups(world)
+    # every group carries torch's name for it (torch 2.x's DeviceMesh, so FSDP2, reads group_name)
+    for what, pg in (("job", dist.group.WORLD), ("pair", pairs[min(rank // 2, len(pairs) - 1)]), ("odd", odd)):
+        if pg == dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        global checks
+        checks += 1
+        name = torch_name(pg)
+        if not name or getattr(pg, "group_name", None) != name:
+            failures.append(f"{what} group: group_name {getattr(pg, 'group_name', None)!r}, torch's {name!r}")
     members = [r for r in range(1, world, 2)]
     pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
     mine = [2 * (rank // 2), 2 * (rank // 2) + 1]
