@@ -285,14 +285,15 @@ func TestTorchCollectivesDoNotBlock(t *testing.T) {
 // must raise within the collective deadline — from dist.all_reduce, from
 // the Future's wait() of an asynchronous one, and from DDP's backward, where
 // the reducer reads the bucket's Future in C++ (an error set the Python way
-// crashed the process there: see migctl_torch/_futures.py).
+// crashed the process there: see migctl_torch/_futures.py), and from a
+// group of some of the ranks that the dead one belonged to.
 func TestTorchKilledRank(t *testing.T) {
 	lib, _ := artifacts(t)
 	needTorch(t)
 	for _, tc := range []struct {
 		name string
 		args []string
-	}{{"all_reduce", nil}, {"future", []string{"--future"}}, {"ddp", []string{"--ddp"}}} {
+	}{{"all_reduce", nil}, {"future", []string{"--future"}}, {"ddp", []string{"--ddp"}}, {"subgroup", []string{"--subgroup"}}} {
 		t.Run(tc.name, func(t *testing.T) { killedRank(t, lib, tc.args) })
 	}
 }

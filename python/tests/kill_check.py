@@ -4,7 +4,8 @@ rank --kill SIGKILLs itself at step 5, the others must raise a MigctlError
 with its own rendezvous (migctl run would SIGTERM the survivors itself).
 A survivor prints one JSON line and exits 0 when it raised. With --ddp the
 loop is DDP training steps (a bucket's Future fails inside backward: the
-survivors must raise there, not crash).
+survivors must raise there, not crash). With --subgroup ranks 0 and 1 also
+all-reduce in a group of their own each step: its survivor must raise there.
 
 On the GPU machine, the same on CUDA tensors through get_future().wait() and
 a device synchronize (DDP's path), under migctl run with SIGTERM ignored for
@@ -35,6 +36,8 @@ def main():
     ap.add_argument("--future", action="store_true", help="all-reduce through get_future().wait(), then synchronize")
     ap.add_argument("--ddp", action="store_true", help="DDP training steps instead of bare all-reduces")
     ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a launcher's stop of the survivors)")
+    ap.add_argument("--subgroup", action="store_true",
+                    help="ranks 0 and 1 also all-reduce in a group of their own before each step's all-reduce")
     a = ap.parse_args()
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -43,6 +46,7 @@ def main():
     dist.init_process_group("migctl")
     rank = dist.get_rank()
     t = torch.ones(4096, device=a.device)
+    sub = dist.new_group(ranks=[0, 1]) if a.subgroup else None
     ddp = None
     if a.ddp:
         torch.manual_seed(0)
@@ -67,6 +71,8 @@ def main():
                     torch.cuda.synchronize()  # a stream left waiting for a collective that never ends hangs here
                 t.fill_(1)
             else:
+                if sub is not None and rank in (0, 1):
+                    dist.all_reduce(t, group=sub)
                 dist.all_reduce(t)
         except RuntimeError as e:  # a MigctlError
             if "migctl" not in str(e):
