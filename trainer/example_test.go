@@ -49,3 +49,34 @@ func ExampleInit() {
 	fmt.Println(g.Rank(), g.Size(), x)
 	// Output: 0 1 [1.5 2.5]
 }
+
+// Four ranks, two groups of two: each pair averages its own gradient
+// (data parallel within a pair), while the job's group still spans all four.
+// Every member of a group calls NewGroup with the same name and ranks.
+func ExampleGroup_NewGroup() {
+	ctx := context.Background()
+	err := trainer.RunLocal(ctx, 4, func(g *trainer.Group) error {
+		first := g.Rank() / 2 * 2
+		pair, err := g.NewGroup(ctx, fmt.Sprintf("pair%d", first), []int{first, first + 1})
+		if err != nil {
+			return err
+		}
+		defer pair.Close()
+		grad := []float32{float32(g.Rank())}
+		if err := pair.AllReduce(ctx, trainer.HostSlice(grad), trainer.HostSlice(grad), trainer.Avg); err != nil {
+			return err
+		}
+		total := []float32{1}
+		if err := g.AllReduce(ctx, trainer.HostSlice(total), trainer.HostSlice(total), trainer.Sum); err != nil {
+			return err
+		}
+		if g.Rank() == 2 {
+			fmt.Printf("rank %d: rank %d of its pair, pair average %v, job of %v\n", g.Rank(), pair.Rank(), grad, total)
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+	}
+	// Output: rank 2: rank 0 of its pair, pair average [2.5], job of [4]
+}
