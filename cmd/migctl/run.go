@@ -289,7 +289,12 @@ func (o *runOptions) Run(ctx context.Context) error {
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
 	if o.nnodes == 1 {
-		if e := runMachine(gpus); e != "" {
+		e, err := runMachine(gpus)
+		switch {
+		case err != nil:
+			// not quiet-able: the job runs, but slower than it could
+			fmt.Fprintf(o.ErrOut, "run: warning: %v; the workers choose their all-reduce algorithm without this host's figures\n", err)
+		case e != "":
 			cfg.Env = append(cfg.Env, e)
 			if !o.quiet {
 				fmt.Fprintf(o.ErrOut, "run: the workers choose their all-reduce algorithm on this host's measured figures (migctl bench limits)\n")

@@ -19,16 +19,17 @@ import (
 // hw/H200.md's; "" when the cache describes none of them. devs are the
 // GPUs of --gpus (nil: the job leases MIG instances, of any GPU of the
 // node). Multi-node jobs get none: every rank of a job must see the same
-// figures, and nodes measure differently.
-func runMachine(devs launcher.RoundRobin) string {
+// figures, and nodes measure differently. A cache that cannot be read is
+// returned as the error (the job goes on without figures).
+func runMachine(devs launcher.RoundRobin) (string, error) {
 	path, err := limits.DefaultCachePath()
 	if err != nil {
-		return ""
+		return "", nil
 	}
 	host, _ := os.Hostname()
 	l, err := limits.Load(path, host)
 	if err != nil {
-		return ""
+		return "", err
 	}
 	var chosen []string
 	for _, d := range devs {
@@ -38,9 +39,9 @@ func runMachine(devs launcher.RoundRobin) string {
 	}
 	m, ok := l.NodeMachine(allreduce.H200(), nodeGPUUUIDs(), chosen)
 	if !ok {
-		return ""
+		return "", nil
 	}
-	return trainer.MachineEnv(m)
+	return trainer.MachineEnv(m), nil
 }
 
 // nodeGPUUUIDs lists the UUIDs of this node's GPUs (nil without a driver).

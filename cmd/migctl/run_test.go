@@ -216,6 +216,19 @@ func TestRunCLI(t *testing.T) {
 		r.requireClean(t)
 	})
 
+	t.Run("a corrupt figures cache is reported, the job runs", func(t *testing.T) {
+		r := newRunCLI(t, bin)
+		path := filepath.Join(r.cache, "migctl", "limits.json")
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		require.NoError(t, os.WriteFile(path, []byte("{not json"), 0o644))
+		_, stderr, err := r.run(t, nil, append(r.sim, "--np", "2", "--profile", "1g.18gb", "-q", "--", "sh", "-c", envScript)...)
+		require.NoError(t, err, stderr)
+		require.Contains(t, stderr, "run: warning: limits cache "+path)
+		require.Contains(t, stderr, "delete it to measure again")
+		require.NotContains(t, readEnvFile(t, filepath.Join(r.dir, "env-0")), trainer.EnvMachine)
+		r.requireClean(t)
+	})
+
 	t.Run("gpus round-robin", func(t *testing.T) {
 		r := newRunCLI(t, bin)
 		stdout, stderr, err := r.run(t, nil, "--np", "5", "--gpus", "0,1", "--backend", "host", "-o", "json", "--", "sh", "-c", envScript)
