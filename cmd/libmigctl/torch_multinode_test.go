@@ -118,6 +118,15 @@ func TestTorchTwoNodesOps(t *testing.T) {
 	}
 }
 
+// TestTorchTwoNodesSubgroups: in a job across nodes, groups of some of the
+// ranks on one node run on that node's migctl group, and one across nodes is
+// a gloo group; every collective and DDP on the pairs as on one node.
+func TestTorchTwoNodesSubgroups(t *testing.T) {
+	for r, m := range runNodes(t, 2, 2, 3*time.Minute, "subgroup_check.py") {
+		require.Greater(t, m["checks"].(float64), 10.0, "rank %d", r)
+	}
+}
+
 // TestTorchTwoNodesDDPMatchesGloo: DDP over the hierarchical backend (and
 // the comm hook) ends with gloo's parameters to fp32 round-off.
 func TestTorchTwoNodesDDPMatchesGloo(t *testing.T) {

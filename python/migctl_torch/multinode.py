@@ -138,6 +138,16 @@ class HierWork(dist._Work):
         return self._result
 
 
+def world_size():
+    """The job's number of ranks (WORLD_SIZE)."""
+    return _env_int("WORLD_SIZE", -1)
+
+
+def node_of(rank):
+    """The node of a rank of the job (RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK)."""
+    return rank // _env_int("LOCAL_WORLD_SIZE", 1)
+
+
 def _gloo(store, rank, size, timeout):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(minutes=30)
@@ -182,11 +192,41 @@ class Hier:
             if h is None or h.pid != os.getpid():
                 h = cls._instance = Hier(store, rank, size, timeout)
             elif (rank, size) != (h.rank, h.size):
-                raise NotImplementedError(
-                    f"migctl backend: a group of rank {rank} of {size} in a process that is rank {h.rank} of "
-                    f"{h.size}: groups of some of the ranks (new_group(ranks=[...])) are not supported in a job "
-                    "across nodes; create a gloo group for them with dist.new_group(ranks, backend='gloo')")
+                raise RuntimeError(
+                    f"migctl backend: the job's group as rank {rank} of {size} in a process that is rank {h.rank} "
+                    f"of {h.size}")
             return h
+
+    @classmethod
+    def for_group(cls, store, rank, size, timeout, ranks=None):
+        """The job's group (size: every rank), or a group of some of its
+        ranks (ranks: their ranks in the job): on this node, it runs on the
+        node's migctl group (migctl_new_group of their local ranks); across
+        nodes, over gloo (Hier.across)."""
+        if ranks is None:
+            return cls.get(store, rank, size, timeout)
+        if len({node_of(r) for r in ranks}) > 1:
+            return cls.across(store, rank, size, timeout)
+        from .process_group import _SubComm  # noqa: PLC0415 - cycle
+        with cls._imu:
+            h = cls._instance if cls._instance is not None and cls._instance.pid == os.getpid() else None
+        if h is None:
+            raise NotImplementedError(
+                f"migctl backend: a group of {size} of the job's ranks needs the job's migctl group first: "
+                "init_process_group('migctl'), or dist.new_group(backend='migctl') of every rank, before "
+                "new_group(ranks=[...], backend='migctl')")
+        return _SubComm.form(h.local, store, rank, size, timeout, ranks=[r - h.node * h.lsize for r in ranks])
+
+    @classmethod
+    def across(cls, store, rank, size, timeout):
+        """A group of some of the ranks on several nodes: to the stages of
+        this class each member is a node of its own (one local rank), so
+        every collective is its cross stage alone, over a gloo group of the
+        members (the wire the job's group crosses nodes with), with this
+        class's handling of AVG, bfloat16 and the flat variants gloo lacks."""
+        h = cls.__new__(cls)
+        h._start(rank, size, rank, size, 0, 1, timeout, None, _gloo(store, rank, size, timeout), None)
+        return h
 
     def __init__(self, store, rank, size, timeout):
         from .process_group import _Comm  # noqa: PLC0415 - cycle
@@ -197,10 +237,6 @@ class Hier:
                 f"migctl backend: rank {rank} of {size} is not node {n} of {N} x local rank {lr} of {L} "
                 f"(RANK = GROUP_RANK*LOCAL_WORLD_SIZE + LOCAL_RANK): start every node with `migctl run "
                 "--nnodes N --node-rank i --np L` and the same --np")
-        self.pid = os.getpid()
-        self.rank, self.size = rank, size
-        self.node, self.nodes, self.lrank, self.lsize = n, N, lr, L
-        self.timeout = timeout
         # the node's migctl group: local rank 0 hosts its rendezvous
         key = f"migctl/node{n}/rendezvous"
         if lr == 0:
@@ -209,17 +245,26 @@ class Hier:
         else:
             addr = store.get(key).decode()
         job = (os.environ.get("MIGCTL_JOB") or "trainer") + f"-node{n}"
-        self.local = _Comm.get_node(lr, L, addr, job)
-        self.local.set_timeout(timeout)
+        local = _Comm.get_node(lr, L, addr, job)
+        local.set_timeout(timeout)
         # local rank lr's gloo group across nodes
-        self.cross = _gloo(dist.PrefixStore(f"migctl/cross{lr}/", store), n, N, timeout) if N > 1 else None
+        cross = _gloo(dist.PrefixStore(f"migctl/cross{lr}/", store), n, N, timeout) if N > 1 else None
         inter = (os.environ.get(INTER_NODE) or "gloo").lower()
         if inter not in ("gloo", "nccl"):
             raise RuntimeError(f"migctl backend: {INTER_NODE}={inter!r}: want gloo or nccl")
         # NCCL for CUDA tensors (its communicator is made at the first collective)
-        self.cross_cuda = None
+        cross_cuda = None
         if inter == "nccl" and N > 1:
-            self.cross_cuda = _nccl(dist.PrefixStore(f"migctl/cross-nccl{lr}/", store), n, N, timeout)
+            cross_cuda = _nccl(dist.PrefixStore(f"migctl/cross-nccl{lr}/", store), n, N, timeout)
+        self._start(rank, size, n, N, lr, L, timeout, local, cross, cross_cuda)
+
+    def _start(self, rank, size, n, N, lr, L, timeout, local, cross, cross_cuda):
+        """Sets the group's shape and stages up and starts its thread."""
+        self.pid = os.getpid()
+        self.rank, self.size = rank, size
+        self.node, self.nodes, self.lrank, self.lsize = n, N, lr, L
+        self.timeout = timeout
+        self.local, self.cross, self.cross_cuda = local, cross, cross_cuda
         self._q = collections.deque()
         self._cv = threading.Condition()
         self._live = collections.OrderedDict()  # id -> HierWork not yet finished and consumed

@@ -753,6 +753,13 @@ class _Comm:
         return _Done(result, devices)
 
 
+def members(store, rank, size, mine):
+    """Every member's mine (its rank in the job, or in its node's group), by
+    rank in the group whose torch store is store."""
+    store.set(f"migctl/member/{rank}", str(mine))
+    return [int(store.get(f"migctl/member/{i}")) for i in range(size)]
+
+
 class _SubComm(_Comm):
     """A group of some of the job's ranks (dist.new_group(ranks=[...])):
     _Comm's collectives on its id in the library (migctl_new_group). It
@@ -760,14 +767,14 @@ class _SubComm(_Comm):
     process's collectives in issue order, whatever their group."""
 
     @classmethod
-    def form(cls, world, store, rank, size, timeout):
+    def form(cls, world, store, rank, size, timeout, ranks=None):
         """Forms the group whose torch store is store (torch's, prefixed for
-        this group alone): the members learn each other's ranks in the job,
-        and its rank 0 names it."""
-        store.set(f"migctl/member/{rank}", str(world.rank))
+        this group alone): the members learn each other's ranks in world
+        (unless given: ranks), and its rank 0 names it."""
+        if ranks is None:
+            ranks = members(store, rank, size, world.rank)
         if rank == 0:
             store.set("migctl/name", "g" + secrets.token_hex(8))
-        ranks = [int(store.get(f"migctl/member/{i}")) for i in range(size)]
         name = store.get("migctl/name").decode()
         c = cls(world, ranks, name)
         if (c.rank, c.size) != (rank, size):
@@ -866,7 +873,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     """torch.distributed ProcessGroup over libmigctl.so. Created by
     dist.init_process_group("migctl") in a process started by `migctl run`."""
 
-    def __init__(self, store, rank, size, timeout=None, name=None):
+    def __init__(self, store, rank, size, timeout=None, name=None, ranks=None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         # torch 2.x's ProcessGroup keeps its name on its C++ backends, which a
@@ -875,7 +882,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         self._group_name = name
         try:
             if multinode.spans_nodes():  # migctl inside each node, gloo between nodes
-                self._comm = multinode.Hier.get(store, rank, size, timeout)
+                self._comm = multinode.Hier.for_group(store, rank, size, timeout, ranks)
             else:  # the job's group, or a group of some of its ranks
                 self._comm = _Comm.for_group(store, rank, size, timeout)
         except NotImplementedError as e:
@@ -1138,9 +1145,15 @@ def create(store, rank, size, timeout=None):
 def create_extended(opts, pg_options=None):
     """The creator registered with torch.distributed.Backend.register_backend
     (extended_api=True, torch 1.13 and 2.x): torch's _DistributedBackendOptions
-    carry the group's name as well, which torch 2.x needs on the group."""
-    return ProcessGroupMigctl(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                              name=getattr(opts, "group_id", None))
+    carry the group's name as well, which torch 2.x needs on the group. In a
+    job across nodes the members of a group of some of the ranks learn each
+    other's ranks here (multinode.Hier.for_group: migctl when they are on one
+    node, gloo when not)."""
+    store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    ranks = None
+    if multinode.spans_nodes() and size != multinode.world_size():
+        ranks = members(store, rank, size, int(os.environ.get("RANK", -1)))
+    return ProcessGroupMigctl(store, rank, size, timeout, name=getattr(opts, "group_id", None), ranks=ranks)
 
 
 def allreduce_hook(state, bucket):

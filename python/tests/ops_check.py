@@ -255,26 +255,16 @@ def run(device, sizes):
                 failures.append(f"{name}: NotImplementedError does not name the call ({', '.join(words) or name}): {e}")
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__} instead of NotImplementedError: {e}")
-    # A group of some of the ranks: every rank forms it. Within one node it runs
-    # (subgroup_check.py tests it whole); across nodes forming it must not fail (torch
-    # then waits for every rank on its store, the others would wait there) and its first
-    # collective raises on its members.
+    # A group of some of the ranks (subgroup_check.py tests them whole): the first and
+    # the last rank, which are on two nodes in a job across nodes (a gloo group there).
     if world > 1:
         sub = dist.new_group(ranks=[0, world - 1])
         if rank in (0, world - 1):
             checks += 1
             t = torch.full((2,), float(rank), device=dev)
-            try:
-                dist.all_reduce(t, group=sub)
-                if migctl_torch.multinode.spans_nodes():
-                    failures.append("new_group(ranks=[0, last]) across nodes: all_reduce raised no NotImplementedError")
-                elif t.tolist() != [float(world - 1)] * 2:
-                    failures.append(f"new_group(ranks=[0, last]): all_reduce gave {t.tolist()}")
-            except NotImplementedError as e:
-                if not migctl_torch.multinode.spans_nodes():
-                    failures.append(f"new_group(ranks=[0, last]) on one node: {e}")
-                elif "new_group" not in str(e):
-                    failures.append(f"new_group(ranks=[0, last]): the error does not name new_group: {e}")
+            dist.all_reduce(t, group=sub)
+            if t.tolist() != [float(world - 1)] * 2:
+                failures.append(f"new_group(ranks=[0, last]): all_reduce gave {t.tolist()}")
     dist.barrier()
 
 

@@ -15,6 +15,9 @@ tensors, or CUDA with --device cuda):
   saying what to do at its first collective; after new_group(backend=
   "migctl") of every rank it works.
 
+In a job across nodes (2 nodes x 2 ranks in CI) the pairs are within a
+node (migctl) and the odd ranks' group spans both (a gloo group).
+
 Prints one JSON line per rank; exits 1 on a failure."""
 
 import argparse
@@ -29,6 +32,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import migctl_torch  # noqa: E402,F401
+import migctl_torch.multinode  # noqa: E402
 
 failures = []
 checks = 0
@@ -59,8 +63,8 @@ def collectives(rank, world, dev):
     pairs, odd = groups(world)
     # every group carries torch's name for it (torch 2.x's DeviceMesh, so FSDP2, reads group_name)
     for what, pg in (("job", dist.group.WORLD), ("pair", pairs[min(rank // 2, len(pairs) - 1)]), ("odd", odd)):
-        if pg == dist.GroupMember.NON_GROUP_MEMBER:
-            continue
+        if pg == dist.GroupMember.NON_GROUP_MEMBER or not isinstance(pg, migctl_torch.ProcessGroupMigctl):
+            continue  # torch names its own groups (a gloo group across nodes)
         global checks
         checks += 1
         name = torch_name(pg)
@@ -197,7 +201,8 @@ def main():
         collectives(rank, world, dev)
         ddp_pairs(rank, world, dev)
     dist.barrier()
-    print(json.dumps({"rank": rank, "checks": checks, "failures": failures}), flush=True)
+    nodes = migctl_torch.multinode.nodes()[1] if migctl_torch.multinode.spans_nodes() else 1
+    print(json.dumps({"rank": rank, "nodes": nodes, "checks": checks, "failures": failures}), flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
 
