@@ -560,7 +560,7 @@ int migctl_new_group(const int *ranks, int n, const char *name) {
 	if (ranks == NULL || n < 1 || name == NULL)
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_new_group: want ranks (n >= 1) and a name");
 	int id = migctlGoNewGroup((int *)ranks, n, (char *)name);
-	if (id > 0) __atomic_store_n(&group_sizes[id], n, __ATOMIC_RELEASE);
+	if (id > 0 && id < MIGCTL_MAX_GROUPS) __atomic_store_n(&group_sizes[id], n, __ATOMIC_RELEASE);
 	return id;
 }
 

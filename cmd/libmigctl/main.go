@@ -425,24 +425,36 @@ func migctlGoNewGroup(ranks *C.int, n C.int, name *C.char) C.int {
 		list[i] = int(r)
 	}
 	mu.Lock()
-	if lastSub >= C.MIGCTL_MAX_GROUPS-1 {
-		mu.Unlock()
-		return fail(fmt.Errorf("libmigctl: migctl_new_group: this process formed %d groups, the most it may: %w", lastSub, comm.ErrInvalid))
-	}
+	full := groupsFull()
 	mu.Unlock()
+	if full != nil {
+		return fail(full)
+	}
 	s, err := g.NewGroup(initCtx(), C.GoString(name), list)
 	if err != nil {
 		return fail(fmt.Errorf("libmigctl: migctl_new_group: %w", err))
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if closed {
+	switch {
+	case closed:
 		_ = s.Close()
 		return fail(fmt.Errorf("libmigctl: migctl_finalize was called: %w", trainer.ErrClosed))
+	case groupsFull() != nil: // formed meanwhile on other threads
+		_ = s.Close()
+		return fail(groupsFull())
 	}
 	lastSub++
 	subs[lastSub] = s
 	return C.int(lastSub)
+}
+
+// groupsFull says why no more groups may be formed (nil: they may); mu held.
+func groupsFull() error {
+	if lastSub < C.MIGCTL_MAX_GROUPS-1 {
+		return nil
+	}
+	return fmt.Errorf("libmigctl: migctl_new_group: this process formed %d groups, the most it may: %w", lastSub, comm.ErrInvalid)
 }
 
 // migctlGoFreeGroup closes group id (cabi.c refuses new collectives on it

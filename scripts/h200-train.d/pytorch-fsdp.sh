@@ -6,7 +6,8 @@
 # GPU 0 (two `migctl run --nnodes 2` side by side: migctl inside each node, gloo between them, CUDA
 # tensors), then ops_check with NCCL between the nodes: with 2 GPUs node i on GPU i, and on GPU 0
 # with a NCCL_HOSTID per node (NCCL then takes the nodes for two hosts and joins them over its
-# sockets, on the loopback interface), with fsdp_check too.
+# sockets, on the loopback interface), with fsdp_check too; and groups of some of the ranks across the
+# two nodes (subgroup_check, FSDP1 HYBRID_SHARD and FSDP2 on a 2-D mesh: shard within a node).
 # Needs bin/migctl and bin/libmigctl.so (make build lib), torch 2.x with CUDA. Logs under
 # $OUT/pytorch-fsdp/; one PASS/FAIL line per check; last line "N passed, N failed". < 4 minutes.
 set -uo pipefail
@@ -25,7 +26,7 @@ result() { # result NAME RC OUTFILE...
   fi
 }
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "gpus", torch.cuda.device_count())' | tee "$R/torch.txt"
-if [ -z "${NCCL_ONLY:-}" ]; then  # NCCL_ONLY=1: only the checks with NCCL between the nodes
+if [ -z "${NCCL_ONLY:-}${SUBGROUPS_ONLY:-}" ]; then  # NCCL_ONLY=1: only the checks with NCCL between the nodes
   timeout 60 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py > "$R/fsdp-7.out" 2> "$R/fsdp-7.err"
   result "fsdp-vs-ddp-7-ranks" $? "$R/fsdp-7.out" "$R/fsdp-7.err"
 fi
@@ -46,6 +47,15 @@ two_nodes() { # two_nodes NAME GPU_OF_NODE0 GPU_OF_NODE1 CMD...: 2 "nodes" of 2 
   result "$name" $rc "$R/$name-node0.out" "$R/$name-node0.err"
   [ -n "${HOSTID_PER_NODE:-}" ] && echo "  NCCL's NET/Socket lines: $(cat "$R/$name"-node*.out "$R/$name"-node*.err 2>/dev/null | grep -c 'NET/Socket')"
 }
+# groups of some of the ranks across two "nodes": the pairs within a node (migctl), the odd ranks across
+# (gloo); FSDP's hybrid sharding sharded within each node and replicated across the nodes, FSDP1 and
+# FSDP2 (a 2-D device mesh). SUBGROUPS_ONLY=1: only these.
+if [ -z "${NCCL_ONLY:-}" ]; then
+  two_nodes subgroups-cuda-2-nodes-x-2 0 0 python3 python/tests/subgroup_check.py --device cuda
+  two_nodes fsdp-hybrid-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py --strategy hybrid
+  two_nodes fsdp2-hybrid-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py --strategy fsdp2-hybrid
+  [ -n "${SUBGROUPS_ONLY:-}" ] && { echo "$pass passed, $fail failed"; exit 0; }
+fi
 # the hierarchical path with CUDA tensors: migctl inside each node, gloo (host memory) between them
 if [ -z "${NCCL_ONLY:-}" ]; then
   two_nodes fsdp-vs-ddp-2-nodes-x-2 0 0 python3 python/tests/fsdp_check.py
