@@ -53,6 +53,22 @@ def train(model, batches, steps, lr):
     return losses
 
 
+def compare(l_ddp, l_fsdp, p_ddp, p_fsdp, tol, what, failures):
+    """The largest relative loss difference and parameter difference between
+    DDP's run and what's, adding to failures where they are too large."""
+    rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(l_ddp, l_fsdp))
+    if rel > tol:
+        k = max(range(len(l_ddp)), key=lambda i: abs(l_ddp[i] - l_fsdp[i]))
+        failures.append(f"losses differ by {rel:.3g} (relative) > {tol}; worst at step {k}: DDP {l_ddp[k]} {what} {l_fsdp[k]}")
+    missing = sorted(set(p_ddp) ^ set(p_fsdp))
+    if missing:
+        failures.append(f"parameter names differ between DDP and {what}: {missing[:4]}")
+    pdiff = max(((p_ddp[n] - p_fsdp[n]).abs().max().item() for n in p_ddp if n in p_fsdp), default=0.0)
+    if pdiff > 1e-3:
+        failures.append(f"final parameters differ by {pdiff:.3g}")
+    return rel, pdiff
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
@@ -133,16 +149,7 @@ def main():
     with FSDP.summon_full_params(fsdp):
         p_fsdp = {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in fsdp.named_parameters()}
 
-    rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(l_ddp, l_fsdp))
-    if rel > a.tol:
-        k = max(range(len(l_ddp)), key=lambda i: abs(l_ddp[i] - l_fsdp[i]))
-        failures.append(f"losses differ by {rel:.3g} (relative) > {a.tol}; worst at step {k}: DDP {l_ddp[k]} FSDP {l_fsdp[k]}")
-    missing = sorted(set(p_ddp) ^ set(p_fsdp))
-    if missing:
-        failures.append(f"parameter names differ between DDP and FSDP: {missing[:4]}")
-    pdiff = max(((p_ddp[n] - p_fsdp[n]).abs().max().item() for n in p_ddp if n in p_fsdp), default=0.0)
-    if pdiff > 1e-3:
-        failures.append(f"final parameters differ by {pdiff:.3g}")
+    rel, pdiff = compare(l_ddp, l_fsdp, p_ddp, p_fsdp, a.tol, "FSDP", failures)
     if not all(x == x for x in l_fsdp):
         failures.append("FSDP loss is NaN")
     out = {"rank": rank, "world": world, "strategy": a.strategy, "group_sizes": sizes, "torch": torch.__version__, "steps": a.steps, "params":
@@ -182,16 +189,7 @@ def fsdp2(a, fresh, batches, l_ddp, p_ddp, t0, t_ddp, rank, world, dev, block_cl
     for n, p in model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         p_fsdp[n] = full.detach().clone()
-    rel = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(l_ddp, l_fsdp))
-    if rel > a.tol:
-        k = max(range(len(l_ddp)), key=lambda i: abs(l_ddp[i] - l_fsdp[i]))
-        failures.append(f"losses differ by {rel:.3g} (relative) > {a.tol}; worst at step {k}: DDP {l_ddp[k]} FSDP2 {l_fsdp[k]}")
-    missing = sorted(set(p_ddp) ^ set(p_fsdp))
-    if missing:
-        failures.append(f"parameter names differ between DDP and FSDP2: {missing[:4]}")
-    pdiff = max(((p_ddp[n] - p_fsdp[n]).abs().max().item() for n in p_ddp if n in p_fsdp), default=0.0)
-    if pdiff > 1e-3:
-        failures.append(f"final parameters differ by {pdiff:.3g}")
+    rel, pdiff = compare(l_ddp, l_fsdp, p_ddp, p_fsdp, a.tol, "FSDP2", failures)
     want = [world // 2, 2] if a.strategy == "fsdp2-hybrid" else [world]
     if sizes != want:
         failures.append(f"the mesh's groups have {sizes} ranks, want {want}")
