@@ -126,18 +126,35 @@ func (g *Group) NewGroup(ctx context.Context, name string, ranks []int) (_ *Grou
 	return s, nil
 }
 
-// agreeOnRanks fails unless every member lists the same ranks: each
-// publishes its list under its rank in the parent (two members that
-// disagree on the order may think themselves the same member) and reads
-// the others'.
+// agreeOnRanks fails unless every member lists the same ranks and no other
+// group of the job has the name: each member publishes its list under its
+// rank in the parent (two members that disagree on the order may think
+// themselves the same member), the first member listed records it under
+// the name (a second group of that name finds the first's there), and each
+// compares both with its own.
 func agreeOnRanks(ctx context.Context, kv *memberKV, self int, ranks []int) error {
 	list := make([]string, len(ranks))
 	for i, r := range ranks {
 		list[i] = strconv.Itoa(r)
 	}
 	mine := strings.Join(list, ",")
+	// first, so that a member that fails below is seen to differ at once
 	if err := kv.Put(ctx, "ranks/"+strconv.Itoa(self), []byte(mine)); err != nil {
 		return fmt.Errorf("publishing the group's ranks: %w", err)
+	}
+	var perr error
+	if ranks[0] == self {
+		perr = kv.Put(ctx, "owner", []byte(mine))
+	}
+	owner, err := kv.Get(ctx, "owner")
+	switch {
+	case err != nil && perr != nil:
+		return fmt.Errorf("recording the group's ranks: %w", perr)
+	case err != nil:
+		return fmt.Errorf("waiting for member 0 (rank %d) to form the group: %w", ranks[0], err)
+	case string(owner) != mine:
+		return fmt.Errorf("a group of this name has ranks [%s] in this job, this rank lists [%s]: every group needs a name of its own, and its members the same list: %w",
+			owner, mine, comm.ErrInvalid)
 	}
 	for q, r := range ranks {
 		if r == self {

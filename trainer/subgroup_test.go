@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,12 +169,34 @@ func TestNewGroupFailures(t *testing.T) {
 				return nil
 			}
 			_, err := g.NewGroup(context.Background(), "g", ranks)
-			if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "formed it of ranks [1,0], rank") && !strings.Contains(err.Error(), "formed it of ranks [0,1], rank") {
+			// the first listed records the list (the other finds another there),
+			// or the lists under the members' ranks differ
+			if !errors.Is(err, comm.ErrInvalid) || !strings.Contains(err.Error(), "its members the same list") &&
+				!strings.Contains(err.Error(), "formed it of ranks") {
 				return fmt.Errorf("rank %d: got %v, want the members' lists named", g.Rank(), err)
 			}
 			return nil
 		})
 		require.NoError(t, err)
+	})
+	t.Run("two groups of one name", func(t *testing.T) {
+		var formed, refused atomic.Int32
+		err := world(t, 4, nil, func(g *Group) error {
+			first := g.Rank() / 2 * 2
+			s, err := g.NewGroup(context.Background(), "pair", []int{first, first + 1})
+			switch {
+			case err == nil:
+				formed.Add(1)
+				return s.Close()
+			case errors.Is(err, comm.ErrInvalid) && strings.Contains(err.Error(), "a name of its own"):
+				refused.Add(1)
+				return nil
+			}
+			return fmt.Errorf("rank %d: %v", g.Rank(), err)
+		})
+		require.NoError(t, err)
+		require.Equal(t, int32(2), formed.Load(), "one pair forms the group")
+		require.Equal(t, int32(2), refused.Load(), "the other pair is told to pick another name")
 	})
 	t.Run("name reused", func(t *testing.T) {
 		err := world(t, 2, nil, func(g *Group) error {
