@@ -372,10 +372,9 @@ class _Comm:
                                                             "process; only the training process may run collectives")
                 c = cls._instance = _Comm(rank, size)
             elif rank >= 0 and (rank, size) != (c.rank, c.size):
-                raise NotImplementedError(
-                    f"migctl backend: a group of rank {rank} of {size} in a process that is rank {c.rank} of "
-                    f"{c.size}: the migctl backend has one group per process (new_group with a subset of ranks "
-                    "is not supported)")
+                raise RuntimeError(
+                    f"migctl backend: the job's group as rank {rank} of {size} in a process that is rank {c.rank} "
+                    f"of {c.size}")
             return c
 
     @classmethod
@@ -858,9 +857,9 @@ class _Several(dist._Work):
 
 
 class _Refused:
-    """The collectives of a group the backend cannot run (some of the ranks
-    of a job across nodes, or formed before the job's migctl group): every
-    one raises the NotImplementedError that forming it gave."""
+    """The collectives of a group the backend cannot run (some of the ranks,
+    formed before the job's migctl group): every one raises the
+    NotImplementedError that forming it gave."""
 
     def __init__(self, err):
         self._err = err
@@ -886,12 +885,12 @@ class ProcessGroupMigctl(dist.ProcessGroup):
             else:  # the job's group, or a group of some of its ranks
                 self._comm = _Comm.for_group(store, rank, size, timeout)
         except NotImplementedError as e:
-            # A group the backend cannot run (some of the ranks of a job
-            # across nodes, or before the job's migctl group). torch forms a
-            # group on every rank together and then waits on a store barrier
-            # for all of them: raising here would leave the ranks outside
-            # this one waiting in new_group until its timeout. The group is
-            # formed; its first collective raises.
+            # A group the backend cannot run (some of the ranks, formed
+            # before the job's migctl group). torch forms a group on every
+            # rank together and then waits on a store barrier for all of
+            # them: raising here would leave the ranks outside this one
+            # waiting in new_group until its timeout. The group is formed;
+            # its first collective raises.
             self._comm = _Refused(e)
             return
         if self._comm.rank != rank or self._comm.size != size:
@@ -1135,11 +1134,6 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     def monitored_barrier(self, *a, **k):
         raise _unsupported("monitored_barrier")
-
-
-def create(store, rank, size, timeout=None):
-    """A ProcessGroupMigctl as torch's plain creator API passes its arguments."""
-    return ProcessGroupMigctl(store, rank, size, timeout)
 
 
 def create_extended(opts, pg_options=None):
