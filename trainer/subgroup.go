@@ -23,8 +23,8 @@ var subgroupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // name and ranks, the other ranks of g do not, and it returns once every
 // member has joined (ctx bounds that; without a deadline of its own, g's
 // collective timeout does). A rank not listed, a repeated or unknown rank,
-// a name used before in this group, or members that disagree on the ranks
-// fail with comm.ErrInvalid; members on several hosts with ErrUnsupported
+// a name used before in this group or taken by another group of the job,
+// or members that disagree on the ranks fail with comm.ErrInvalid; members on several hosts with ErrUnsupported
 // (a group shares one node's memory).
 //
 // The new group shares g's device and rendezvous and takes its transport
