@@ -15,8 +15,8 @@ Implemented: allreduce (SUM, AVG, MIN, MAX on float32, float16, bfloat16,
 float64, int32, int64, uint8), allgather, all_gather_into_tensor
 (_allgather_base), reduce_scatter, reduce_scatter_tensor
 (_reduce_scatter_base), broadcast, barrier, the coalesced variants, and reduce,
-gather, scatter and all-to-all of equal blocks (built on the others, for small
-tensors), on CPU
+gather, scatter and all-to-all of equal or uneven blocks (built on the others,
+for small tensors), on CPU
 and CUDA tensors, async (Work with wait() and get_future()). Other calls raise
 NotImplementedError naming the call. A job across nodes (`migctl run --nnodes
 N`) runs hierarchically: migctl within each node, gloo between the nodes

@@ -1085,27 +1085,56 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     # all-to-all through one all-gather of every rank's whole input, each rank
     # keeping its blocks: Size() times the traffic of a real all-to-all, so for
-    # small exchanges; equal blocks only.
+    # small exchanges (metrics, predictions, routing of a few tokens). Uneven
+    # blocks first all-gather every rank's block sizes (the call waits for
+    # that small one), then every input padded to the largest.
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None,  # noqa: A002
                       name="all_to_all_single (alltoall_base)"):
-        for sizes in (output_split_sizes, input_split_sizes):
-            if sizes and len(set(sizes)) > 1:
-                raise NotImplementedError(f"migctl backend: {name} with uneven splits {list(sizes)} is not "
-                                          "supported (equal blocks are); use a gloo group for it")
-        total = input.numel()
-        if total % self._size or output.numel() != total or output.dtype != input.dtype:
-            raise ValueError(f"migctl {name}: input of {total} {input.dtype} and output of {output.numel()} "
-                             f"{output.dtype}: want equal sizes, a multiple of {self._size}, one dtype")
-        return self._all_to_all(name, [output], [input.reshape(-1)], total // self._size)
+        if output.dtype != input.dtype or output.device != input.device:
+            raise ValueError(f"migctl {name}: input is {input.dtype} on {input.device}, output {output.dtype} on "
+                             f"{output.device}: want one dtype and device")
+        if not output_split_sizes and not input_split_sizes:
+            total = input.numel()
+            if total % self._size or output.numel() != total:
+                raise ValueError(f"migctl {name}: input of {total} and output of {output.numel()} elements: want "
+                                 f"equal sizes, a multiple of {self._size} (or split sizes)")
+            return self._all_to_all(name, [output], [input.reshape(-1)], total // self._size)
+        # splits count rows (dim 0); a row is the rest of the shape
+        rows = lambda t: t.shape[0] if t.dim() else 1  # noqa: E731
+        ins = self._splits(name, "input", input_split_sizes, rows(input))
+        outs = self._splits(name, "output", output_split_sizes, rows(output))
+        row = input.numel() // rows(input) if rows(input) else output.numel() // max(rows(output), 1)
+        return self._all_to_all_v(name, output, input.reshape(-1), [n * row for n in ins], [n * row for n in outs],
+                                  output)
+
+    def _splits(self, name, what, sizes, rows):
+        """Split sizes of rows rows: as given (one per rank, summing to rows),
+        or equal blocks."""
+        if not sizes:
+            if rows % self._size:
+                raise ValueError(f"migctl {name}: {what} of {rows} rows cannot be split equally among {self._size}")
+            return [rows // self._size] * self._size
+        sizes = [int(n) for n in sizes]
+        if len(sizes) != self._size or sum(sizes) != rows or min(sizes) < 0:
+            raise ValueError(f"migctl {name}: {what} split sizes {sizes}: want {self._size} sizes >= 0 summing to "
+                             f"its {rows} rows")
+        return sizes
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        n = input_tensors[0].numel() if input_tensors else 0
-        if (len(input_tensors) != self._size or len(output_tensors) != self._size
-                or any(t.numel() != n or t.dtype != input_tensors[0].dtype for t in list(input_tensors) + list(output_tensors))):
-            raise NotImplementedError(f"migctl backend: all_to_all (alltoall) needs {self._size} inputs and outputs of one size "
-                                      "and dtype (uneven ones are not supported); use a gloo group for it")
-        return self._all_to_all("all_to_all (alltoall)", list(output_tensors), [t.reshape(-1) for t in input_tensors], n)
+        name = "all_to_all (alltoall)"
+        if len(input_tensors) != self._size or len(output_tensors) != self._size:
+            raise ValueError(f"migctl {name}: {len(input_tensors)} inputs and {len(output_tensors)} outputs, want "
+                             f"one per rank ({self._size})")
+        ts = list(input_tensors) + list(output_tensors)
+        if any(t.dtype != ts[0].dtype or t.device != ts[0].device for t in ts):
+            raise ValueError(f"migctl {name}: every input and output must have one dtype and device")
+        n = input_tensors[0].numel()
+        if all(t.numel() == n for t in ts):
+            return self._all_to_all(name, list(output_tensors), [t.reshape(-1) for t in input_tensors], n)
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        return self._all_to_all_v(name, None, flat_in, [t.numel() for t in input_tensors],
+                                  [t.numel() for t in output_tensors], list(output_tensors))
 
     def _all_to_all(self, name, outputs, inputs, k):
         """Rank r's output block j (k elements) = rank j's input block r."""
@@ -1122,6 +1151,35 @@ class ProcessGroupMigctl(dist.ProcessGroup):
                 for j, o in enumerate(outputs):
                     o.copy_(mine[j].reshape(o.shape))
         return _Several([w], outputs if len(outputs) > 1 else outputs[0], post)
+
+    def _all_to_all_v(self, name, output, flat_in, in_counts, out_counts, result):
+        """Uneven blocks (element counts): rank r's block j (out_counts[j]
+        elements) = rank j's block r, whose size rank j gave. output is one
+        tensor (the blocks in rank order) or, as result, a list of them."""
+        size, r = self._size, self._rank
+        dev = flat_in.device
+        table = torch.empty(size * size, dtype=torch.int64, device=dev)
+        self._comm.allgather_base(table, torch.tensor(in_counts, dtype=torch.int64, device=dev), name=name).wait()
+        counts = table.view(size, size).tolist()  # counts[j][k]: what rank j sends rank k
+        sent = [counts[j][r] for j in range(size)]
+        longest = max(sum(c) for c in counts)
+        padded = torch.zeros(longest, dtype=flat_in.dtype, device=dev)
+        padded[:flat_in.numel()].copy_(flat_in)
+        gathered = torch.empty(size * longest, dtype=flat_in.dtype, device=dev)
+        w = self._comm.allgather_base(gathered, padded, name=name)
+
+        def post():
+            if sent != list(out_counts):
+                raise ValueError(f"migctl {name}: rank {r} expects blocks of {list(out_counts)} elements from the "
+                                 f"ranks, they send {sent}")
+            g = gathered.view(size, longest)
+            blocks = [g[j, sum(counts[j][:r]):sum(counts[j][:r]) + sent[j]] for j in range(size)]
+            if isinstance(result, list):
+                for o, b in zip(result, blocks):
+                    o.copy_(b.view_as(o))
+            else:
+                output.copy_(torch.cat(blocks).view_as(output))
+        return _Several([w], result, post)
 
     def send(self, *a, **k):
         raise _unsupported("send")

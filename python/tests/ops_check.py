@@ -237,12 +237,41 @@ def run(device, sizes):
         for j in range(world):
             expect(f"all_to_all {dtype} block {j}", outs[j], values(k, 10 * j + rank, dtype, "cpu"))
 
-    # unsupported calls name themselves
+    # all-to-all of uneven blocks: rank s sends rank d n(s, d) rows (0 to 2) of 2 elements
+    def n(src, dst):
+        return (2 * src + dst) % 3
+
+    def block(src, dst, dtype):
+        return (torch.arange(2 * n(src, dst)).view(-1, 2) + 1000 * src + 100 * dst).to(dtype)
+
+    for dtype in (torch.float32, torch.int64):
+        src = torch.cat([block(rank, j, dtype) for j in range(world)]).to(dev)
+        want = torch.cat([block(j, rank, dtype) for j in range(world)])
+        out = torch.empty(want.shape, dtype=dtype, device=dev)
+        dist.all_to_all_single(out, src, [n(j, rank) for j in range(world)], [n(rank, j) for j in range(world)])
+        expect(f"all_to_all_single uneven {dtype}", out, want)
+        outs = [torch.empty(2 * n(j, rank), dtype=dtype, device=dev) for j in range(world)]
+        dist.all_to_all(outs, [block(rank, j, dtype).reshape(-1).to(dev) for j in range(world)])
+        for j in range(world):
+            expect(f"all_to_all uneven {dtype} block {j}", outs[j], block(j, rank, dtype).reshape(-1))
+    # a rank that expects other blocks than the others send: that rank raises, saying so
     global checks
-    uneven = [("all_to_all_single", lambda: dist.all_to_all_single(
-        torch.ones(world + 1, device=dev), torch.ones(world + 1, device=dev),
-        [2] + [1] * (world - 1), [2] + [1] * (world - 1)), ())] if world > 1 else []  # uneven splits
-    for name, call, words in uneven + [
+    if world > 1:
+        wrong = [n(j, rank) for j in range(world)]
+        if rank == 0:
+            wrong[0], wrong[1] = wrong[0] + 1, wrong[1] - 1
+        src = torch.cat([block(rank, j, torch.float32) for j in range(world)]).to(dev)
+        out = torch.empty(sum(wrong), 2, device=dev)
+        try:
+            dist.all_to_all_single(out, src, wrong, [n(rank, j) for j in range(world)])
+            if rank == 0:
+                failures.append("all_to_all_single with split sizes that differ from the senders': no error")
+        except ValueError as e:
+            if rank != 0 or "they send" not in str(e):
+                failures.append(f"all_to_all_single with other split sizes: {e}")
+        checks += 1
+    # unsupported calls name themselves
+    for name, call, words in [
         ("send", lambda: dist.send(torch.ones(2, device=dev), dst=(rank + 1) % world), ()),
         ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT), ("PRODUCT",)),
     ]:
