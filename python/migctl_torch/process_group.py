@@ -798,10 +798,21 @@ class _SubComm(_Comm):
         self.cwait = world.cwait
         self.completer = world.completer
         self._init_works()
+        self.world = world
         world._subs.append(self)
 
     def _set_timeout_ms(self, ms):
         return self.lib.lib.migctl_set_timeout_on(self.gid, ms)
+
+    def free(self):
+        """Frees the group in the library (its segment); its collectives
+        raise afterwards. Idempotent."""
+        with self._mu:
+            if self.gid is None:
+                return
+            gid, self.gid = self.gid, None
+        self.world._subs.remove(self)
+        self.lib.check(self.lib.lib.migctl_free_group(gid), "free_group")
 
 
 class _Several(dist._Work):
@@ -911,6 +922,13 @@ class ProcessGroupMigctl(dist.ProcessGroup):
 
     def _set_group_name(self, name):
         self._group_name = name
+
+    def shutdown(self):
+        """Frees a group of some of the ranks in the library (torch 2.9+'s
+        destroy_process_group(group) calls it); its collectives raise
+        afterwards. The job's group stays until the process exits."""
+        if isinstance(self._comm, _SubComm):
+            self._comm.free()
 
     def __repr__(self):
         return f"ProcessGroupMigctl(rank={self._rank}, size={self._size})"

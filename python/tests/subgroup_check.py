@@ -10,6 +10,8 @@ tensors, or CUDA with --device cuda):
   Futures), interleaved with the job's group and each other, exact results;
 - DDP on each pair (process_group=pair) ends with the same parameters as
   DDP on gloo pairs of the same ranks, and differs from the other pair's;
+- destroying a pair's group frees it in the library (its collectives raise
+  afterwards), the job's group goes on;
 - --gloo-default: with gloo as the default group, a migctl group of some
   ranks formed before the job's migctl group raises NotImplementedError
   saying what to do at its first collective; after new_group(backend=
@@ -158,6 +160,34 @@ def ddp_pairs(rank, world, dev):
         failures.append("DDP on a pair: both pairs hold the same parameters (were they one group?)")
 
 
+def teardown(rank, world, dev):
+    """Destroying a group of some of the ranks frees it in the library (torch
+    2.9+'s destroy_process_group calls the group's shutdown; older torch
+    does not, so the check calls it): its collectives raise afterwards,
+    naming the freed group, and the job's group goes on."""
+    global checks
+    pairs, _ = groups(world)
+    if rank // 2 < len(pairs):
+        pair = pairs[rank // 2]
+        t = torch.ones(2, device=dev)
+        dist.all_reduce(t, group=pair)
+        expect("pair before its destruction", t, torch.full((2,), 2.0))
+        if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9):
+            dist.destroy_process_group(pair)
+        else:
+            pair.shutdown()
+        checks += 1
+        try:
+            pair.allreduce([t]).wait()
+            failures.append("a collective on a destroyed group: no error")
+        except RuntimeError as e:
+            if "freed" not in str(e):
+                failures.append(f"a collective on a destroyed group: {e}")
+    t = torch.ones(2, device=dev)
+    dist.all_reduce(t)
+    expect("the job's group after a group's destruction", t, torch.full((2,), float(world)))
+
+
 def before_job_group(rank, world, dev):
     """gloo default: a migctl group of some ranks needs the job's first."""
     global checks
@@ -200,6 +230,7 @@ def main():
         dist.init_process_group("migctl")
         collectives(rank, world, dev)
         ddp_pairs(rank, world, dev)
+        teardown(rank, world, dev)
     dist.barrier()
     nodes = migctl_torch.multinode.nodes()[1] if migctl_torch.multinode.spans_nodes() else 1
     print(json.dumps({"rank": rank, "nodes": nodes, "checks": checks, "failures": failures}), flush=True)
