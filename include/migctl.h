@@ -7,8 +7,9 @@
  * group: every rank of the job, group 0), then issues collectives; every rank
  * must issue the same collectives in the same order with the same counts,
  * dtypes, ops and roots. migctl_new_group forms groups of some of the ranks
- * (see there); the collectives without a group argument are group 0's. The ranks compare each call's kind, size, dtype, op and root: where a
- * rank's call differs from a peer's, every rank's call fails with
+ * (see there); the collectives without a group argument are group 0's. The
+ * ranks compare each call's kind, size, dtype, op and root: where a rank's
+ * call differs from a peer's, every rank's call fails with
  * MIGCTL_ERR_INVALID (the text names both calls; a rank that had nothing to
  * wait for, such as a broadcast's root, may finish that call and fail at its
  * next one) and the group stays failed. Collectives
@@ -265,9 +266,9 @@ int migctl_set_timeout(int64_t timeout_ms);
  * timeout). It fails with MIGCTL_ERR_INVALID for a bad list (the caller not
  * in it, a rank twice or out of range), a name used before or members that
  * listed other ranks; with MIGCTL_ERR_UNSUPPORTED for ranks on several hosts.
- * The group shares the
- * process's device and picks its own transport and algorithm; at most
- * MIGCTL_MAX_GROUPS - 1 are formed per process (ids are not reused).
+ * The group shares the process's device and picks its own transport and
+ * algorithm; at most MIGCTL_MAX_GROUPS - 1 are formed per process (ids are
+ * not reused).
  *
  * migctl_issue_on, migctl_run_on and migctl_set_timeout_on are migctl_issue,
  * migctl_run and migctl_set_timeout on group (0 or an id); handles are
@@ -277,8 +278,9 @@ int migctl_set_timeout(int64_t timeout_ms);
  * members of each group in the same order; as with NCCL, a program that runs
  * the same sequence of calls on every rank does).
  *
- * migctl_free_group(id) releases a group after its collectives in flight;
- * issuing on it afterwards fails with MIGCTL_ERR_CLOSED. migctl_finalize
+ * migctl_free_group(id) releases a group once the collective it runs (if
+ * any) has finished: wait for its handles first, since those not yet started
+ * then fail with MIGCTL_ERR_CLOSED, as does issuing on it afterwards. migctl_finalize
  * frees every group. migctl_group_rank and migctl_group_size are the rank and
  * size in group (-1 for an unknown one). */
 #define MIGCTL_MAX_GROUPS 1024
