@@ -950,7 +950,30 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         return self._comm.allreduce(tensors, op)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        if (len(output_tensors) == 1 and len(input_tensors) == 1 and len(output_tensors[0]) == self._size
+                and len({o.numel() for o in output_tensors[0]}) > 1):
+            return self._allgather_uneven(output_tensors[0], input_tensors[0])
         return self._comm.allgather(output_tensors, input_tensors)
+
+    def _allgather_uneven(self, outs, inp, name="allgather"):
+        """all_gather into outputs of different sizes (rank j's input has
+        outs[j]'s): every input padded to the largest, one all-gather."""
+        if inp.numel() != outs[self._rank].numel():
+            raise ValueError(f"migctl {name}: this rank's input has {inp.numel()} elements, its output "
+                             f"{outs[self._rank].numel()}")
+        if any(o.dtype != inp.dtype or o.device != inp.device for o in outs):
+            raise ValueError(f"migctl {name}: every output must have the input's dtype and device")
+        longest = max(o.numel() for o in outs)
+        padded = torch.zeros(longest, dtype=inp.dtype, device=inp.device)
+        padded[:inp.numel()].copy_(inp.reshape(-1))
+        gathered = torch.empty(self._size * longest, dtype=inp.dtype, device=inp.device)
+        w = self._comm.allgather_base(gathered, padded, name=name)
+
+        def post():
+            g = gathered.view(self._size, longest)
+            for j, o in enumerate(outs):
+                o.copy_(g[j, :o.numel()].view_as(o))
+        return _Several([w], [outs], post)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
         return self._gather(output, input, opts, "_allgather_base")

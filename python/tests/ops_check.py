@@ -254,6 +254,12 @@ def run(device, sizes):
         dist.all_to_all(outs, [block(rank, j, dtype).reshape(-1).to(dev) for j in range(world)])
         for j in range(world):
             expect(f"all_to_all uneven {dtype} block {j}", outs[j], block(j, rank, dtype).reshape(-1))
+    # all_gather of inputs of different sizes (rank j's has j + 1 rows of 2)
+    for dtype in (torch.float32, torch.int64):
+        outs = [torch.empty(j + 1, 2, dtype=dtype, device=dev) for j in range(world)]
+        dist.all_gather(outs, block(rank, rank, dtype).new_full((rank + 1, 2), rank + 7).to(dev))
+        for j in range(world):
+            expect(f"all_gather uneven {dtype} from {j}", outs[j], torch.full((j + 1, 2), j + 7, dtype=dtype))
     # a rank that expects other blocks than the others send: that rank raises, saying so
     global checks
     if world > 1:
