@@ -924,7 +924,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         self._group_name = name
 
     def shutdown(self):
-        """Frees a group of some of the ranks in the library (torch 2.9+'s
+        """Frees a group of some of the ranks in the library (recent torch's
         destroy_process_group(group) calls it); its collectives raise
         afterwards. The job's group stays until the process exits."""
         if isinstance(self._comm, _SubComm):
