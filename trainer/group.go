@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -91,7 +92,8 @@ type Group struct {
 	closeErr  error
 	mu        sync.Mutex
 	closed    bool
-	subs      []*Group        // groups formed from this one (NewGroup), closed with it
+	parent    *Group          // the group NewGroup formed this one from (nil: Init's)
+	subs      []*Group        // groups formed from this one (NewGroup) and still open, closed with it
 	subNames  map[string]bool // their names, for good
 }
 
@@ -588,6 +590,11 @@ func (g *Group) Close() error {
 		g.inlined.Wait() // calls running inline on their callers' goroutines
 		g.clock.close()
 		g.closeErr = errors.Join(append(errs, g.release())...)
+		if p := g.parent; p != nil { // a group of some ranks leaves its parent's list
+			p.mu.Lock()
+			p.subs = slices.DeleteFunc(p.subs, func(s *Group) bool { return s == g })
+			p.mu.Unlock()
+		}
 	})
 	return g.closeErr
 }

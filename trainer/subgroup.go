@@ -94,7 +94,7 @@ func (g *Group) NewGroup(ctx context.Context, name string, ranks []int) (_ *Grou
 	}
 	s := &Group{cfg: g.cfg, queue: make(chan *Work, 64), stopped: make(chan struct{}), scratch: map[string]comm.Buffer{},
 		hold: g.hold, rank: me, size: len(ranks), localRank: me, localSize: len(ranks), peers: peers,
-		topo: rendezvous.TopologyOf(peers), dev: g.dev, api: g.api, kv: kv}
+		topo: rendezvous.TopologyOf(peers), dev: g.dev, api: g.api, kv: kv, parent: g}
 	s.cfg.dev = g.dev // g's: the subgroup neither configures nor closes it
 	s.cfg.rank, s.cfg.size = me, len(ranks)
 	s.cfg.localRank, s.cfg.localSize = me, len(ranks)

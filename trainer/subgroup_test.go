@@ -86,6 +86,12 @@ func TestNewGroupCollectives(t *testing.T) {
 		if err := errors.Join(pair.Barrier(ctx), parity.Close(), pair.Close()); err != nil {
 			return err
 		}
+		g.mu.Lock()
+		open := len(g.subs)
+		g.mu.Unlock()
+		if open != 0 {
+			return fmt.Errorf("rank %d: %d closed groups still listed by their parent", r, open)
+		}
 		// the parent goes on after its subgroups closed
 		if got, err := allReduceOf(g, 1); err != nil || got != 4 {
 			return fmt.Errorf("rank %d: world sum after closing the subgroups %v (%v), want 4", r, got, err)

@@ -272,11 +272,11 @@ static int check_call(int group, int kind, void *send, void *recv, size_t count,
 	int rc = check_state();
 	if (rc < 0) return rc;
 	int size = size_of(group);
+	if (size <= 0 && group > 0 && group < MIGCTL_MAX_GROUPS)
+		return set_error(MIGCTL_ERR_CLOSED, "libmigctl: that group was freed (migctl_free_group) or never formed");
 	if (size <= 0)
-		return set_error(group > 0 && group < MIGCTL_MAX_GROUPS ? MIGCTL_ERR_CLOSED : MIGCTL_ERR_INVALID,
-		                 group > 0 && group < MIGCTL_MAX_GROUPS
-		                     ? "libmigctl: that group was freed (migctl_free_group) or never formed"
-		                     : "libmigctl: unknown group: want 0 (the process's group) or an id of migctl_new_group");
+		return set_error(MIGCTL_ERR_INVALID,
+		                 "libmigctl: unknown group: want 0 (the process's group) or an id of migctl_new_group");
 	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER)
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)");
 	if (kind != MIGCTL_KIND_BARRIER) {

@@ -148,6 +148,15 @@ def node_of(rank):
     return rank // _env_int("LOCAL_WORLD_SIZE", 1)
 
 
+def no_job_group(size):
+    """The error of a group of some of the ranks formed before the job's
+    migctl group (which it is formed from)."""
+    return NotImplementedError(
+        f"migctl backend: a group of {size} of the job's ranks needs the job's migctl group first: "
+        "init_process_group('migctl'), or dist.new_group(backend='migctl') of every rank, before "
+        "new_group(ranks=[...], backend='migctl')")
+
+
 def _gloo(store, rank, size, timeout):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(minutes=30)
@@ -211,10 +220,7 @@ class Hier:
         with cls._imu:
             h = cls._instance if cls._instance is not None and cls._instance.pid == os.getpid() else None
         if h is None:
-            raise NotImplementedError(
-                f"migctl backend: a group of {size} of the job's ranks needs the job's migctl group first: "
-                "init_process_group('migctl'), or dist.new_group(backend='migctl') of every rank, before "
-                "new_group(ranks=[...], backend='migctl')")
+            raise no_job_group(size)
         return _SubComm.form(h.local, store, rank, size, timeout, ranks=[r - h.node * h.lsize for r in ranks])
 
     @classmethod

@@ -396,10 +396,7 @@ class _Comm:
             c.set_timeout(timeout)
             return c
         if world is None:
-            raise NotImplementedError(
-                f"migctl backend: a group of {size} of the job's {job_size} ranks needs the job's migctl group "
-                "first: init_process_group('migctl'), or dist.new_group(backend='migctl') of every rank, "
-                "before new_group(ranks=[...], backend='migctl')")
+            raise multinode.no_job_group(size)
         return _SubComm.form(world, store, rank, size, timeout)
 
     @classmethod
@@ -790,7 +787,6 @@ class _SubComm(_Comm):
         if gid < 0:
             raise self.lib.error(gid, f"new_group of ranks {ranks}")
         self.gid = gid
-        self.ranks = ranks
         self.rank, self.size = lib.migctl_group_rank(gid), lib.migctl_group_size(gid)
         self.on_gpu = world.on_gpu
         self.cissue = functools.partial(lib.migctl_issue_on, gid)
