@@ -70,7 +70,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 9 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 10/* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -84,7 +84,8 @@ extern "C" {
                                  MIGCTL_ERR_UNSUPPORTED;
                               9: groups of some of the ranks: migctl_new_group, migctl_free_group,
                                  migctl_group_rank/size, migctl_issue_on, migctl_run_on,
-                                 migctl_set_timeout_on */
+                                 migctl_set_timeout_on;
+                             10: point-to-point transfers: MIGCTL_KIND_SEND, MIGCTL_KIND_RECV */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -200,12 +201,30 @@ int migctl_barrier(migctl_work_t *work);
 #define MIGCTL_KIND_ALL_GATHER 2
 #define MIGCTL_KIND_BROADCAST 3
 #define MIGCTL_KIND_BARRIER 4
+/* Point-to-point (PyTorch's dist.send/recv/isend/irecv, batch_isend_irecv:
+ * pipeline parallelism): SEND sends send (count elements) to the rank root of
+ * the group, RECV receives count elements from the rank root into recv; the
+ * other buffer is ignored (may be NULL). Transfers between two ranks in one
+ * direction are matched in the order they were issued and must agree on
+ * count and dtype (a mismatch fails the receive with MIGCTL_ERR_INVALID, the
+ * send then or at its next transfer, and later transfers in that direction).
+ * Unlike the collectives they do not run in the process's issue order: each
+ * direction between two ranks is a link of its own (formed at its first
+ * transfer), so a transfer waits only for its peer, never for a collective
+ * of any group, nor a collective for it, and two ranks may both send before
+ * they receive. A send finishes once its buffer may be reused (the message is
+ * at the peer or in shared memory between them). Ranks on one host only
+ * (MIGCTL_ERR_UNSUPPORTED otherwise); root must not be the caller's rank
+ * (MIGCTL_ERR_INVALID from migctl_wait). */
+#define MIGCTL_KIND_SEND 5
+#define MIGCTL_KIND_RECV 6
 
 /* Any collective above in one call that returns its handle (> 0) or a
  * negative MIGCTL_ERR_* code: what an FFI binding calls (no out-parameter to
  * allocate per call). count is the count of that kind's entry point (recv_count
  * for reduce-scatter, send_count for all-gather); op is read by the
- * reductions, root by broadcast; a barrier ignores the rest. Like every
+ * reductions, root by broadcast (the root) and by send and receive (the
+ * peer); a barrier ignores the rest. Like every
  * collective it only queues the work: it never waits for a peer. */
 int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream);

@@ -92,9 +92,10 @@ type Group struct {
 	closeErr  error
 	mu        sync.Mutex
 	closed    bool
-	parent    *Group          // the group NewGroup formed this one from (nil: Init's)
-	subs      []*Group        // groups formed from this one (NewGroup) and still open, closed with it
-	subNames  map[string]bool // their names, for good
+	parent    *Group              // the group NewGroup formed this one from (nil: Init's)
+	subs      []*Group            // groups formed from this one (NewGroup) and still open, closed with it
+	subNames  map[string]bool     // their names, for good
+	links     map[p2pKey]*p2pLink // point-to-point links (p2p.go), by peer and direction
 }
 
 // kv is what the group needs of a rendezvous client.
@@ -579,6 +580,9 @@ func (g *Group) Close() error {
 		g.mu.Lock()
 		g.closed = true
 		close(g.queue)
+		g.mu.Unlock()
+		g.closeLinks() // their groups leave g.subs
+		g.mu.Lock()
 		subs := g.subs
 		g.subs = nil
 		g.mu.Unlock()

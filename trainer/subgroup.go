@@ -36,10 +36,21 @@ var subgroupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // ranks wait on each other across groups (every member in the same order,
 // as with NCCL). Close it before g; g's Close closes the groups formed from
 // it that are still open.
-func (g *Group) NewGroup(ctx context.Context, name string, ranks []int) (_ *Group, err error) {
+//
+// Names that begin with "p2p-" are the point-to-point links' (Send, Recv).
+func (g *Group) NewGroup(ctx context.Context, name string, ranks []int) (*Group, error) {
 	if !subgroupName.MatchString(name) {
 		return nil, fmt.Errorf("trainer: NewGroup: name %q: want 1 to 64 letters, digits, '.', '_' or '-': %w", name, comm.ErrInvalid)
 	}
+	if strings.HasPrefix(name, p2pPrefix) {
+		return nil, fmt.Errorf("trainer: NewGroup: name %q: names beginning with %q are the point-to-point links': pick another: %w",
+			name, p2pPrefix, comm.ErrInvalid)
+	}
+	return g.newGroup(ctx, name, ranks)
+}
+
+// newGroup is NewGroup for a valid name, reserved ones included.
+func (g *Group) newGroup(ctx context.Context, name string, ranks []int) (_ *Group, err error) {
 	me := -1
 	seen := map[int]bool{}
 	for i, r := range ranks {

@@ -277,17 +277,21 @@ static int check_call(int group, int kind, void *send, void *recv, size_t count,
 	if (size <= 0)
 		return set_error(MIGCTL_ERR_INVALID,
 		                 "libmigctl: unknown group: want 0 (the process's group) or an id of migctl_new_group");
-	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_BARRIER)
+	if (kind < MIGCTL_KIND_ALLREDUCE || kind > MIGCTL_KIND_RECV)
 		return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_issue: unknown collective kind (want MIGCTL_KIND_*)");
 	if (kind != MIGCTL_KIND_BARRIER) {
 		if (dtype < MIGCTL_FLOAT32 || dtype > MIGCTL_UINT8)
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad dtype: want MIGCTL_FLOAT32..MIGCTL_UINT8");
 		if ((kind == MIGCTL_KIND_ALLREDUCE || kind == MIGCTL_KIND_REDUCE_SCATTER) && (op < MIGCTL_SUM || op > MIGCTL_MAX))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad op: want MIGCTL_SUM, AVG, MIN or MAX");
-		if (count > 0 && (recv == NULL || (send == NULL && kind != MIGCTL_KIND_BROADCAST)))
+		int need_send = kind != MIGCTL_KIND_BROADCAST && kind != MIGCTL_KIND_RECV;
+		int need_recv = kind != MIGCTL_KIND_SEND;
+		if (count > 0 && ((need_recv && recv == NULL) || (need_send && send == NULL)))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: NULL buffer for a non-empty collective");
 		if (kind == MIGCTL_KIND_BROADCAST && (root < 0 || root >= size))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: broadcast root out of range: want 0..size-1");
+		if ((kind == MIGCTL_KIND_SEND || kind == MIGCTL_KIND_RECV) && (root < 0 || root >= size))
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: send/receive peer out of range: want 0..size-1");
 		if (count > (size_t)INT64_MAX / 8)
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
 	}
@@ -395,8 +399,10 @@ migctl_slot_t *migctl_next(void) {
 	}
 }
 
-// migctl_complete is the dispatcher's: s finished with code (and its text).
-void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
+// finish marks s finished with code (and its text) and wakes its waiter;
+// the dispatcher's own collectives (ran: it held the run lock for s) also
+// let the run lock go.
+static void finish(migctl_slot_t *s, int code, const char *msg, size_t n, int ran) {
 	if (code != MIGCTL_OK) {
 		char *e = malloc(n + 1);
 		if (e != NULL) {
@@ -406,18 +412,35 @@ void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) {
 		s->err = e;
 	}
 	s->code = code;
-	s->t_done = last_done_ns = mono_ns();
+	s->t_done = mono_ns();
 	int64_t run = s->t_done - s->t_take;
-	note_run(run);
+	if (ran) {
+		last_done_ns = s->t_done;
+		note_run(run);
+	}
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
 	// Done before the run lock goes: a direct migctl_run that takes it next
 	// returns with this collective done, as one after it in the ring does.
 	uint32_t was = __atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL);
-	run_unlock();
+	if (ran) run_unlock();
 	if (was == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
 }
+
+// migctl_complete is the dispatcher's: s finished with code (and its text).
+void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n) { finish(s, code, msg, n, 1); }
+
+// migctl_hand_off is the dispatcher's: s (a point-to-point transfer, which
+// waits for its peer only) runs on beside the collectives issued after it,
+// which may now be taken; migctl_complete_handed completes it, from any
+// thread.
+void migctl_hand_off(migctl_slot_t *s) {
+	(void)s;
+	run_unlock();
+}
+
+void migctl_complete_handed(migctl_slot_t *s, int code, const char *msg, size_t n) { finish(s, code, msg, n, 0); }
 
 // migctl_stop_dispatcher makes migctl_next return NULL once the ring is drained.
 void migctl_stop_dispatcher(void) {
@@ -659,7 +682,8 @@ static const size_t elem_size[] = {4, 2, 2, 8, 4, 8, 1}; // MIGCTL_FLOAT32..MIGC
 
 static int direct(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
                   int device, uintptr_t stream) {
-	if (direct_max == 0) return DIRECT_NO;
+	// a transfer waits for its peer, not in the process's order: the ring's
+	if (direct_max == 0 || kind == MIGCTL_KIND_SEND || kind == MIGCTL_KIND_RECV) return DIRECT_NO;
 	int size = check_call(group, kind, send, recv, count, dtype, op, root);
 	if (size < 0) return size;
 	size_t bytes = kind == MIGCTL_KIND_BARRIER ? 0 : count * elem_size[dtype];

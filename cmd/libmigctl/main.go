@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 9
+#if MIGCTL_ABI_VERSION != 10
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -64,6 +64,8 @@ const (
 	kindAllGather
 	kindBroadcast
 	kindBarrier
+	kindSend
+	kindRecv
 )
 
 // fail records err as the calling thread's last error and returns its code.
@@ -198,19 +200,65 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 		if s == nil {
 			return
 		}
-		err := runSlot(g, s, takeMark(uint64(s.order)))
-		if err == nil {
-			C.migctl_complete(s, C.MIGCTL_OK, nil, 0)
+		if s.kind == kindSend || s.kind == kindRecv {
+			// It waits for its peer, not in the process's order: the
+			// collectives issued after it go on meanwhile.
+			w, err := transfer(g, s, takeMark(uint64(s.order)))
+			if err != nil {
+				complete(s, err, false)
+				continue
+			}
+			C.migctl_hand_off(s)
+			go func() {
+				<-w.Done()
+				complete(s, w.Err(), true)
+			}()
 			continue
 		}
-		msg := err.Error()
-		if msg == "" {
+		complete(s, runSlot(g, s, takeMark(uint64(s.order))), false)
+	}
+}
+
+// complete marks slot s finished with err (handed: migctl_hand_off let it
+// go on beside the dispatcher).
+func complete(s *C.migctl_slot_t, err error, handed bool) {
+	var (
+		rc  C.int = C.MIGCTL_OK
+		cs  *C.char
+		n   C.size_t
+		msg string
+	)
+	if err != nil {
+		if msg = err.Error(); msg == "" {
 			msg = "error"
 		}
-		cs := C.CString(msg)
-		C.migctl_complete(s, code(err), cs, C.size_t(len(msg)))
-		C.free(unsafe.Pointer(cs))
+		rc, cs, n = code(err), C.CString(msg), C.size_t(len(msg))
+		defer C.free(unsafe.Pointer(cs))
 	}
+	if handed {
+		C.migctl_complete_handed(s, rc, cs, n)
+	} else {
+		C.migctl_complete(s, rc, cs, n)
+	}
+}
+
+// transfer issues the point-to-point transfer of slot s on its group (its
+// arguments were checked by cabi.c; root is the peer), ordered after mark.
+func transfer(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) (*trainer.Work, error) {
+	if s.group != 0 {
+		var err error
+		if g, err = groupOf(int(s.group)); err != nil {
+			return nil, err
+		}
+	}
+	onDev := s.device != 0
+	ordered := onDev && g.Backend() == trainer.BackendGPU
+	dt, n, peer := trainer.DType(s.dtype), int(s.count), int(s.root)
+	ctx := context.Background()
+	if s.kind == kindSend {
+		return g.SendAsync(ctx, buffer(s.send, n, dt, onDev, uintptr(s.stream), ordered, false, mark), peer), nil
+	}
+	return g.RecvAsync(ctx, buffer(s.recv, n, dt, onDev, uintptr(s.stream), ordered, false, mark), peer), nil
 }
 
 //export migctlGoInfo

@@ -236,6 +236,23 @@ func TestTorchSubgroups(t *testing.T) {
 	}
 }
 
+// TestTorchPointToPoint: dist.send/recv/isend/irecv and batch_isend_irecv
+// between the ranks, every rank sending first in a ring, in order, beside
+// pending collectives, within a group of some ranks, and a two-stage
+// pipeline that matches the whole model run in one process.
+func TestTorchPointToPoint(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for _, np := range []int{2, 3} {
+		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+			lines := runRanks(t, np, 3*time.Minute, "p2p_check.py")
+			for r, m := range lines {
+				require.Greater(t, m["checks"].(float64), 30.0, "rank %d", r)
+			}
+		})
+	}
+}
+
 // TestTorchSyncAllReduce: an all-reduce whose caller waits at once (torch
 // 2.x's opts.asyncOp=False) goes through migctl_run and returns a finished
 // Work, in order behind the collectives in flight, on every dtype and op.

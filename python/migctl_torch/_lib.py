@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 OK = 0
 PENDING = 1
@@ -24,7 +24,7 @@ ERR_INTERNAL = -99
 FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32, INT64, UINT8 = range(7)
 SUM, AVG, MIN, MAX = range(4)
 HOST, DEVICE = 0, 1
-KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRIER = range(5)
+KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRIER, KIND_SEND, KIND_RECV = range(7)
 
 # migctl_stats's counters, in order (include/migctl.h, MIGCTL_STAT_*).
 STATS = ("done", "queue_ns", "run_ns", "waits", "wake_ns", "wait_sleeps", "dispatch_sleeps", "marks",

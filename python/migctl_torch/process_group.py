@@ -201,9 +201,12 @@ class Work(dist._Work):
     get_future() has been called, or, unconsumed, until KEEP later ones have
     finished."""
 
-    def __init__(self, comm, name, handles, result, keep=None, post=None, devices=None):
+    def __init__(self, comm, name, handles, result, keep=None, post=None, devices=None, completer=None):
         super().__init__()
         self._comm = comm
+        # what completes it when nobody waits (a point-to-point transfer's
+        # link has its own: it finishes out of the collectives' order)
+        self._completer = completer or comm.completer
         self._name = name
         self._handles = handles
         self._result = result
@@ -292,7 +295,7 @@ class Work(dist._Work):
             elif state == _DONE:
                 c._live.pop(id(self), None)
         if state == _ISSUED:
-            c.completer.submit(self)
+            self._completer.submit(self)
         elif state == _DONE:
             _futures.settle(self._inner, self._result, self._exc)
         # _CLAIMED: the claimer settles it when it finishes (it reads _inner under the lock)
@@ -441,6 +444,7 @@ class _Comm:
         self._waiters = 0
         self._unclaimed = collections.deque()  # the last Works issued, oldest first
         self._live = {}  # id -> Work not yet finished and consumed (insertion ordered)
+        self._links = {}  # (kind, peer) -> the _Completer of that point-to-point link's Works
 
     def _busy(self):
         with self._mu:
@@ -472,7 +476,7 @@ class _Comm:
                 else:
                     reap = None
         if reap is not None:
-            self.completer.submit(reap)
+            reap._completer.submit(reap)
 
     def _trim(self):
         """Drops the oldest finished, never consumed Works beyond KEEP (lock held)."""
@@ -731,6 +735,29 @@ class _Comm:
         if code != _lib.OK:
             self._fail(code, name)
         return _Done([])
+
+    def transfer(self, kind, tensors, peer, name):
+        """dist.send (kind KIND_SEND) or dist.recv (KIND_RECV) of one tensor
+        to or from rank peer of this group. The library runs each direction
+        between two ranks as a link of its own, beside the collectives: its
+        Works finish in their link's order, so a link has its own completion
+        thread for the Futures asked of them."""
+        if len(tensors) != 1:
+            raise ValueError(f"migctl {name}: one tensor per call, got {len(tensors)}")
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"migctl {name}: peer {peer}: want another rank of this group of {self.size} "
+                             f"(this is rank {self.rank})")
+        t = tensors[0]
+        buf = t if t.is_contiguous() else t.contiguous()
+        back = [(t, buf)] if buf is not t and kind == _lib.KIND_RECV else []
+        dt, n = _move_dtype(buf)
+        p = buf.data_ptr()
+        h = self._issue(kind, name, buf, p, p, n, dt, 0, peer)
+        with self._mu:
+            done = self._links.get((kind, peer))
+            if done is None:
+                done = self._links[(kind, peer)] = _Completer()
+        return Work(self, name, (h,), [t], [buf], self._copy_back(back), self._devices([t]), done)
 
     def _run(self, kind, name, t, send, recv, count, dt, op, root, result):
         """A collective on memory of t's device issued and waited for in one
@@ -1218,11 +1245,26 @@ class ProcessGroupMigctl(dist.ProcessGroup):
                 output.copy_(torch.cat(blocks).view_as(output))
         return _Several([w], result, post)
 
-    def send(self, *a, **k):
-        raise _unsupported("send")
+    # Point-to-point (dist.send/recv/isend/irecv, batch_isend_irecv: pipeline
+    # parallelism) between ranks of one node. Tags are not matched: the k-th
+    # send from a rank to a peer meets the peer's k-th receive from that rank,
+    # as with NCCL. recv_anysource has no counterpart.
 
-    def recv(self, *a, **k):
-        raise _unsupported("recv")
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's names
+        return self._p2p(_lib.KIND_SEND, tensors, dstRank, "send")
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        return self._p2p(_lib.KIND_RECV, tensors, srcRank, "recv")
+
+    def _p2p(self, kind, tensors, peer, name):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        do = getattr(self._comm, "transfer", None)
+        if do is None:  # a group spanning nodes
+            raise NotImplementedError(
+                f"migctl backend: {name} in a group that spans nodes is not supported "
+                "(point-to-point transfers run between ranks of one node)")
+        return do(kind, tensors, peer, name)
 
     def recv_anysource(self, *a, **k):
         raise _unsupported("recv_anysource")

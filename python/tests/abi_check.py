@@ -138,6 +138,28 @@ def main():
     check(c.migctl_run(L.KIND_ALLREDUCE, x, x, 3, L.INT32, L.SUM, 0, L.HOST, 0) == L.OK, f"run after issue: {err()}")
     check(c.migctl_test(hb) == L.OK and c.migctl_wait(hb, -1) == L.OK, "broadcast done before the run returned")
     check(list(x) == [size] * 3, f"run after a queued broadcast: {list(x)}, want {[size] * 3}")
+    # point-to-point (ABI 10): bad arguments refused at the issue, a transfer
+    # to itself at the wait; a ring where every rank sends (issue) before it
+    # receives (run: through the dispatcher, never on the calling thread)
+    check(c.migctl_issue(L.KIND_RECV + 1, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_INVALID and "kind" in err(),
+          f"an unknown kind: {err()}")
+    p = (ctypes.c_int64 * 5)(*[rank * 10 + k for k in range(5)])
+    q = (ctypes.c_int64 * 5)()
+    check(c.migctl_issue(L.KIND_SEND, p, None, 5, L.INT64, 0, size, L.HOST, 0) == L.ERR_INVALID and "peer" in err(),
+          f"send to a peer out of range: {err()}")
+    check(c.migctl_issue(L.KIND_RECV, p, None, 5, L.INT64, 0, 0, L.HOST, 0) == L.ERR_INVALID and "NULL" in err(),
+          f"receive into NULL: {err()}")
+    check(c.migctl_run(L.KIND_SEND, p, None, 5, L.INT64, 0, rank, L.HOST, 0) == L.ERR_INVALID and "itself" in err(),
+          f"send to itself: {err()}")
+    direct1 = lib.stats()["direct"]
+    hs = c.migctl_issue(L.KIND_SEND, p, None, 5, L.INT64, 0, (rank + 1) % size, L.HOST, 0)
+    check(hs > 0, f"issue send: {err()}")
+    check(c.migctl_run(L.KIND_RECV, None, q, 5, L.INT64, 0, (rank - 1) % size, L.HOST, 0) == L.OK,
+          f"run receive: {err()}")
+    check(c.migctl_wait(hs, -1) == L.OK, f"wait send: {err()}")
+    prev = (rank - 1) % size
+    check(list(q) == [prev * 10 + k for k in range(5)], f"received {list(q)} from rank {prev}")
+    check(lib.stats()["direct"] == direct1, "a transfer ran on the calling thread")
     # groups of some of the ranks: the first and the last, listed last first
     ends = [size - 1, 0]
     arr = (ctypes.c_int * 2)(*ends)
