@@ -93,6 +93,12 @@
 // algorithm chosen from its members' topology; it shares the parent's
 // device, rendezvous and swap state, and closes with it.
 //
+// Send and Recv (and their Async variants) move a buffer between two ranks
+// of one node (pipeline parallelism). Each direction between two ranks is a
+// link of its own, formed at its first transfer and independent of the
+// group's collectives and of other links: the k-th Send to a peer meets its
+// k-th Recv from this rank, and two ranks may both send before they receive.
+//
 // Every collective has a deadline (WithTimeout, MIGCTL_TIMEOUT; default 5m):
 // a dead or stalled peer becomes an error on every rank, never a hang.
 //

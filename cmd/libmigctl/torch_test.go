@@ -519,3 +519,31 @@ func TestTorchExampleLockstep(t *testing.T) {
 		})
 	}
 }
+
+// TestTorchExamplePipeline: examples/pytorch/pipeline.py, a model split into
+// one stage per rank and trained with GPipe over isend/irecv, ends each
+// stage within fp32 round-off of the whole model trained in one process,
+// with the same losses over migctl as over gloo.
+func TestTorchExamplePipeline(t *testing.T) {
+	lib, bin := artifacts(t)
+	needTorch(t)
+	losses := map[string][]any{}
+	for _, backend := range []string{"migctl", "gloo"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		cmd := exec.CommandContext(ctx, bin, "run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", "3", "-q", "--timeout", "60s", "--",
+			python, filepath.Join(repoRoot(t), "examples", "pytorch", "pipeline.py"), "--backend", backend, "--device", "cpu",
+			"--width", "64", "--layers", "5", "--batch", "24", "--micro", "4", "--warmup", "1", "--steps", "4", "--losses", "5", "--check")
+		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+		cmd.WaitDelay = 5 * time.Second
+		out, err := cmd.CombinedOutput()
+		cancel()
+		require.NoError(t, err, "%s", out)
+		rep := exampleReport(t, out)
+		require.Equal(t, backend, rep["backend"], "%v", rep)
+		require.Less(t, rep["max_diff_whole"].(float64), 1e-5, "%v", rep)
+		l, _ := rep["losses"].([]any)
+		require.Len(t, l, 5, "%v", rep)
+		losses[backend] = l
+	}
+	require.Equal(t, losses["gloo"], losses["migctl"])
+}
