@@ -145,9 +145,10 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 	if !k.send {
 		from, to = to, from
 	}
-	what := fmt.Sprintf("send to rank %d", to)
+	// The link's own errors number its ranks 0 (sender) and 1.
+	what := fmt.Sprintf("send to rank %d (link ranks 0, 1 = ranks %d, %d)", to, from, to)
 	if !k.send {
-		what = fmt.Sprintf("receive from rank %d", from)
+		what = fmt.Sprintf("receive from rank %d (link ranks 0, 1 = ranks %d, %d)", from, from, to)
 	}
 	var (
 		pair *Group

@@ -302,15 +302,17 @@ func TestTorchCollectivesDoNotBlock(t *testing.T) {
 // must raise within the collective deadline — from dist.all_reduce, from
 // the Future's wait() of an asynchronous one, and from DDP's backward, where
 // the reducer reads the bucket's Future in C++ (an error set the Python way
-// crashed the process there: see migctl_torch/_futures.py), and from a
-// group of some of the ranks that the dead one belonged to.
+// crashed the process there: see migctl_torch/_futures.py), from a
+// group of some of the ranks that the dead one belonged to, and from
+// point-to-point transfers (a ring of isend/recv).
 func TestTorchKilledRank(t *testing.T) {
 	lib, _ := artifacts(t)
 	needTorch(t)
 	for _, tc := range []struct {
 		name string
 		args []string
-	}{{"all_reduce", nil}, {"future", []string{"--future"}}, {"ddp", []string{"--ddp"}}, {"subgroup", []string{"--subgroup"}}} {
+	}{{"all_reduce", nil}, {"future", []string{"--future"}}, {"ddp", []string{"--ddp"}}, {"subgroup", []string{"--subgroup"}},
+		{"p2p", []string{"--p2p"}}} {
 		t.Run(tc.name, func(t *testing.T) { killedRank(t, lib, tc.args) })
 	}
 }

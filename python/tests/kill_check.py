@@ -2,6 +2,8 @@
 rank --kill SIGKILLs itself at step 5, the others must raise a MigctlError
 (peer dead, aborted or deadline) instead of hanging. Started by the Go test
 with its own rendezvous (migctl run would SIGTERM the survivors itself).
+With --p2p each step is a ring of isend to the next rank and recv from the
+previous one instead: the survivors' transfers raise.
 A survivor prints one JSON line and exits 0 when it raised. With --ddp the
 loop is DDP training steps (a bucket's Future fails inside backward: the
 survivors must raise there, not crash). With --subgroup ranks 0 and 1 also
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (a launcher's stop of the survivors)")
     ap.add_argument("--subgroup", action="store_true",
                     help="ranks 0 and 1 also all-reduce in a group of their own before each step's all-reduce")
+    ap.add_argument("--p2p", action="store_true", help="a ring of isend/recv each step instead of the all-reduce")
     a = ap.parse_args()
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -70,6 +73,12 @@ def main():
                 if a.device == "cuda":
                     torch.cuda.synchronize()  # a stream left waiting for a collective that never ends hangs here
                 t.fill_(1)
+            elif a.p2p:
+                world = dist.get_world_size()
+                w = dist.isend(t, (rank + 1) % world)
+                got = torch.empty_like(t)
+                dist.recv(got, (rank - 1) % world)
+                w.wait()
             else:
                 if sub is not None and rank in (0, 1):
                     dist.all_reduce(t, group=sub)
