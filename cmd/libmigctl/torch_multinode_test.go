@@ -127,6 +127,17 @@ func TestTorchTwoNodesSubgroups(t *testing.T) {
 	}
 }
 
+// TestTorchTwoNodesPointToPoint: in a job across nodes, transfers between
+// ranks of one node run on the node's migctl group (a ring within each
+// node, order, a two-stage pipeline); one across nodes raises
+// NotImplementedError.
+func TestTorchTwoNodesPointToPoint(t *testing.T) {
+	for r, m := range runNodes(t, 2, 2, 3*time.Minute, "p2p_check.py") {
+		require.Equal(t, 2.0, m["nodes"], "rank %d", r)
+		require.Greater(t, m["checks"].(float64), 25.0, "rank %d", r)
+	}
+}
+
 // TestTorchTwoNodesDDPMatchesGloo: DDP over the hierarchical backend (and
 // the comm hook) ends with gloo's parameters to fp32 round-off.
 func TestTorchTwoNodesDDPMatchesGloo(t *testing.T) {

@@ -389,6 +389,17 @@ class Hier:
 
     # --- collectives (process_group._Comm's interface) ------------------------
 
+    def transfer(self, kind, tensors, peer, name):
+        """dist.send/recv between two ranks of this node, on the node's
+        migctl group; between nodes they are not supported."""
+        if not 0 <= peer < self.size:
+            raise ValueError(f"migctl {name}: peer {peer}: want a rank of this group of {self.size}")
+        if self.local is None or peer // self.lsize != self.node:
+            raise NotImplementedError(
+                f"migctl backend: {name} between rank {self.rank} and rank {peer}, on another node, is not "
+                "supported (point-to-point transfers run between ranks of one node; use a gloo group for these)")
+        return self.local.transfer(kind, tensors, peer - self.node * self.lsize, name)
+
     def allreduce(self, tensors, op, name="allreduce"):
         from .process_group import _reduce_dtype  # noqa: PLC0415
 

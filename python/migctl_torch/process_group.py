@@ -1259,12 +1259,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     def _p2p(self, kind, tensors, peer, name):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        do = getattr(self._comm, "transfer", None)
-        if do is None:  # a group spanning nodes
-            raise NotImplementedError(
-                f"migctl backend: {name} in a group that spans nodes is not supported "
-                "(point-to-point transfers run between ranks of one node)")
-        return do(kind, tensors, peer, name)
+        return self._comm.transfer(kind, tensors, peer, name)
 
     def recv_anysource(self, *a, **k):
         raise _unsupported("recv_anysource")

@@ -17,6 +17,10 @@ or more; CPU tensors, or CUDA with --device cuda):
   gives the gradients of the same model run whole in one process;
 - bad peers raise ValueError, recv_anysource NotImplementedError.
 
+In a job across nodes (2 nodes x 2 ranks in CI) the ring runs within each
+node, the group of some ranks spans nodes and a transfer across nodes raises
+NotImplementedError.
+
 Prints one JSON line per rank; exits 1 on a failure."""
 
 import argparse
@@ -31,6 +35,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import migctl_torch  # noqa: E402,F401
+import migctl_torch.multinode as multinode  # noqa: E402
 
 failures = []
 checks = 0
@@ -61,8 +66,10 @@ def message(src, k, n, dtype, dev):
     return x.to(dtype).to(dev)
 
 
-def ring(rank, world, dev):
-    nxt, prev = (rank + 1) % world, (rank - 1) % world
+def ring(rank, members, dev):
+    """Every member sends to the next member and receives from the previous."""
+    world, me = len(members), members.index(rank)
+    nxt, prev = members[(me + 1) % world], members[(me - 1) % world]
     k = 0
     for dtype in DTYPES:
         for n in (0, 1, 65539):
@@ -128,6 +135,15 @@ def order_and_independence(rank, world, dev):
 def subgroup(rank, world, dev):
     members = [world - 1, 0]  # listed high first
     g = dist.new_group(ranks=members)
+    if multinode.spans_nodes():  # the first and last rank are on two nodes
+        if rank in members:
+            try:
+                dist.send(torch.zeros(2, device=dev), 0 if rank else world - 1, group=g)
+                failures.append("a transfer across nodes: no error")
+            except NotImplementedError as e:
+                expect_true("a transfer across nodes", "node" in str(e), str(e))
+        dist.barrier()
+        return
     if rank == world - 1:
         dist.send(message(rank, 7, 9, torch.int64, dev), 0, group=g)
     elif rank == 0:
@@ -194,13 +210,14 @@ def main():
     else:
         dev = torch.device("cpu")
     dist.init_process_group("migctl")
-    ring(rank, world, dev)
+    n, nodes, _, local = multinode.nodes()
+    ring(rank, list(range(n * local, (n + 1) * local)) if nodes > 1 else list(range(world)), dev)
     order_and_independence(rank, world, dev)
     subgroup(rank, world, dev)
     pipeline(rank, dev)
     refusals(rank, world, dev)
     dist.barrier()
-    print(json.dumps({"rank": rank, "checks": checks, "failures": failures}), flush=True)
+    print(json.dumps({"rank": rank, "nodes": nodes, "checks": checks, "failures": failures}), flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
 
