@@ -149,6 +149,14 @@ type Tuning struct {
 	// it): the device adds the inputs in another association than the CPU,
 	// so floating-point results may differ in the last bit between the two.
 	SmallOnDevice bool
+	// RecvDirect makes a Recv into device memory whose stream was busy at
+	// the call wait for that work before it receives anything, straight
+	// into the buffer. By default the message is received into scratch
+	// device memory meanwhile and copied in once that work has finished,
+	// so the transfer overlaps the receiver's kernels (a pipeline stage
+	// receives the next micro-batch while it computes this one). A local
+	// choice: ranks may differ.
+	RecvDirect bool
 }
 
 // Option configures Init.

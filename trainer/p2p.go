@@ -151,8 +151,9 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 		what = fmt.Sprintf("receive from rank %d (link ranks 0, 1 = ranks %d, %d)", from, from, to)
 	}
 	var (
-		pair *Group
-		err  error
+		pair    *Group
+		err     error
+		scratch Buffer // staged receives' device memory (recvStaged), grown as needed
 	)
 	for op := range l.ops {
 		if pair == nil && err == nil {
@@ -166,18 +167,73 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 			close(op.w.done)
 			continue
 		}
-		var snd Buffer // the receiver's: none, it receives in place
-		if k.send {
-			snd = op.buf
+		var e error
+		switch {
+		case k.send:
+			e = pair.Broadcast(op.ctx, op.buf, op.buf, 0)
+		case g.stageRecv(op.buf):
+			e = pair.recvStaged(op.ctx, op.buf, &scratch)
+		default: // the receiver has no send buffer: it receives in place
+			e = pair.Broadcast(op.ctx, Buffer{}, op.buf, 0)
 		}
-		if e := pair.Broadcast(op.ctx, snd, op.buf, 0); e != nil {
+		if e != nil {
 			op.w.err = fmt.Errorf("%s: %w", what, e)
 		}
 		close(op.w.done)
 	}
 	if pair != nil {
+		if scratch.own != nil {
+			_ = pair.Free(scratch)
+		}
 		_ = pair.Close() // its errors are the transfers'
 	}
+}
+
+// stageRecv says whether a receive into b goes through scratch (see
+// Tuning.RecvDirect): device memory of the caller's whose stream still had
+// work to do when the call was made.
+func (g *Group) stageRecv(b Buffer) bool {
+	if g.cfg.tuning.RecvDirect || b.ptr == 0 || b.after == nil || b.count == 0 {
+		return false
+	}
+	done, err := b.after.Done()
+	return err == nil && !done
+}
+
+// recvStaged receives the link's next message into scratch device memory
+// (g's rank 1 of a link: the receiver; grown into *scratch as needed) while
+// the work queued on b's stream before the call runs, then copies it into b
+// once that work has finished.
+func (g *Group) recvStaged(ctx context.Context, b Buffer, scratch *Buffer) error {
+	n := b.Bytes()
+	if scratch.Bytes() < n {
+		if scratch.own != nil {
+			if err := g.Free(*scratch); err != nil {
+				return err
+			}
+			*scratch = Buffer{}
+		}
+		s, err := g.Alloc(n, Uint8)
+		if err != nil {
+			return fmt.Errorf("scratch for a staged receive: %w", err)
+		}
+		*scratch = s
+	}
+	tmp := Buffer{own: scratch.own, count: b.count, dtype: b.dtype} // the message's type: the calls compare it
+	if err := g.Broadcast(ctx, Buffer{}, tmp, 0); err != nil {
+		return err
+	}
+	// b's after event orders the copy (issue waits for it).
+	return g.wait(g.issue(ctx, true, "recv", "", 0, func(ctx context.Context) error {
+		dst, _, err := g.operand(ctx, "receive", b, n, false)
+		if err != nil {
+			return err
+		}
+		if err := g.stream.CopyBuffer(dst, 0, tmp.own, 0, n); err != nil {
+			return fmt.Errorf("copying the received message in: %w", err)
+		}
+		return g.stream.Synchronize(ctx)
+	}, b))
 }
 
 // closeLinks stops the links once their queued transfers have finished

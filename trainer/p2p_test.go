@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,4 +305,100 @@ func TestSendRecvDeviceBuffersStreamOrder(t *testing.T) {
 			return nil
 		})
 	requireAll(t, errs)
+}
+
+// A receive into device memory whose stream is busy at the call takes the
+// message in meanwhile (a sender of more than the link's shared memory
+// holds finishes while the receiver's kernel still runs) and writes the
+// buffer only after that kernel; with Tuning.RecvDirect it receives
+// nothing before the kernel has finished.
+func TestRecvStagedOverlapsTheStream(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			const n, count = 2, 256 << 10 // 1 MiB: 8 times the link's shared memory per rank
+			fakes := make([]*cuda.Fake, n)
+			block := make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(block) }) }
+			defer release()
+			base := blockingFakes(fakes, map[string]chan struct{}{"test_block": block})
+			opts := func(r int) []Option {
+				return append(base(r), WithTuning(Tuning{Chunk: 64 << 10, Slots: 2, RecvDirect: direct}))
+			}
+			errs := world(t, n, opts, func(g *Group) error {
+				ctx := context.Background()
+				if g.Rank() == 0 {
+					if err := g.Send(ctx, HostSlice(message(0, 0, count)), 1); err != nil {
+						return err
+					}
+					return g.Barrier(ctx) // tells rank 1 the send has finished
+				}
+				f := fakes[1]
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				_, mod, releaseCtx, err := fakePrimaryModule(f)
+				if err != nil {
+					return err
+				}
+				defer releaseCtx()
+				stream, err := f.StreamCreate(cuda.StreamNonBlocking)
+				if err != nil {
+					return err
+				}
+				buf, err := g.Alloc(count, Float32)
+				if err != nil {
+					return err
+				}
+				defer g.Free(buf)
+				fn, err := f.ModuleGetFunction(mod, "test_block")
+				if err != nil {
+					return err
+				}
+				if err := f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{}); err != nil {
+					return err
+				}
+				ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
+				w := g.RecvAsync(ctx, DeviceBuffer(ptr, count, Float32, uintptr(stream)), 0)
+				// Staged: the whole message arrives while the kernel runs (the
+				// sender's Send returns; its barrier below then passes).
+				// Direct: nothing moves until the kernel ends.
+				pass := make(chan error, 1)
+				go func() { pass <- g.Barrier(ctx) }()
+				select {
+				case err := <-pass:
+					if direct {
+						return fmt.Errorf("direct: the sender finished while the receiver's kernel ran (%v)", err)
+					}
+					if err != nil {
+						return err
+					}
+				case <-time.After(500 * time.Millisecond):
+					if !direct {
+						return errors.New("staged: the sender did not finish while the receiver's kernel ran")
+					}
+				}
+				select {
+				case <-w.Done():
+					return fmt.Errorf("the receive finished before the kernel queued before it: %v", w.Err())
+				default:
+				}
+				release()
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				got := make([]float32, count)
+				if err := g.Read(ctx, HostSlice(got).Host(), buf); err != nil {
+					return err
+				}
+				if err := sameFloats(got, message(0, 0, count)); err != nil {
+					return err
+				}
+				if direct {
+					return <-pass
+				}
+				return nil
+			})
+			requireAll(t, errs)
+		})
+	}
 }

@@ -14,7 +14,7 @@ import (
 // (Init without WithTuning: the C ABI, so PyTorch's migctl backend), as
 // comma-separated key=value pairs: chunk, small (sizes: 2MiB, 64KiB),
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
-// device: Tuning.SmallOnDevice), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// device: Tuning.SmallOnDevice), recv (staged or direct: Tuning.RecvDirect), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
 // the same chunk, slots and small (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
@@ -63,12 +63,21 @@ func ParseTuning(s string) (Tuning, error) {
 			default:
 				err = fmt.Errorf("want cpu or device")
 			}
+		case "recv":
+			switch v {
+			case "staged":
+				t.RecvDirect = false
+			case "direct":
+				t.RecvDirect = true
+			default:
+				err = fmt.Errorf("want staged or direct")
+			}
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")
 			}
 		default:
-			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
+			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, recv, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
 		}
 		if err != nil {
 			return Tuning{}, fmt.Errorf("tuning %s=%q: %v: %w", k, v, err, comm.ErrInvalid)
