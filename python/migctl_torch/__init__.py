@@ -16,7 +16,8 @@ float64, int32, int64, uint8), allgather, all_gather_into_tensor
 (_allgather_base), reduce_scatter, reduce_scatter_tensor
 (_reduce_scatter_base), broadcast, barrier, the coalesced variants, and reduce,
 gather, scatter and all-to-all of equal or uneven blocks (built on the others,
-for small tensors), on CPU
+for small tensors), send and recv (isend, irecv, batch_isend_irecv: between
+ranks of one node, each direction a link of its own beside the collectives), on CPU
 and CUDA tensors, async (Work with wait() and get_future()). Other calls raise
 NotImplementedError naming the call. A job across nodes (`migctl run --nnodes
 N`) runs hierarchically: migctl within each node, gloo between the nodes

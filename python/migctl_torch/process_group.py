@@ -77,7 +77,7 @@ def _current_stream(device):
 SUPPORTED = ("allreduce", "allgather", "_allgather_base", "all_gather_single", "reduce_scatter",
              "_reduce_scatter_base", "reduce_scatter_single", "broadcast", "barrier", "allreduce_coalesced",
              "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce",
-             "gather", "scatter", "alltoall", "alltoall_base")
+             "gather", "scatter", "alltoall", "alltoall_base", "send", "recv")
 
 
 def _unsupported(call):
