@@ -273,24 +273,11 @@ func TestSendRecvDeviceBuffersStreamOrder(t *testing.T) {
 			if err := g.Write(ctx, buf, HostSlice(message(0, 0, count)).Host()); err != nil {
 				return err
 			}
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			_, mod, releaseCtx, err := fakePrimaryModule(f)
+			stream, launch, done, err := fakeKernelStream(f)
 			if err != nil {
 				return err
 			}
-			defer releaseCtx()
-			stream, err := f.StreamCreate(cuda.StreamNonBlocking)
-			if err != nil {
-				return err
-			}
-			launch := func(name string) error {
-				fn, err := f.ModuleGetFunction(mod, name)
-				if err != nil {
-					return err
-				}
-				return f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{})
-			}
+			defer done()
 			if err := launch("test_before"); err != nil {
 				return err
 			}
@@ -341,27 +328,17 @@ func TestRecvStagedOverlapsTheStream(t *testing.T) {
 					return g.Barrier(ctx) // tells rank 1 the send has finished
 				}
 				f := fakes[1]
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				_, mod, releaseCtx, err := fakePrimaryModule(f)
+				stream, launch, done, err := fakeKernelStream(f)
 				if err != nil {
 					return err
 				}
-				defer releaseCtx()
-				stream, err := f.StreamCreate(cuda.StreamNonBlocking)
-				if err != nil {
-					return err
-				}
+				defer done()
 				buf, err := g.Alloc(count, Float32)
 				if err != nil {
 					return err
 				}
 				defer g.Free(buf)
-				fn, err := f.ModuleGetFunction(mod, "test_block")
-				if err != nil {
-					return err
-				}
-				if err := f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{}); err != nil {
+				if err := launch("test_block"); err != nil {
 					return err
 				}
 				ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
@@ -408,4 +385,32 @@ func TestRecvStagedOverlapsTheStream(t *testing.T) {
 			requireAll(t, errs)
 		})
 	}
+}
+
+// fakeKernelStream locks the calling goroutine to its thread, makes f's
+// primary context current there and creates a stream in it; launch queues
+// one of f's kernels by name on the stream; done undoes the rest.
+func fakeKernelStream(f *cuda.Fake) (stream cuda.Stream, launch func(name string) error, done func(), err error) {
+	runtime.LockOSThread()
+	_, mod, releaseCtx, err := fakePrimaryModule(f)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return 0, nil, nil, err
+	}
+	done = func() {
+		releaseCtx()
+		runtime.UnlockOSThread()
+	}
+	if stream, err = f.StreamCreate(cuda.StreamNonBlocking); err != nil {
+		done()
+		return 0, nil, nil, err
+	}
+	launch = func(name string) error {
+		fn, err := f.ModuleGetFunction(mod, name)
+		if err != nil {
+			return err
+		}
+		return f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{})
+	}
+	return stream, launch, done, nil
 }
