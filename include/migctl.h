@@ -70,7 +70,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 10/* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 10 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -280,7 +280,8 @@ int migctl_set_timeout(int64_t timeout_ms);
  * migctl_new_group forms one of the n ranks listed (their ranks in group 0;
  * ranks[i] becomes rank i of the new group) and returns its id (> 0), or a
  * negative MIGCTL_ERR_* code. Every listed rank calls it with the same ranks
- * and name (1 to 64 of [A-Za-z0-9._-], never used before in the job), the
+ * and name (1 to 64 of [A-Za-z0-9._-], never used before in the job, not
+ * beginning with "p2p-": the transfers' links), the
  * other ranks do not; it returns once all of them have (bounded by group 0's
  * timeout). It fails with MIGCTL_ERR_INVALID for a bad list (the caller not
  * in it, a rank twice or out of range), a name used before or members that

@@ -395,9 +395,11 @@ class Hier:
         if not 0 <= peer < self.size:
             raise ValueError(f"migctl {name}: peer {peer}: want a rank of this group of {self.size}")
         if self.local is None or peer // self.lsize != self.node:
+            where = "in a group whose ranks span nodes" if self.local is None else "on another node"
             raise NotImplementedError(
-                f"migctl backend: {name} between rank {self.rank} and rank {peer}, on another node, is not "
-                "supported (point-to-point transfers run between ranks of one node; use a gloo group for these)")
+                f"migctl backend: {name} between rank {self.rank} and rank {peer} {where} is not supported "
+                "(point-to-point transfers run between ranks of one node, in the job's group or a group of that "
+                "node's ranks; use a gloo group for these)")
         return self.local.transfer(kind, tensors, peer - self.node * self.lsize, name)
 
     def allreduce(self, tensors, op, name="allreduce"):
