@@ -70,7 +70,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 10 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 11 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -85,7 +85,9 @@ extern "C" {
                               9: groups of some of the ranks: migctl_new_group, migctl_free_group,
                                  migctl_group_rank/size, migctl_issue_on, migctl_run_on,
                                  migctl_set_timeout_on;
-                             10: point-to-point transfers: MIGCTL_KIND_SEND, MIGCTL_KIND_RECV */
+                             10: point-to-point transfers: MIGCTL_KIND_SEND, MIGCTL_KIND_RECV;
+                             11: MIGCTL_STAT_DIRECT_TRANSFERS (a transfer may start on the issuing
+                                 thread) */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -264,7 +266,8 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_IDLE_MARKS 8      /* device collectives issued with their stream idle (nothing to wait for) */
 #define MIGCTL_STAT_RUNS 9            /* collectives issued and waited for by migctl_run */
 #define MIGCTL_STAT_DIRECT 10         /* of those, run on the calling thread (nothing else in flight) */
-#define MIGCTL_STAT_COUNT 11
+#define MIGCTL_STAT_DIRECT_TRANSFERS 11 /* transfers started on the issuing thread (nothing before them in flight) */
+#define MIGCTL_STAT_COUNT 12
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Sets the deadline of every collective issued from now on (MIGCTL_TIMEOUT at

@@ -163,8 +163,7 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 			}
 		}
 		if err != nil { // the link never formed: every transfer on it fails
-			op.w.err = fmt.Errorf("%s: %w", what, err)
-			close(op.w.done)
+			op.w.finish(fmt.Errorf("%s: %w", what, err))
 			continue
 		}
 		var e error
@@ -177,9 +176,9 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 			e = pair.Broadcast(op.ctx, Buffer{}, op.buf, 0)
 		}
 		if e != nil {
-			op.w.err = fmt.Errorf("%s: %w", what, e)
+			e = fmt.Errorf("%s: %w", what, e)
 		}
-		close(op.w.done)
+		op.w.finish(e)
 	}
 	if pair != nil {
 		if scratch.own != nil {

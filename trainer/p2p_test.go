@@ -11,6 +11,7 @@ import (
 
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
+	"github.com/stretchr/testify/require"
 )
 
 // message is the k-th message from rank `from`, n elements, each distinct.
@@ -413,4 +414,38 @@ func fakeKernelStream(f *cuda.Fake) (stream cuda.Stream, launch func(name string
 		return f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{})
 	}
 	return stream, launch, done, nil
+}
+
+// OnDone's function runs once with the work's result: at once for work
+// that has finished, else when it finishes (a transfer's link finishes it).
+func TestWorkOnDone(t *testing.T) {
+	w := failed("x", comm.ErrInvalid)
+	var got error
+	w.OnDone(func(err error) { got = err })
+	require.ErrorIs(t, got, comm.ErrInvalid)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, runLocal(ctx, 2, func(int) []Option { return nil }, func(g *Group) error {
+		buf := HostSlice(make([]float32, 16))
+		if g.Rank() == 1 {
+			time.Sleep(50 * time.Millisecond) // rank 0's receive is pending when it asks
+			return g.Send(ctx, buf, 0)
+		}
+		w := g.RecvAsync(ctx, buf, 1)
+		calls := make(chan error, 2)
+		w.OnDone(func(err error) { calls <- err })
+		select {
+		case err := <-calls:
+			return fmt.Errorf("OnDone ran before the message came (%v)", err)
+		default:
+		}
+		if err := <-calls; err != nil {
+			return err
+		}
+		if w.Err() != nil || len(calls) != 0 {
+			return fmt.Errorf("after OnDone: err %v, %d more calls", w.Err(), len(calls))
+		}
+		return nil
+	}))
 }

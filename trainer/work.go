@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/migctl/migctl/comm"
@@ -21,6 +22,42 @@ type Work struct {
 	after []comm.Event
 	done  chan struct{}
 	err   error
+
+	mu       sync.Mutex
+	finished bool        // finish ran (under mu)
+	then     func(error) // OnDone's, called by finish
+}
+
+// finish records err as w's result, closes Done and calls the function
+// OnDone registered, if any, on the calling goroutine.
+func (w *Work) finish(err error) {
+	w.err = err
+	close(w.done)
+	w.mu.Lock()
+	w.finished = true
+	f := w.then
+	w.then = nil
+	w.mu.Unlock()
+	if f != nil {
+		f(err)
+	}
+}
+
+// OnDone has f called with the collective's error once it has finished:
+// by the goroutine that finishes it, right then (no goroutine of the
+// caller's waits for Done), or at once, on the calling goroutine, if it has
+// finished already. f must not block; one function per Work (a second
+// replaces the first if the work is still running).
+func (w *Work) OnDone(f func(error)) {
+	w.mu.Lock()
+	if !w.finished && w.done != doneChan {
+		w.then = f
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	<-w.done
+	f(w.err)
 }
 
 // Wait blocks until the collective has finished and returns its error, or
@@ -49,8 +86,8 @@ func (w *Work) Err() error {
 }
 
 func failed(name string, err error) *Work {
-	w := &Work{name: name, done: make(chan struct{}), err: err}
-	close(w.done)
+	w := &Work{name: name, done: make(chan struct{})}
+	w.finish(err)
 	return w
 }
 
@@ -125,10 +162,10 @@ func (g *Group) work() {
 	defer close(g.stopped)
 	for w := range g.queue {
 		g.running.Lock()
-		w.err = g.runWork(w)
+		err := g.runWork(w)
 		g.running.Unlock()
 		g.pending.Add(-1) // before done: the caller's next call may run inline
-		close(w.done)
+		w.finish(err)
 	}
 }
 

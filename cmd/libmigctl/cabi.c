@@ -137,6 +137,10 @@ static int64_t run_ewma_ns; // mean run time of recent collectives (the dispatch
 // direct_max is the largest collective (bytes) that migctl_run may run on
 // the calling thread (0: never; see migctl_run).
 static size_t direct_max;
+// transfer_here: a transfer issued with nothing before it in flight starts
+// on the issuing thread (issue), not through the dispatcher;
+// MIGCTL_LIB_TRANSFER_HERE=0 turns it off.
+static int transfer_here = 1;
 
 static int env_us(const char *name, int64_t *ns) {
 	const char *env = getenv(name);
@@ -171,6 +175,8 @@ static void choose_spin(int local_size, int gomaxprocs) {
 		long long v = strtoll(env, NULL, 10);
 		direct_max = v > 0 ? (size_t)v : 0;
 	}
+	env = getenv("MIGCTL_LIB_TRANSFER_HERE");
+	if (env != NULL && *env != 0) transfer_here = strtol(env, NULL, 10) != 0;
 }
 
 // --- counters (migctl_stats) ---------------------------------------------------
@@ -214,7 +220,8 @@ static pthread_mutex_t issue_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t issued;      // the last handle issued (written under issue_mu)
 static uint32_t issued_seq;  // the dispatcher's futex word: bumped by every issue and by stop
 static uint32_t disp_asleep; // the dispatcher sleeps (or is about to) on issued_seq
-static uint64_t taken;       // the last handle the dispatcher took (written by the dispatcher only)
+static uint64_t taken;       // the last handle taken: by the dispatcher, or by issue for a transfer it
+                             // starts itself (written under the run lock)
 static int stopping;         // finalize: the dispatcher returns once the ring is drained
 static int state;            // 0 not initialised, 1 ready, 2 finalized
 static int group_on_gpu;     // the groups run on CUDA device memory
@@ -355,10 +362,27 @@ static int64_t issue(int group, int kind, void *send, void *recv, size_t count, 
 	s->code = 0;
 	s->err = NULL;
 	s->word = 0;
+	// A transfer with nothing queued or running before it is started here,
+	// on the calling thread, which takes its slot as the dispatcher would
+	// (holding the run lock: the dispatcher, which takes slots only under
+	// it, then skips the slot); anything else, or a transfer behind other
+	// work, waits in the ring for the dispatcher.
+	int here = (kind == MIGCTL_KIND_SEND || kind == MIGCTL_KIND_RECV) && transfer_here &&
+	           __atomic_load_n(&taken, __ATOMIC_ACQUIRE) == issued && run_trylock();
 	__atomic_store_n(&s->id, h, __ATOMIC_RELEASE);
 	__atomic_store_n(&issued, h, __ATOMIC_RELEASE);
+	if (here) {
+		s->t_take = now;
+		__atomic_store_n(&taken, h, __ATOMIC_RELEASE);
+	}
 	pthread_mutex_unlock(&issue_mu);
-	wake_dispatcher();
+	if (!here) {
+		wake_dispatcher();
+		return (int64_t)h;
+	}
+	stat_add(MIGCTL_STAT_DIRECT_TRANSFERS, 1);
+	migctlGoTransfer(s); // queues it on its link and returns; completes the slot only on failure
+	run_unlock();
 	return (int64_t)h;
 }
 
@@ -371,6 +395,12 @@ migctl_slot_t *migctl_next(void) {
 	for (int spin = 0;; spin++) {
 		if (__atomic_load_n(&issued, __ATOMIC_ACQUIRE) >= want) {
 			run_lock(); // after a direct run that holds it (issued before this one)
+			uint64_t t = __atomic_load_n(&taken, __ATOMIC_ACQUIRE);
+			if (t >= want) { // a transfer started by its caller (issue) took it
+				run_unlock();
+				want = t + 1;
+				continue;
+			}
 			__atomic_store_n(&taken, want, __ATOMIC_RELEASE);
 			migctl_slot_t *s = &ring[want % MIGCTL_SLOTS];
 			s->t_take = mono_ns();

@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 10
+#if MIGCTL_ABI_VERSION != 11
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -202,17 +202,11 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 		}
 		if s.kind == kindSend || s.kind == kindRecv {
 			// It waits for its peer, not in the process's order: the
-			// collectives issued after it go on meanwhile.
-			w, err := transfer(g, s, takeMark(uint64(s.order)))
-			if err != nil {
-				complete(s, err, false)
-				continue
-			}
+			// collectives issued after it go on meanwhile (once it is in
+			// its link's queue, so that a later transfer on the link,
+			// which may start on its caller's thread, stays behind it).
+			startTransfer(g, s)
 			C.migctl_hand_off(s)
-			go func() {
-				<-w.Done()
-				complete(s, w.Err(), true)
-			}()
 			continue
 		}
 		complete(s, runSlot(g, s, takeMark(uint64(s.order))), false)
@@ -240,6 +234,33 @@ func complete(s *C.migctl_slot_t, err error, handed bool) {
 	} else {
 		C.migctl_complete(s, rc, cs, n)
 	}
+}
+
+// startTransfer queues the transfer of slot s on its link; the goroutine
+// that finishes it completes the slot (the caller lets the run lock go).
+func startTransfer(g *trainer.Group, s *C.migctl_slot_t) {
+	w, err := transfer(g, s, takeMark(uint64(s.order)))
+	if err != nil {
+		complete(s, err, true)
+		return
+	}
+	w.OnDone(func(err error) { complete(s, err, true) })
+}
+
+// migctlGoTransfer starts the transfer of slot s from its caller's thread
+// (cabi.c's issue of a transfer with nothing queued or running before it:
+// it holds the run lock and took the slot itself), saving the wake of the
+// dispatcher. It only queues the transfer on its link; it never waits.
+//
+//export migctlGoTransfer
+func migctlGoTransfer(s *C.migctl_slot_t) {
+	g, err := current()
+	if err != nil {
+		takeMark(uint64(s.order))
+		complete(s, err, true)
+		return
+	}
+	startTransfer(g, s)
 }
 
 // transfer issues the point-to-point transfer of slot s on its group (its

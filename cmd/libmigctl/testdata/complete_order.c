@@ -4,7 +4,11 @@
  * migctl_run through the ring does. The dispatcher's release of the run lock
  * is caught at its futex wake (the run word is set to "held with a sleeper"
  * first); there the main thread runs a barrier directly and tests the
- * earlier one. Prints "ok". */
+ * earlier one. Then transfers: one issued with nothing in flight starts on
+ * the issuing thread and never reaches the dispatcher; one issued behind a
+ * collective still running waits in the ring and reaches the dispatcher
+ * after it; the dispatcher takes what is issued after a transfer started
+ * by its caller, each slot once. Prints "ok". */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
@@ -31,6 +35,8 @@ int migctlGoFinalize(void);
 
 static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void *t, void *u, int v3);
 #define syscall hooked_syscall
+#include "../cabi.h"
+void migctlGoTransfer(migctl_slot_t *s);
 #include "../cabi.c"
 #undef syscall
 
@@ -59,6 +65,17 @@ int migctlGoNewGroup(int *ranks, int n, char *name) { return MIGCTL_ERR_UNSUPPOR
 int migctlGoFreeGroup(int group) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
 
+// Transfers started by their callers (issue): the handle and whether the
+// call came on the main thread. They finish at once.
+static uint64_t here_ids[8];
+static int here_n, here_off_main;
+static pthread_t main_thread;
+void migctlGoTransfer(migctl_slot_t *s) {
+	if (!pthread_equal(pthread_self(), main_thread)) here_off_main++;
+	if (here_n < 8) here_ids[here_n++] = s->id;
+	migctl_complete_handed(s, MIGCTL_OK, NULL, 0);
+}
+
 static pthread_t disp;
 int migctlGoFinalize(void) {
 	migctl_stop_dispatcher();
@@ -80,9 +97,25 @@ static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void 
 	return syscall(nr, w, op, v, t, u, v3);
 }
 
+// What the dispatcher took, in order; while hold is set it keeps the
+// collective it took running until gate is posted.
+static uint64_t taken_ids[64];
+static int taken_kinds[64], taken_n, hold;
+static sem_t gate;
+
 static void *dispatcher(void *arg) {
 	migctl_slot_t *s;
 	while ((s = migctl_next()) != NULL) {
+		if (taken_n < 64) {
+			taken_ids[taken_n] = s->id;
+			taken_kinds[taken_n++] = s->kind;
+		}
+		if (s->kind == MIGCTL_KIND_SEND || s->kind == MIGCTL_KIND_RECV) { // as main.go: queued, handed off
+			migctl_hand_off(s);
+			migctl_complete_handed(s, MIGCTL_OK, NULL, 0);
+			continue;
+		}
+		if (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) sem_wait(&gate);
 		if (__atomic_load_n(&armed, __ATOMIC_SEQ_CST)) __atomic_store_n(&run_word, 2, __ATOMIC_SEQ_CST);
 		migctl_complete(s, MIGCTL_OK, NULL, 0);
 	}
@@ -101,6 +134,8 @@ int main(void) {
 	setenv("MIGCTL_LIB_DIRECT_MAX", "1048576", 1);
 	sem_init(&released, 0, 0);
 	sem_init(&resume, 0, 0);
+	sem_init(&gate, 0, 0);
+	main_thread = pthread_self();
 	CHECK(migctl_init(0, 1) == MIGCTL_OK, "init");
 	CHECK(pthread_create(&disp, NULL, dispatcher, NULL) == 0, "dispatcher");
 	CHECK(migctl_run(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0) == MIGCTL_OK && directs == 1,
@@ -122,6 +157,45 @@ int main(void) {
 		}
 		CHECK(migctl_wait(h, -1) == MIGCTL_OK, "wait");
 	}
+
+	// Transfers. Nothing in flight: the issuing thread starts it.
+	static float buf[4];
+	int before = taken_n;
+	int64_t t1 = migctl_issue(MIGCTL_KIND_SEND, buf, NULL, 4, MIGCTL_FLOAT32, 0, 0, MIGCTL_HOST, 0);
+	CHECK(t1 > 0 && here_n == 1 && here_ids[0] == (uint64_t)t1 && here_off_main == 0,
+	      "a transfer with nothing in flight starts on the issuing thread");
+	CHECK(migctl_wait(t1, -1) == MIGCTL_OK, "wait for the transfer");
+	uint64_t st[MIGCTL_STAT_COUNT];
+	CHECK(migctl_stats(st, MIGCTL_STAT_COUNT) == MIGCTL_STAT_COUNT && st[MIGCTL_STAT_DIRECT_TRANSFERS] == 1,
+	      "stats count the transfer started here");
+	// Behind a collective still running: the ring, after it.
+	__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
+	int64_t b1 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+	int64_t t2 = migctl_issue(MIGCTL_KIND_RECV, NULL, buf, 4, MIGCTL_FLOAT32, 0, 0, MIGCTL_HOST, 0);
+	CHECK(b1 > 0 && t2 > 0 && here_n == 1, "a transfer behind a running collective waits in the ring");
+	__atomic_store_n(&hold, 0, __ATOMIC_SEQ_CST);
+	sem_post(&gate);
+	CHECK(migctl_wait(b1, -1) == MIGCTL_OK && migctl_wait(t2, -1) == MIGCTL_OK, "waits");
+	// Idle again: a transfer here, then a barrier the dispatcher takes (once).
+	int64_t t3 = migctl_issue(MIGCTL_KIND_SEND, buf, NULL, 4, MIGCTL_FLOAT32, 0, 0, MIGCTL_HOST, 0);
+	CHECK(t3 > 0 && here_n == 2 && here_ids[1] == (uint64_t)t3, "the next transfer with nothing in flight, here");
+	int64_t b2 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+	CHECK(migctl_wait(t3, -1) == MIGCTL_OK && migctl_wait(b2, -1) == MIGCTL_OK, "waits after");
+	int64_t b3 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+	CHECK(migctl_wait(b3, -1) == MIGCTL_OK, "one more");
+	uint64_t want[] = {(uint64_t)b1, (uint64_t)t2, (uint64_t)b2, (uint64_t)b3};
+	if (taken_n - before != 4) {
+		fprintf(stderr, "the dispatcher took %d slots after the transfers began, want 4 (b1 t2 b2 b3)\n", taken_n - before);
+		return 1;
+	}
+	for (int i = 0; i < 4; i++)
+		if (taken_ids[before + i] != want[i]) {
+			fprintf(stderr, "the dispatcher's slot %d is handle %llu, want %llu\n", i,
+			        (unsigned long long)taken_ids[before + i], (unsigned long long)want[i]);
+			return 1;
+		}
+	CHECK(taken_kinds[before + 1] == MIGCTL_KIND_RECV, "the transfer behind the barrier reached the dispatcher");
+
 	CHECK(migctl_finalize() == MIGCTL_OK, "finalize");
 	printf("ok\n");
 	return 0;
