@@ -106,6 +106,30 @@ func FitShm(ranks, chunk, slots int, shmBytes int64) int {
 	return chunk
 }
 
+// FitArena shrinks an arena geometry until (ranks+1)·slots·chunk is at
+// most budget bytes (budget 0 or less: no limit): first the chunk, halved
+// down to 256 KiB, then the slots, halved down to 2, then the chunk again,
+// down to the smallest a schedule of ranks ranks accepts (64·ranks·8
+// bytes, and 64 KiB). What cannot shrink further is returned as it is; the
+// caller's allocation then fails with the file system's own error. Groups
+// formed after others on a small shared-memory file system (a container's
+// 64-MiB /dev/shm: point-to-point links, groups of some ranks) shrink this
+// way rather than fail.
+func FitArena(ranks, chunk, slots int, budget int64) (int, int) {
+	over := func() bool { return budget > 0 && int64(ArenaBytes(ranks, chunk, slots)) > budget }
+	for over() && chunk > 256<<10 {
+		chunk /= 2
+	}
+	for over() && slots > 2 {
+		slots /= 2
+	}
+	least := max(64<<10, 64*8*max(ranks, 1))
+	for over() && chunk/2 >= least && chunk%128 == 0 {
+		chunk /= 2
+	}
+	return chunk, slots
+}
+
 // DefaultSmallBytes is the default Options.SmallBytes.
 const DefaultSmallBytes = 64 << 10
 

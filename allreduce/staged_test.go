@@ -63,3 +63,32 @@ func TestFitShm(t *testing.T) {
 		}
 	}
 }
+
+func TestFitArena(t *testing.T) {
+	for _, tc := range []struct {
+		ranks, chunk, slots int
+		budget              int64
+		wantChunk, wantSlot int
+	}{
+		{2, 8 << 20, 8, 0, 8 << 20, 8},                 // no limit
+		{2, 8 << 20, 8, 1 << 30, 8 << 20, 8},           // 192 MiB fits
+		{2, 8 << 20, 8, 8 << 20, 256 << 10, 8},         // the chunk first: 3·8·256 KiB = 6 MiB
+		{2, 8 << 20, 8, 4 << 20, 256 << 10, 4},         // then the slots: 3 MiB
+		{2, 8 << 20, 8, 1 << 20, 128 << 10, 2},         // then the chunk again: 768 KiB
+		{2, 8 << 20, 8, 1, 64 << 10, 2},                // never below 64 KiB or 2 slots
+		{7, 2 << 20, 8, 32 << 20, 512 << 10, 8},        // the job's group on a 64-MiB /dev/shm
+		{256, 1 << 20, 8, 1 << 20, 128 << 10, 2},       // 64·8·256 bytes is the schedule's least chunk
+		{2, 96 << 10, 8, 1, 96 << 10, 2},               // an odd chunk is not split below a multiple of 64
+		{1, 8 << 20, 8, 64 << 20, 4 << 20, 8},          // one rank: 2·8·4 MiB = 64 MiB
+		{4, 2 << 20, 4, 5 * 4 * (2 << 20), 2 << 20, 4}, // exactly the budget fits
+	} {
+		chunk, slots := allreduce.FitArena(tc.ranks, tc.chunk, tc.slots, tc.budget)
+		require.Equal(t, tc.wantChunk, chunk, "%+v", tc)
+		require.Equal(t, tc.wantSlot, slots, "%+v", tc)
+		require.Zero(t, chunk%64, "%+v", tc)
+		least := max(64<<10, 64*8*tc.ranks)
+		if tc.budget > 0 && chunk > least && slots > 2 {
+			require.LessOrEqual(t, int64(allreduce.ArenaBytes(tc.ranks, chunk, slots)), tc.budget, "%+v", tc)
+		}
+	}
+}

@@ -30,6 +30,10 @@ func (j *ShmJob) Close() error { return j.Segment.Close() }
 
 const shmKey = "comm/shm/control"
 
+// shmFailed starts the record rank 0 publishes instead of the segment's
+// when it could not create it.
+const shmFailed = "failed: "
+
 // joinStep marks the steps of JoinShm; tests kill the process at each.
 var joinStep = func(string) {}
 
@@ -44,20 +48,40 @@ var joinStep = func(string) {}
 // there). Every rank must run as the same user on the same host (and pid
 // namespace) as rank 0. job is unused (kept for callers); no name carries it.
 func JoinShm(ctx context.Context, kv KV, rank int, job, root string, l shm.Layout) (*ShmJob, error) {
+	return JoinShmSized(ctx, kv, rank, job, root, func(int64, int64) shm.Layout { return l })
+}
+
+// JoinShmSized is JoinShm with the layout chosen by rank 0 from the size of
+// the file system under root and what is free on it, while it holds the
+// root's creation lock (shm.LockRoot) until its segment has its memory: the
+// groups a job forms at once on a small /dev/shm (a pipeline's links) each
+// see what the ones before took. size runs on rank 0 only.
+func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, size func(capacity, free int64) shm.Layout) (*ShmJob, error) {
 	_ = job
 	var seg *shm.Segment
 	var ctl *shm.Control
+	var l shm.Layout
 	if rank == 0 {
 		_, _ = shm.Sweep(root)
 		joinStep("swept")
-		var err error
-		if seg, err = shm.CreateUnnamed(root, l.Size()); err != nil {
+		// A failure here is published, so that the other ranks stop
+		// waiting for the segment and say why rather than time out.
+		fail := func(err error) (*ShmJob, error) {
+			_ = kv.Put(ctx, shmKey, []byte(shmFailed+err.Error()))
 			return nil, err
+		}
+		unlock := shm.LockRoot(root)
+		l = size(ShmSpace(root))
+		var err error
+		seg, err = shm.CreateUnnamed(root, l.Size())
+		unlock()
+		if err != nil {
+			return fail(err)
 		}
 		joinStep("created")
 		if ctl, err = shm.Init(seg.Bytes(), l); err != nil {
 			_ = seg.Close()
-			return nil, err
+			return fail(err)
 		}
 		joinStep("initialised")
 		v := fmt.Sprintf("%s %d %d %d %d", seg.Path(), seg.Inode(), l.World, l.Flags, l.DataBytes)
@@ -70,6 +94,9 @@ func JoinShm(ctx context.Context, kv KV, rank int, job, root string, l shm.Layou
 		v, err := kv.Get(ctx, shmKey)
 		if err != nil {
 			return nil, fmt.Errorf("learning where the shm segment is: %w", err)
+		}
+		if msg, ok := strings.CutPrefix(string(v), shmFailed); ok {
+			return nil, fmt.Errorf("rank 0 could not create the shm segment: %s: %w", msg, ErrAborted)
 		}
 		f := strings.Fields(string(v))
 		if len(f) != 5 {
@@ -101,17 +128,25 @@ func JoinShm(ctx context.Context, kv KV, rank int, job, root string, l shm.Layou
 	return &ShmJob{Segment: seg, Control: ctl}, nil
 }
 
-// ShmCapacity is the size in bytes of the filesystem of dir (the
-// shared-memory root; "" is /dev/shm), or 0 when it cannot be read. Unlike
-// what is free while ranks create their segments, every rank of a node sees
-// the same.
-func ShmCapacity(dir string) int64 {
+// ShmSpace is the size in bytes of the filesystem of dir (the shared-memory
+// root; "" is /dev/shm) and what is free on it now, or zeros when it cannot
+// be read.
+func ShmSpace(dir string) (capacity, free int64) {
 	if dir == "" {
 		dir = "/dev/shm"
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0
+		return 0, 0
 	}
-	return int64(st.Blocks) * st.Bsize
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize
+}
+
+// ShmCapacity is the size in bytes of the filesystem of dir (the
+// shared-memory root; "" is /dev/shm), or 0 when it cannot be read. Unlike
+// what is free while ranks create their segments, every rank of a node sees
+// the same.
+func ShmCapacity(dir string) int64 {
+	c, _ := ShmSpace(dir)
+	return c
 }

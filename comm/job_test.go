@@ -202,3 +202,28 @@ func TestShmCapacity(t *testing.T) {
 	require.Positive(t, ShmCapacity(t.TempDir()))
 	require.Zero(t, ShmCapacity("/no/such/dir"))
 }
+
+// When rank 0 cannot create the segment, the others learn why at once
+// instead of waiting for a record that never comes.
+func TestJoinShmCreatorFailureReachesTheOthers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv := &memKV{}
+	missing := filepath.Join(t.TempDir(), "gone")
+	_, err0 := JoinShm(ctx, kv, 0, "job", missing, testLayout)
+	require.Error(t, err0)
+	_, err1 := JoinShm(ctx, kv, 1, "job", missing, shm.Layout{})
+	require.ErrorIs(t, err1, ErrAborted)
+	require.ErrorContains(t, err1, "rank 0 could not create the shm segment")
+	require.ErrorContains(t, err1, err0.Error())
+}
+
+func TestShmSpace(t *testing.T) {
+	c, f := ShmSpace(t.TempDir())
+	require.Positive(t, c)
+	require.Positive(t, f)
+	require.LessOrEqual(t, f, c)
+	c, f = ShmSpace("/no/such/dir")
+	require.Zero(t, c)
+	require.Zero(t, f)
+}

@@ -407,29 +407,11 @@ func (g *Group) connect(ctx context.Context) error {
 		opts.Trace = c.trace
 	}
 	rank, size, _, _, kv := g.intra() // the node's ranks share the segment
-	chunk, slots := t.Chunk, t.Slots
-	if chunk <= 0 || slots <= 0 {
-		// Device buffers stage through host memory: the geometry measured
-		// for that (allreduce.Staged); the host backend's reductions
-		// stay with small arenas. Both fit a small shared-memory file
-		// system (allreduce.FitShm) and depend only on what every rank of
-		// the node sees alike (the node's size, the filesystem's size).
-		shmBytes := comm.ShmCapacity(c.shmRoot)
-		var dc, ds int
-		if c.backend == BackendGPU {
-			dc, ds = allreduce.Staged(size, shmBytes)
-		} else {
-			dc, ds = allreduce.FitShm(size, 2<<20, 4, shmBytes), 4
-		}
-		if chunk <= 0 {
-			chunk = dc
-		}
-		if slots <= 0 {
-			slots = ds
-		}
+	var chunk, slots int              // chosen by rank 0 as it creates the segment (geometry.go)
+	layout := func(capacity, free int64) shm.Layout {
+		chunk, slots = g.arenaGeometry(size, capacity, free)
+		return shm.Layout{World: size, Flags: size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(size, chunk, slots)}
 	}
-	opts.Chunk, opts.Slots = chunk, slots
-	layout := shm.Layout{World: size, Flags: size * allreduce.FlagsPerRank, DataBytes: allreduce.ArenaBytes(size, chunk, slots)}
 	job := c.job
 	if job == "" {
 		job = "trainer"
@@ -438,9 +420,13 @@ func (g *Group) connect(ctx context.Context) error {
 		job = fmt.Sprintf("%s-node%d", job, g.node.node)
 	}
 	var err error
-	if g.job, err = comm.JoinShm(ctx, kv, rank, job, c.shmRoot, layout); err != nil {
+	if g.job, err = comm.JoinShmSized(ctx, kv, rank, job, c.shmRoot, layout); err != nil {
 		return err
 	}
+	if chunk, slots, err = g.agreeOnGeometry(ctx, rank, size, kv, chunk, slots); err != nil {
+		return err
+	}
+	opts.Chunk, opts.Slots = chunk, slots
 	if g.tr, err = comm.NewShmTransport(g.job.Control, rank, comm.ShmOptions{Spin: t.Spin}); err != nil {
 		return err
 	}

@@ -124,7 +124,7 @@ func CreateUnnamed(root string, size int) (*Segment, error) {
 	}
 	if size > 0 {
 		if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			return fail(fmt.Errorf("reserving %d bytes for the %s (is %s big enough? see --shm-dir): %w", size, what, root, err))
+			return fail(fmt.Errorf("reserving %d bytes for the %s (%s): %w", size, what, spaceHint(root, err), err))
 		}
 	}
 	var st unix.Stat_t
@@ -256,6 +256,29 @@ func (s *Segment) Close() error {
 	return nil
 }
 
+// LockRoot takes the creation lock of root ("" is DefaultRoot): an
+// exclusive flock on the directory, held by one process of the host at a
+// time, so that what one creator sees free on the file system is not taken
+// by another between its look and its allocation. The returned function
+// lets it go. Where root cannot be opened there is nothing to lock: the
+// creation itself then fails and says why.
+func LockRoot(root string) func() {
+	if root == "" {
+		root = DefaultRoot
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return func() {}
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	return func() { _ = unix.Close(fd) } // closing the last descriptor lets the lock go
+}
+
 // Sweep removes segments under root whose creator process (the pid in the
 // name) no longer exists, and returns their names.
 func Sweep(root string) ([]string, error) {
@@ -305,4 +328,17 @@ func Anonymous(size int) (*Segment, error) {
 		return nil, fmt.Errorf("mapping %d anonymous bytes: %w", size, err)
 	}
 	return &Segment{name: "anonymous", mem: mem, fd: -1}, nil
+}
+
+// spaceHint says, for a failure to reserve a segment's memory in root, how
+// big the file system is and how to give it more.
+func spaceHint(root string, err error) string {
+	var st unix.Statfs_t
+	if !errors.Is(err, unix.ENOSPC) || unix.Statfs(root, &st) != nil {
+		return fmt.Sprintf("is %s big enough? see --shm-dir", root)
+	}
+	mib := func(blocks uint64) uint64 { return blocks * uint64(st.Bsize) >> 20 }
+	return fmt.Sprintf("%s holds %d MiB, %d MiB free; a container's /dev/shm is 64 MiB unless given more: "+
+		"docker run --shm-size, a Kubernetes emptyDir with medium Memory mounted at /dev/shm, or a larger tmpfs with --shm-dir",
+		root, mib(st.Blocks), mib(st.Bavail))
 }

@@ -178,3 +178,47 @@ func TestFSOf(t *testing.T) {
 	_, err = FSOf(filepath.Join(t.TempDir(), "missing"))
 	require.ErrorIs(t, err, unix.ENOENT)
 }
+
+// A segment larger than a small tmpfs fails with ENOSPC and says how big
+// the file system is and how to give a container more.
+func TestCreateUnnamedOnAFullTmpfs(t *testing.T) {
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	_, err = CreateUnnamed(dir, 4<<20)
+	require.ErrorIs(t, err, unix.ENOSPC)
+	require.ErrorContains(t, err, dir+" holds 1 MiB, 1 MiB free")
+	require.ErrorContains(t, err, "--shm-size")
+	ents, rerr := os.ReadDir(dir)
+	require.NoError(t, rerr)
+	require.Empty(t, ents, "the failed segment leaves nothing behind")
+	seg, err := CreateUnnamed(dir, 256<<10)
+	require.NoError(t, err, "what fits is still created")
+	require.NoError(t, seg.Close())
+}
+
+// LockRoot is held by one holder at a time: a second waits for the first
+// to let go.
+func TestLockRootExcludes(t *testing.T) {
+	dir := t.TempDir()
+	unlock := LockRoot(dir)
+	got := make(chan func())
+	go func() { got <- LockRoot(dir) }()
+	select {
+	case u := <-got:
+		u()
+		t.Fatal("a second holder took the lock while the first held it")
+	case <-time.After(150 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case u := <-got:
+		u()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second holder never got the lock")
+	}
+	LockRoot(filepath.Join(dir, "missing"))() // nothing to lock: no wait, no panic
+}

@@ -1,0 +1,114 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/cuda"
+)
+
+// smallTmpfs mounts a tmpfs of size bytes for the test (a container's
+// /dev/shm), or skips where the test may not mount one.
+func smallTmpfs(t *testing.T, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// On a 64-MiB shared-memory file system (Docker's and Kubernetes' default
+// /dev/shm) a job of 4 ranks on the gpu backend forms its group, all
+// twelve point-to-point links between them and a group of some of the
+// ranks, and every transfer and collective is right: the segments are
+// sized by what the file system has left, not each against all of it.
+func TestSmallShmFitsEveryLink(t *testing.T) {
+	const n, count = 4, 300_000 // 1.2 MB messages: several chunks of a small arena
+	root := smallTmpfs(t, 64<<20)
+	err := world(t, n, func(r int) []Option {
+		f := cuda.NewFake()
+		comm.InstallFakeCUDAKernels(f)
+		return []Option{withCUDA(f), WithBackend(BackendGPU), WithShmRoot(root), WithTimeout(20 * time.Second)}
+	}, func(g *Group) error {
+		ctx := context.Background()
+		r := g.Rank()
+		works := make([]*Work, 0, n)
+		for p := 0; p < n; p++ {
+			if p != r {
+				works = append(works, g.SendAsync(ctx, HostSlice(message(r, p, count)), p))
+			}
+		}
+		for p := 0; p < n; p++ {
+			if p == r {
+				continue
+			}
+			got := make([]float32, count)
+			if err := g.Recv(ctx, HostSlice(got), p); err != nil {
+				return fmt.Errorf("rank %d from %d: %w", r, p, err)
+			}
+			if err := sameFloats(got, message(p, r, count)); err != nil {
+				return fmt.Errorf("rank %d from %d: %w", r, p, err)
+			}
+		}
+		for _, w := range works {
+			if err := w.Wait(ctx); err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
+			}
+		}
+		sum := make([]float32, count)
+		for i := range sum {
+			sum[i] = input(r, i)
+		}
+		if err := g.AllReduce(ctx, HostSlice(sum), HostSlice(sum), Sum); err != nil {
+			return fmt.Errorf("rank %d all-reduce: %w", r, err)
+		}
+		for i := range sum {
+			var want float32
+			for q := 0; q < n; q++ {
+				want += input(q, i)
+			}
+			if sum[i] != want {
+				return fmt.Errorf("rank %d all-reduce element %d = %v, want %v", r, i, sum[i], want)
+			}
+		}
+		return nil
+	})
+	requireAll(t, err)
+	// Every segment is unnamed and gone with its last mapping.
+	left, err := os.ReadDir(root)
+	require.NoError(t, err)
+	require.Empty(t, left, "files left in %s", filepath.Base(root))
+}
+
+func TestShmBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		capacity, free int64
+		job            bool
+		want           int64
+	}{
+		{"unknown", 0, 0, true, 0},
+		{"job group, empty file system", 64 << 20, 64 << 20, true, 32 << 20},
+		{"link, empty file system", 64 << 20, 64 << 20, false, 8 << 20},
+		{"link after the job's group", 64 << 20, 32 << 20, false, 8 << 20},
+		{"link on an almost full one", 64 << 20, 3 << 20, false, 3 << 19},
+		{"job group on a shared node", 64 << 30, 1 << 30, true, 512 << 20},
+		{"roomy", 256 << 30, 200 << 30, false, 32 << 30},
+		{"full: as small as it goes", 64 << 20, 0, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, shmBudget(tc.capacity, tc.free, tc.job))
+		})
+	}
+}
