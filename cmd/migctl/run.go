@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/comm/shm"
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/launcher"
@@ -288,6 +289,9 @@ func (o *runOptions) Run(ctx context.Context) error {
 	}
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
+	if a := shmAdvice(o.shmDir, o.np, o.backend, comm.ShmCapacity(o.shmDir)); a != "" {
+		cfg.Warnings = append(cfg.Warnings, a) // not quiet-able: the job runs, but slower than it could
+	}
 	if o.nnodes == 1 {
 		e, err := runMachine(gpus)
 		switch {

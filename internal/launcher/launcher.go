@@ -114,6 +114,10 @@ type Config struct {
 	ShmRoot string
 	// OnStart is called as each worker starts (global rank, pid).
 	OnStart func(rank, pid int)
+	// Warnings go to Stderr, each on a line of its own after "run:
+	// warning: ", once everything is ready and just before the workers
+	// start (a job that fails to start prints its error alone).
+	Warnings []string
 }
 
 // Result is the outcome of Run.
@@ -399,6 +403,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	if cfg.ShmRoot != "" {
 		undo = append(undo, func() { _, _ = shm.Sweep(cfg.ShmRoot) })
+	}
+	if cfg.Stderr != nil {
+		for _, w := range cfg.Warnings {
+			fmt.Fprintf(cfg.Stderr, "run: warning: %s\n", w)
+		}
 	}
 	p.logf("run: job %s: %d workers here (ranks %d..%d of %d), rendezvous %s%s", cfg.Job, cfg.NProc,
 		p.firstRank, p.firstRank+cfg.NProc-1, p.world, p.rdzvAddr, p.devicesNote())
