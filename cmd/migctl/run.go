@@ -46,6 +46,7 @@ type runOptions struct {
 	swapLib      string
 	priority     int
 	backend      string
+	numa         string
 	mps          string
 	mpsControl   string
 	quiet        bool
@@ -113,6 +114,8 @@ func newRunCmd(s streams) *cobra.Command {
 	f.StringVar(&o.backend, "backend", "auto", "MIGCTL_BACKEND for the workers: gpu, host, or auto (host with --sim, else gpu)")
 	f.StringVar(&o.mps, "mps", "auto", "ranks sharing a whole GPU run under a private MPS server: auto (when the MPS control program is there and works), on (or fail), off (the driver time-slices them)")
 	f.StringVar(&o.mpsControl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
+	f.StringVar(&o.numa, "numa", "auto", "place each worker near its GPU on hosts of several NUMA nodes: auto (memory on the GPU's node; "+
+		"CPUs bound to the GPU's too when the job's GPUs span nodes), on (both, always), off")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "no progress lines from migctl itself")
 	o.addOutput(cmd)
 	return cmd
@@ -170,6 +173,8 @@ func (o *runOptions) Validate() error {
 		return errors.New("no devices: give --profile P (MIG devices leased from the daemon), --gpus 0,1 (whole GPUs) or --backend host (none)")
 	case o.backend != "gpu" && o.backend != "host":
 		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
+	case !validNUMAMode(o.numa):
+		return fmt.Errorf("--numa %q: want auto, on or off", o.numa)
 	case validMPSMode(o.mps) != nil:
 		return validMPSMode(o.mps)
 	case o.node.sim != "" && o.gpus != "":
@@ -289,6 +294,11 @@ func (o *runOptions) Run(ctx context.Context) error {
 	}
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
+	if place, warn := o.numaPlacer(); place != nil {
+		cfg.Place = place
+	} else if warn != "" {
+		cfg.Warnings = append(cfg.Warnings, warn)
+	}
 	if a := shmAdvice(o.shmDir, o.np, o.backend, comm.ShmCapacity(o.shmDir)); a != "" {
 		cfg.Warnings = append(cfg.Warnings, a) // not quiet-able: the job runs, but slower than it could
 	}

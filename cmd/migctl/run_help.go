@@ -24,6 +24,15 @@ makes that an error, --mps off never starts one. Not with --profile (MIG), --swa
 daemon's --mps decides), a CUDA_MPS_PIPE_DIRECTORY already set or a node-wide MPS control
 daemon in /tmp/nvidia-mps (the workers join that one).
 
+On a host of several NUMA nodes (two sockets), --numa places each GPU worker near its GPU, as
+NCCL keeps its own buffers and threads: with auto (the default) its memory (the shared arena its
+node rank 0 creates, pinned buffers, everything it allocates) is preferred on the GPU's node,
+and when the job's GPUs sit on more than one node each worker is also bound to the CPUs local
+to its GPU (sysfs local_cpulist; all ranks near one node keep every CPU); --numa on binds CPUs
+always, --numa off places nothing. Where each rank went is in the summary (devices[].numa) and
+a "placement" line; what the kernel refuses is warned of and the worker runs anyway. A host
+of one node is left alone under auto.
+
 --sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
 running daemon, a daemon is started inside this process for the run (its sockets in a private
 directory, removed at exit), and the workers get the host backend.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/migctl/migctl/internal/numa"
 )
 
 // Device is what one local rank runs on.
@@ -19,6 +21,9 @@ type Device struct {
 	GPU int `json:"gpu" yaml:"gpu"`
 	// Profile is the MIG profile ("" for a whole GPU).
 	Profile string `json:"profile,omitempty" yaml:"profile,omitempty"`
+	// NUMA is where the rank's process was placed (Config.Place; nil:
+	// nowhere in particular).
+	NUMA *numa.Placement `json:"numa,omitempty" yaml:"numa,omitempty"`
 }
 
 // Devices hands out one Device per local rank for a job and takes them

@@ -21,6 +21,7 @@ import (
 
 	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/comm/shm"
+	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/internal/supervisor"
 )
 
@@ -114,6 +115,11 @@ type Config struct {
 	ShmRoot string
 	// OnStart is called as each worker starts (global rank, pid).
 	OnStart func(rank, pid int)
+	// Place, when not nil, gives the placement of each rank's process
+	// (CPUs, preferred NUMA node; numa.None for none) from the devices
+	// acquired for them, by local rank. Placements the kernel refuses are
+	// warned of on Stderr; the workers start anyway.
+	Place func(devs []Device) []numa.Placement
 	// Warnings go to Stderr, each on a line of its own after "run:
 	// warning: ", once everything is ready and just before the workers
 	// start (a job that fails to start prints its error alone).
@@ -395,6 +401,13 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 			}
 			return res, fmt.Errorf("%w: %w", ErrDevices, err)
 		}
+		if cfg.Place != nil {
+			for i, pl := range cfg.Place(devs) {
+				if i < len(devs) && !pl.IsNone() {
+					devs[i].NUMA = &pl
+				}
+			}
+		}
 		p.devs = devs
 		res.Devices = devs
 	}
@@ -411,6 +424,9 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	p.logf("run: job %s: %d workers here (ranks %d..%d of %d), rendezvous %s%s", cfg.Job, cfg.NProc,
 		p.firstRank, p.firstRank+cfg.NProc-1, p.world, p.rdzvAddr, p.devicesNote())
+	if note := p.placementNote(); note != "" {
+		p.logf("run: placement: %s", note)
+	}
 
 	sigMu.Lock()
 	supervising = true
@@ -448,6 +464,29 @@ func (p *plan) devicesNote() string {
 		names = append(names, d.Visible)
 	}
 	return ", devices " + strings.Join(names, " ")
+}
+
+// placementNote says where the ranks run, one clause per placement in
+// order of first rank ("ranks 0-3: node 0, CPUs 0-15; ranks 4-7: ..."), ""
+// when none is placed.
+func (p *plan) placementNote() string {
+	var order []string
+	ranks := map[string][]int{}
+	for i, d := range p.devs {
+		if d.NUMA == nil {
+			continue
+		}
+		k := d.NUMA.String()
+		if ranks[k] == nil {
+			order = append(order, k)
+		}
+		ranks[k] = append(ranks[k], p.firstRank+i)
+	}
+	var parts []string
+	for _, k := range order {
+		parts = append(parts, fmt.Sprintf("ranks %s: %s", numa.FormatList(ranks[k]), k))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // rendezvousServer is what the launcher uses of *rendezvous.Server.
@@ -572,6 +611,19 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 	}
 	if c.OnStart != nil {
 		sc.OnStart = func(w supervisor.Worker, pid int) { c.OnStart(w.Rank, pid) }
+	}
+	if len(p.devs) > 0 {
+		sc.Placement = func(w supervisor.Worker) numa.Placement {
+			if pl := p.devs[w.LocalRank].NUMA; pl != nil {
+				return *pl
+			}
+			return numa.None
+		}
+		sc.PlacementFailed = func(w supervisor.Worker, err error) {
+			if c.Stderr != nil {
+				fmt.Fprintf(c.Stderr, "run: warning: rank %d runs where the kernel put it: %v\n", w.Rank, err)
+			}
+		}
 	}
 	sc.OnFailure = func(f supervisor.Failure) {
 		p.logf("run: %s", f)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/migctl/migctl/internal/numa"
 )
 
 // Sentinel errors of Run.
@@ -87,6 +89,12 @@ type Config struct {
 	// registered at a rendezvous); if not, they are killed at once instead
 	// of getting Grace. nil: ready once every process is started.
 	Ready func(generation int) bool
+	// Placement, when not nil, is where a worker runs: its CPUs and the
+	// NUMA node its memory is preferred on (numa.Start). What the kernel
+	// refuses of it goes to PlacementFailed (nil: dropped); the worker
+	// starts anyway.
+	Placement       func(w Worker) numa.Placement
+	PlacementFailed func(w Worker, err error)
 	// OnStart is called after each worker starts (nil: nothing).
 	OnStart func(w Worker, pid int)
 	// OnFailure is called with a generation's root cause as soon as it is
@@ -501,7 +509,14 @@ func (s *run) start(w Worker) (*proc, error) {
 		p.streams = append(p.streams, st)
 	}
 	cmd.Stdout, cmd.Stderr = writers[0], writers[1]
-	err := cmd.Start()
+	place := numa.None
+	if cfg.Placement != nil {
+		place = cfg.Placement(w)
+	}
+	placeErr, err := numa.Start(place, cmd.Start)
+	if placeErr != nil && err == nil && cfg.PlacementFailed != nil {
+		cfg.PlacementFailed(w, placeErr)
+	}
 	for _, x := range writers {
 		_ = x.Close()
 	}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/numa"
+	"github.com/migctl/migctl/mig"
+)
+
+// envSysfs points --numa at another sysfs tree than /sys (tests; a host
+// whose /sys is mounted elsewhere).
+const envSysfs = "MIGCTL_SYSFS_ROOT"
+
+// numaModes are --numa's values.
+var numaModes = []string{"auto", "on", "off"}
+
+// placer is launcher.Config.Place for --numa mode: each rank's process goes
+// near its physical GPU (GPU index → busIDs → sysfs). "on": bound to the
+// CPUs local to the GPU and its memory preferred on the GPU's node. "auto":
+// only where the host has more than one NUMA node; memory always preferred
+// on the GPU's node there, CPUs bound only when the job's GPUs sit on more
+// than one node (ranks all near one node keep every CPU: binding them to
+// one socket would take half the host's CPUs from a job that launches
+// kernels from every rank). "off", a host of one node under "auto", or no
+// bus ID known: nil (no placement).
+func placer(mode string, sys numa.Sysfs, busIDs map[int]string) (func([]launcher.Device) []numa.Placement, error) {
+	if mode == "off" || len(busIDs) == 0 {
+		return nil, nil
+	}
+	nodes, err := sys.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("reading the host's NUMA nodes: %w", err)
+	}
+	if mode == "auto" && len(nodes) < 2 {
+		return nil, nil
+	}
+	return func(devs []launcher.Device) []numa.Placement {
+		out := make([]numa.Placement, len(devs))
+		used := map[int]bool{}
+		for i, d := range devs {
+			out[i] = numa.None
+			if bus, ok := busIDs[d.GPU]; ok {
+				if p, err := sys.Device(numa.BusID(bus)); err == nil {
+					out[i] = p
+					if p.Node >= 0 {
+						used[p.Node] = true
+					}
+				}
+			}
+		}
+		if mode == "auto" && len(used) < 2 {
+			for i := range out {
+				out[i].CPUs = nil
+			}
+		}
+		return out
+	}, nil
+}
+
+// gpuBusIDs are the PCI addresses of the node's GPUs by index, from NVML
+// (the simulator's with --sim); none when it cannot be read.
+func (o *runOptions) gpuBusIDs() map[int]string {
+	on, err := o.node.open()
+	if err != nil {
+		return nil
+	}
+	defer on.close()
+	node, err := mig.Discover(on.lib)
+	if err != nil {
+		return nil
+	}
+	out := map[int]string{}
+	for _, g := range node.GPUs {
+		if g.PCIBusID != "" {
+			out[g.Index] = g.PCIBusID
+		}
+	}
+	return out
+}
+
+// numaPlacer is the run's launcher.Config.Place (nil: none), with a
+// warning when --numa on cannot place anything.
+func (o *runOptions) numaPlacer() (func([]launcher.Device) []numa.Placement, string) {
+	if o.numa == "off" || o.backend != "gpu" {
+		return nil, ""
+	}
+	ids := o.gpuBusIDs()
+	place, err := placer(o.numa, numa.Sysfs(os.Getenv(envSysfs)), ids)
+	switch {
+	case err != nil && o.numa == "on":
+		return nil, fmt.Sprintf("--numa on: %v; the workers run where the kernel puts them", err)
+	case len(ids) == 0 && o.numa == "on":
+		return nil, "--numa on: NVML gave no PCI address of any GPU; the workers run where the kernel puts them"
+	}
+	return place, ""
+}
+
+func validNUMAMode(m string) bool { return slices.Contains(numaModes, m) }

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/numa"
+	"github.com/migctl/migctl/internal/testutil"
+)
+
+// twoSocketSysfs writes a sysfs tree of a host of two NUMA nodes whose
+// GPUs at the given buses (sysfs form) sit on node bus→node with the CPUs
+// cpus[node], and returns its root.
+func twoSocketSysfs(t *testing.T, nodes map[string]int, cpus [2]string) string {
+	t.Helper()
+	root := t.TempDir()
+	write := func(rel, v string) {
+		p := filepath.Join(root, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(v+"\n"), 0o644))
+	}
+	write("devices/system/node/online", "0-1")
+	for bus, n := range nodes {
+		write("bus/pci/devices/"+bus+"/numa_node", fmt.Sprint(n))
+		write("bus/pci/devices/"+bus+"/local_cpulist", cpus[n])
+	}
+	return root
+}
+
+func TestPlacer(t *testing.T) {
+	// The simulated h200x8's first and fifth GPUs: buses 18 and 9a.
+	ids := map[int]string{0: "00000000:18:00.0", 4: "00000000:9A:00.0"}
+	two := numa.Sysfs(twoSocketSysfs(t, map[string]int{"0000:18:00.0": 0, "0000:9a:00.0": 1}, [2]string{"0-15", "16-31"}))
+	one := numa.Sysfs(t.TempDir()) // no node directory: one node
+	n0 := numa.Placement{Node: 0, CPUs: seqInts(0, 15)}
+	n1 := numa.Placement{Node: 1, CPUs: seqInts(16, 31)}
+	for _, tc := range []struct {
+		desc string
+		mode string
+		sys  numa.Sysfs
+		ids  map[int]string
+		gpus []int
+		want []numa.Placement // nil: no placer at all
+	}{
+		{"off", "off", two, ids, []int{0, 4}, nil},
+		{"auto, one node", "auto", one, ids, []int{0, 4}, nil},
+		{"no bus IDs", "on", two, nil, []int{0}, nil},
+		{"auto, GPUs on two nodes: CPUs and memory", "auto", two, ids, []int{0, 0, 4, 4}, []numa.Placement{n0, n0, n1, n1}},
+		{"auto, GPUs on one node: memory only", "auto", two, ids, []int{0, 0}, []numa.Placement{{Node: 0}, {Node: 0}}},
+		{"on, one node's GPUs: CPUs too", "on", two, ids, []int{4}, []numa.Placement{n1}},
+		{"a GPU without a bus ID, and an unknown GPU", "on", two, ids, []int{0, 3, -1}, []numa.Placement{n0, numa.None, numa.None}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			place, err := placer(tc.mode, tc.sys, tc.ids)
+			require.NoError(t, err)
+			if tc.want == nil {
+				require.Nil(t, place)
+				return
+			}
+			require.NotNil(t, place)
+			var devs []launcher.Device
+			for _, g := range tc.gpus {
+				devs = append(devs, launcher.Device{GPU: g})
+			}
+			require.Equal(t, tc.want, place(devs))
+		})
+	}
+}
+
+func seqInts(a, b int) []int {
+	var out []int
+	for i := a; i <= b; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// migctl run --numa on binds each worker to the CPUs local to its GPU and
+// prefers its memory on the GPU's node (here a fake sysfs of two nodes,
+// the simulated node's GPU 0 on node 0 with this machine's first CPU), says
+// so in the summary, and warns, still running the worker, where the kernel
+// refuses (GPU 4 on a node 1 this machine does not have).
+func TestRunNUMAPlacement(t *testing.T) {
+	var mine unix.CPUSet
+	require.NoError(t, unix.SchedGetaffinity(0, &mine))
+	first := -1
+	for c := 0; c < 1024 && first < 0; c++ {
+		if mine.IsSet(c) {
+			first = c
+		}
+	}
+	if err := unix.SetMemPolicy(unix.MPOL_DEFAULT, nil); err != nil {
+		t.Skipf("no NUMA memory policies here: %v", err)
+	}
+	root := twoSocketSysfs(t, map[string]int{"0000:18:00.0": 0, "0000:9a:00.0": 1}, [2]string{fmt.Sprint(first), fmt.Sprint(first)})
+	r := newRunCLI(t, testutil.MigctlBin(t))
+	env := []string{envSysfs + "=" + root}
+	probe := `grep Cpus_allowed_list /proc/self/status; head -1 /proc/self/numa_maps`
+	allowed := regexp.MustCompile(`Cpus_allowed_list:\s+(\S+)`)
+
+	stdout, stderr, err := r.run(t, env, append(r.sim, "--np", "2", "--profile", "1g.18gb", "--lease-gpu", "0",
+		"--backend", "gpu", "--numa", "on", "-o", "json", "--", "sh", "-c", probe)...)
+	require.NoError(t, err, stderr)
+	res := summary(t, stdout)
+	require.Len(t, res.Devices, 2)
+	for _, d := range res.Devices {
+		require.Equal(t, &numa.Placement{Node: 0, CPUs: []int{first}}, d.NUMA)
+	}
+	for rank := range 2 {
+		m := regexp.MustCompile(fmt.Sprintf(`\[%d\]: Cpus_allowed_list:\s+(\S+)`, rank)).FindStringSubmatch(stdout)
+		require.NotNil(t, m, stdout)
+		require.Equal(t, fmt.Sprint(first), m[1], "rank %d's CPUs", rank)
+		require.Regexp(t, fmt.Sprintf(`\[%d\]: \S+ prefer:0 `, rank), stdout, "rank %d's memory policy", rank)
+	}
+	require.Contains(t, stderr, fmt.Sprintf("run: placement: ranks 0-1: node 0, CPUs %d", first))
+
+	// Node 1 does not exist here: the worker starts, bound to its CPUs, and
+	// the run warns.
+	stdout, stderr, err = r.run(t, env, append(r.sim, "--np", "1", "--profile", "1g.18gb", "--lease-gpu", "4",
+		"--backend", "gpu", "--numa", "on", "--", "sh", "-c", probe)...)
+	require.NoError(t, err, stderr)
+	require.Contains(t, stderr, "run: warning: rank 0 runs where the kernel put it: preferring memory on node 1")
+	m := allowed.FindStringSubmatch(stdout)
+	require.NotNil(t, m, stdout)
+	require.Equal(t, fmt.Sprint(first), m[1])
+
+	// --numa off: nothing placed.
+	stdout, stderr, err = r.run(t, env, append(r.sim, "--np", "1", "--profile", "1g.18gb", "--lease-gpu", "0",
+		"--backend", "gpu", "--numa", "off", "--", "sh", "-c", probe)...)
+	require.NoError(t, err, stderr)
+	require.NotContains(t, stderr, "placement")
+	require.NotContains(t, stdout, "prefer:")
+	r.requireClean(t)
+}
