@@ -23,6 +23,7 @@ import (
 
 type benchOptions struct {
 	spec      benchrank.Config
+	numa      string
 	dtype     string
 	sizeMin   string
 	sizeMax   string
@@ -120,6 +121,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.IntVar(&o.local, "local", -1, "ranks to start here (-1: all --np); the others join with --rendezvous")
 	f.StringVar(&o.mps, "mps", "auto", "ranks sharing a GPU (gpu backend, shm) run under a private MPS server: auto (when it works), on (or fail), off (time-sliced contexts)")
 	f.StringVar(&o.mpsCtl, "mps-control", mps.DefaultControl, "the MPS control program --mps runs")
+	f.StringVar(&o.numa, "numa", "auto", "place each rank near its GPU on hosts of several NUMA nodes, as migctl run --numa does: auto, on or off")
 	f.BoolVarP(&o.spec.Quiet, "quiet", "q", false, "no progress on stderr")
 	f.BoolVar(&o.spec.Limits, "limits", true, "print each row's floor for its algorithm, LIMIT(US), and %LIMIT, from the figures of migctl bench limits (measured once, cached; they also choose --algo auto)")
 	o.output = outputFlag(c)
@@ -231,6 +233,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
 	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
 		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
+	case !validNUMAMode(o.numa):
+		return fmt.Errorf("--numa %q: want auto, on or off", o.numa)
 	case s.SmallOn != "cpu" && s.SmallOn != "device":
 		return fmt.Errorf("--small-on %q: want cpu or device", s.SmallOn)
 	case reduceOnInvalid(s.ReduceOn) != nil:
@@ -295,7 +299,15 @@ func (o *benchOptions) Run(ctx context.Context) error {
 			// rendezvous would refuse the difference).
 			env = append(env, trainer.MachineEnv(*o.machine))
 		}
-		rep, err = launchBench(ctx, o.spec, o.listen, o.token, o.local, env, o.streams)
+		l := benchLaunch{listen: o.listen, token: o.token, local: o.local, env: env}
+		if gpus := o.spec.GPUs; len(gpus) > 0 {
+			var warn string
+			l.place, warn = numaPlacer(&nodeFlags{}, o.numa, o.spec.Backend, func(local int) int { return gpus[local%len(gpus)] })
+			if warn != "" {
+				fmt.Fprintf(o.streams.ErrOut, "bench: warning: %s\n", warn)
+			}
+		}
+		rep, err = launchBench(ctx, o.spec, l, o.streams)
 		j.stop()
 		if rep != nil {
 			rep.MPS = j != nil

@@ -14,6 +14,7 @@ import (
 	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/launcher"
+	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/trainer"
 )
 
@@ -58,11 +59,22 @@ func hostBench(ctx context.Context, spec benchrank.Config, listen, token string,
 	return srv.WaitBarrier(ctx, trainer.StorePrefix+benchrank.DoneBarrier)
 }
 
+// benchLaunch is how launchBench starts the ranks: the rendezvous to host
+// (--listen; "": a private socket), the job token, how many ranks start here,
+// what their environment adds, and where they run (nil: anywhere).
+type benchLaunch struct {
+	listen, token string
+	local         int
+	env           []string
+	place         func([]launcher.Device) []numa.Placement
+}
+
 // launchBench starts local ranks (this binary's hidden `bench worker`)
 // through the launcher, which hosts the rendezvous (a private socket, or
 // --listen so that other ranks can join) and hands each rank the job token
 // in its environment, plus env. It returns rank 0's report.
-func launchBench(ctx context.Context, spec benchrank.Config, listen, token string, local int, env []string, s streams) (*benchReport, error) {
+func launchBench(ctx context.Context, spec benchrank.Config, l benchLaunch, s streams) (*benchReport, error) {
+	listen, token, local, env := l.listen, l.token, l.local, l.env
 	if local == 0 {
 		return nil, hostBench(ctx, spec, listen, token, s)
 	}
@@ -88,7 +100,7 @@ func launchBench(ctx context.Context, spec benchrank.Config, listen, token strin
 		NProc:   local, World: spec.NP, Listen: listen, Job: spec.Job, Token: token,
 		Backend: spec.Backend, Timeout: spec.Timeout, Grace: benchGrace, Env: env,
 		// Rank output goes to stderr: stdout is the report's.
-		Stdout: s.ErrOut, Stderr: s.ErrOut, Signals: sigs,
+		Stdout: s.ErrOut, Stderr: s.ErrOut, Signals: sigs, Place: l.place,
 	}
 	if !spec.Quiet {
 		cfg.OnStart = func(rank, pid int) { fmt.Fprintf(s.ErrOut, "bench: started rank %d (pid %d)\n", rank, pid) }

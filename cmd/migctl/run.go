@@ -294,7 +294,7 @@ func (o *runOptions) Run(ctx context.Context) error {
 	}
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
-	if place, warn := o.numaPlacer(); place != nil {
+	if place, warn := numaPlacer(&o.node, o.numa, o.backend, nil); place != nil {
 		cfg.Place = place
 	} else if warn != "" {
 		cfg.Warnings = append(cfg.Warnings, warn)

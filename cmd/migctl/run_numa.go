@@ -17,8 +17,8 @@ const envSysfs = "MIGCTL_SYSFS_ROOT"
 // numaModes are --numa's values.
 var numaModes = []string{"auto", "on", "off"}
 
-// placer is launcher.Config.Place for --numa mode: each rank's process goes
-// near its physical GPU (GPU index → busIDs → sysfs). "on": bound to the
+// placer places processes for --numa mode, each near its physical GPU (the
+// GPU indexes it is given, one per process → busIDs → sysfs). "on": bound to the
 // CPUs local to the GPU and its memory preferred on the GPU's node. "auto":
 // only where the host has more than one NUMA node; memory always preferred
 // on the GPU's node there, CPUs bound only when the job's GPUs sit on more
@@ -26,7 +26,7 @@ var numaModes = []string{"auto", "on", "off"}
 // one socket would take half the host's CPUs from a job that launches
 // kernels from every rank). "off", a host of one node under "auto", or no
 // bus ID known: nil (no placement).
-func placer(mode string, sys numa.Sysfs, busIDs map[int]string) (func([]launcher.Device) []numa.Placement, error) {
+func placer(mode string, sys numa.Sysfs, busIDs map[int]string) (func(gpus []int) []numa.Placement, error) {
 	if mode == "off" || len(busIDs) == 0 {
 		return nil, nil
 	}
@@ -37,12 +37,12 @@ func placer(mode string, sys numa.Sysfs, busIDs map[int]string) (func([]launcher
 	if mode == "auto" && len(nodes) < 2 {
 		return nil, nil
 	}
-	return func(devs []launcher.Device) []numa.Placement {
-		out := make([]numa.Placement, len(devs))
+	return func(gpus []int) []numa.Placement {
+		out := make([]numa.Placement, len(gpus))
 		used := map[int]bool{}
-		for i, d := range devs {
+		for i, gpu := range gpus {
 			out[i] = numa.None
-			if bus, ok := busIDs[d.GPU]; ok {
+			if bus, ok := busIDs[gpu]; ok {
 				if p, err := sys.Device(numa.BusID(bus)); err == nil {
 					out[i] = p
 					if p.Node >= 0 {
@@ -62,18 +62,18 @@ func placer(mode string, sys numa.Sysfs, busIDs map[int]string) (func([]launcher
 
 // gpuBusIDs are the PCI addresses of the node's GPUs by index, from NVML
 // (the simulator's with --sim); none when it cannot be read.
-func (o *runOptions) gpuBusIDs() map[int]string {
-	on, err := o.node.open()
+func gpuBusIDs(node *nodeFlags) map[int]string {
+	on, err := node.open()
 	if err != nil {
 		return nil
 	}
 	defer on.close()
-	node, err := mig.Discover(on.lib)
+	n, err := mig.Discover(on.lib)
 	if err != nil {
 		return nil
 	}
 	out := map[int]string{}
-	for _, g := range node.GPUs {
+	for _, g := range n.GPUs {
 		if g.PCIBusID != "" {
 			out[g.Index] = g.PCIBusID
 		}
@@ -81,21 +81,34 @@ func (o *runOptions) gpuBusIDs() map[int]string {
 	return out
 }
 
-// numaPlacer is the run's launcher.Config.Place (nil: none), with a
-// warning when --numa on cannot place anything.
-func (o *runOptions) numaPlacer() (func([]launcher.Device) []numa.Placement, string) {
-	if o.numa == "off" || o.backend != "gpu" {
+// numaPlacer is launcher.Config.Place for --numa mode and backend (nil:
+// none; migctl run's and migctl bench's), with the GPU of each local rank
+// from gpuOf (nil: the devices the launcher acquired), and a warning when
+// --numa on cannot place anything.
+func numaPlacer(node *nodeFlags, mode, backend string, gpuOf func(local int) int) (func([]launcher.Device) []numa.Placement, string) {
+	if mode == "off" || backend != "gpu" {
 		return nil, ""
 	}
-	ids := o.gpuBusIDs()
-	place, err := placer(o.numa, numa.Sysfs(os.Getenv(envSysfs)), ids)
+	ids := gpuBusIDs(node)
+	place, err := placer(mode, numa.Sysfs(os.Getenv(envSysfs)), ids)
 	switch {
-	case err != nil && o.numa == "on":
+	case err != nil && mode == "on":
 		return nil, fmt.Sprintf("--numa on: %v; the workers run where the kernel puts them", err)
-	case len(ids) == 0 && o.numa == "on":
+	case len(ids) == 0 && mode == "on":
 		return nil, "--numa on: NVML gave no PCI address of any GPU; the workers run where the kernel puts them"
+	case place == nil:
+		return nil, ""
 	}
-	return place, ""
+	return func(devs []launcher.Device) []numa.Placement {
+		gpus := make([]int, len(devs))
+		for i, d := range devs {
+			gpus[i] = d.GPU
+			if gpuOf != nil {
+				gpus[i] = gpuOf(i)
+			}
+		}
+		return place(gpus)
+	}, ""
 }
 
 func validNUMAMode(m string) bool { return slices.Contains(numaModes, m) }

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/internal/testutil"
 )
@@ -65,11 +64,7 @@ func TestPlacer(t *testing.T) {
 				return
 			}
 			require.NotNil(t, place)
-			var devs []launcher.Device
-			for _, g := range tc.gpus {
-				devs = append(devs, launcher.Device{GPU: g})
-			}
-			require.Equal(t, tc.want, place(devs))
+			require.Equal(t, tc.want, place(tc.gpus))
 		})
 	}
 }

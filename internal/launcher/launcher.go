@@ -117,7 +117,8 @@ type Config struct {
 	OnStart func(rank, pid int)
 	// Place, when not nil, gives the placement of each rank's process
 	// (CPUs, preferred NUMA node; numa.None for none) from the devices
-	// acquired for them, by local rank. Placements the kernel refuses are
+	// acquired for them, by local rank (without Devices: NProc devices of
+	// GPU -1, the ranks finding theirs themselves). Placements the kernel refuses are
 	// warned of on Stderr; the workers start anyway.
 	Place func(devs []Device) []numa.Placement
 	// Warnings go to Stderr, each on a line of its own after "run:
@@ -164,7 +165,8 @@ type plan struct {
 	masterAddr string
 	masterPort int
 	devs       []Device
-	blame      string // set by the supervisor's OnFailure (its goroutine)
+	place      []numa.Placement // by local rank (Config.Place)
+	blame      string           // set by the supervisor's OnFailure (its goroutine)
 	// accepts counts connections to the rendezvous; genAccepts is the
 	// count when the current generation started.
 	accepts    atomic.Int64
@@ -401,15 +403,24 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 			}
 			return res, fmt.Errorf("%w: %w", ErrDevices, err)
 		}
-		if cfg.Place != nil {
-			for i, pl := range cfg.Place(devs) {
-				if i < len(devs) && !pl.IsNone() {
-					devs[i].NUMA = &pl
-				}
-			}
-		}
 		p.devs = devs
 		res.Devices = devs
+	}
+	if cfg.Place != nil {
+		devs := p.devs
+		if len(devs) == 0 { // ranks that find their devices themselves (migctl bench)
+			devs = make([]Device, cfg.NProc)
+			for i := range devs {
+				devs[i].GPU = -1
+			}
+		}
+		p.place = cfg.Place(devs)
+		for i := range p.devs {
+			if i < len(p.place) && !p.place[i].IsNone() {
+				pl := p.place[i]
+				p.devs[i].NUMA = &pl
+			}
+		}
 	}
 	if ierr := interrupted("preparing"); ierr != nil {
 		return res, ierr
@@ -472,11 +483,11 @@ func (p *plan) devicesNote() string {
 func (p *plan) placementNote() string {
 	var order []string
 	ranks := map[string][]int{}
-	for i, d := range p.devs {
-		if d.NUMA == nil {
+	for i, pl := range p.place {
+		if pl.IsNone() {
 			continue
 		}
-		k := d.NUMA.String()
+		k := pl.String()
 		if ranks[k] == nil {
 			order = append(order, k)
 		}
@@ -612,10 +623,10 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 	if c.OnStart != nil {
 		sc.OnStart = func(w supervisor.Worker, pid int) { c.OnStart(w.Rank, pid) }
 	}
-	if len(p.devs) > 0 {
+	if len(p.place) > 0 {
 		sc.Placement = func(w supervisor.Worker) numa.Placement {
-			if pl := p.devs[w.LocalRank].NUMA; pl != nil {
-				return *pl
+			if w.LocalRank < len(p.place) {
+				return p.place[w.LocalRank]
 			}
 			return numa.None
 		}
