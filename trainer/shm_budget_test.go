@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,20 +12,8 @@ import (
 
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
+	"github.com/migctl/migctl/internal/testutil"
 )
-
-// smallTmpfs mounts a tmpfs of size bytes for the test (a container's
-// /dev/shm), or skips where the test may not mount one.
-func smallTmpfs(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
-	return dir
-}
 
 // On a 64-MiB shared-memory file system (Docker's and Kubernetes' default
 // /dev/shm) a job of 4 ranks on the gpu backend forms its group, all
@@ -35,7 +22,7 @@ func smallTmpfs(t *testing.T, size int64) string {
 // sized by what the file system has left, not each against all of it.
 func TestSmallShmFitsEveryLink(t *testing.T) {
 	const n, count = 4, 300_000 // 1.2 MB messages: several chunks of a small arena
-	root := smallTmpfs(t, 64<<20)
+	root := testutil.MountTmpfs(t, 64<<20)
 	err := world(t, n, func(r int) []Option {
 		f := cuda.NewFake()
 		comm.InstallFakeCUDAKernels(f)

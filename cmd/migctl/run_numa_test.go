@@ -83,14 +83,7 @@ func seqInts(a, b int) []int {
 // so in the summary, and warns, still running the worker, where the kernel
 // refuses (GPU 4 on a node 1 this machine does not have).
 func TestRunNUMAPlacement(t *testing.T) {
-	var mine unix.CPUSet
-	require.NoError(t, unix.SchedGetaffinity(0, &mine))
-	first := -1
-	for c := 0; c < 1024 && first < 0; c++ {
-		if mine.IsSet(c) {
-			first = c
-		}
-	}
+	first := testutil.CPUs(t, 1)[0]
 	if err := unix.SetMemPolicy(unix.MPOL_DEFAULT, nil); err != nil {
 		t.Skipf("no NUMA memory policies here: %v", err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -45,11 +44,7 @@ func TestShmAdvice(t *testing.T) {
 // migctl run on a small shared-memory file system warns once, then runs the
 // job.
 func TestRunWarnsOfASmallShm(t *testing.T) {
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	dir := testutil.MountTmpfs(t, 64<<20)
 	r := newRunCLI(t, testutil.MigctlBin(t))
 	for _, tc := range []struct {
 		np   int

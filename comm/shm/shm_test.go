@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 func TestSegmentLifecycle(t *testing.T) {
@@ -182,13 +184,8 @@ func TestFSOf(t *testing.T) {
 // A segment larger than a small tmpfs fails with ENOSPC and says how big
 // the file system is and how to give a container more.
 func TestCreateUnnamedOnAFullTmpfs(t *testing.T) {
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
-	_, err = CreateUnnamed(dir, 4<<20)
+	dir := testutil.MountTmpfs(t, 1<<20)
+	_, err := CreateUnnamed(dir, 4<<20)
 	require.ErrorIs(t, err, unix.ENOSPC)
 	require.ErrorContains(t, err, dir+" holds 1 MiB, 1 MiB free")
 	require.ErrorContains(t, err, "--shm-size")

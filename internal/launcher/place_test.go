@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/migctl/migctl/internal/numa"
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // Config.Place puts each worker where it says, from the acquired devices
@@ -20,17 +20,7 @@ import (
 // devices of GPU -1; restarted workers are placed again; the progress line
 // groups the ranks.
 func TestPlace(t *testing.T) {
-	var mine unix.CPUSet
-	require.NoError(t, unix.SchedGetaffinity(0, &mine))
-	var cpus []int
-	for c := 0; c < 1024 && len(cpus) < 2; c++ {
-		if mine.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	if len(cpus) < 2 {
-		t.Skip("needs two CPUs to tell a placement from none")
-	}
+	cpus := testutil.CPUs(t, 2) // two, to tell a placement from none
 	script := func(dir string) []string {
 		return []string{"sh", "-c", `grep Cpus_allowed_list /proc/self/status > "` + dir + `/cpus-$MIGCTL_GENERATION-$RANK"
 if [ "$MIGCTL_GENERATION" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi`}

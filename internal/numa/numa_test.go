@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 func TestParseAndFormatList(t *testing.T) {
@@ -108,14 +110,7 @@ func seq(a, b int) []int {
 func TestStartPlacesTheChild(t *testing.T) {
 	var mine unix.CPUSet
 	require.NoError(t, unix.SchedGetaffinity(0, &mine))
-	first := -1
-	for c := 0; c < 1024; c++ {
-		if mine.IsSet(c) {
-			first = c
-			break
-		}
-	}
-	require.GreaterOrEqual(t, first, 0)
+	first := testutil.CPUs(t, 1)[0]
 	var out strings.Builder
 	// Started as the supervisor starts workers: killed if the thread that
 	// forked it exits, so that thread must live on.
