@@ -33,13 +33,20 @@ func twoSocketSysfs(t *testing.T, nodes map[string]int, cpus [2]string) string {
 	return root
 }
 
+func cpuList(t *testing.T, s string) []int {
+	t.Helper()
+	l, err := numa.ParseList(s)
+	require.NoError(t, err)
+	return l
+}
+
 func TestPlacer(t *testing.T) {
 	// The simulated h200x8's first and fifth GPUs: buses 18 and 9a.
 	ids := map[int]string{0: "00000000:18:00.0", 4: "00000000:9A:00.0"}
 	two := numa.Sysfs(twoSocketSysfs(t, map[string]int{"0000:18:00.0": 0, "0000:9a:00.0": 1}, [2]string{"0-15", "16-31"}))
 	one := numa.Sysfs(t.TempDir()) // no node directory: one node
-	n0 := numa.Placement{Node: 0, CPUs: seqInts(0, 15)}
-	n1 := numa.Placement{Node: 1, CPUs: seqInts(16, 31)}
+	n0 := numa.Placement{Node: 0, CPUs: cpuList(t, "0-15")}
+	n1 := numa.Placement{Node: 1, CPUs: cpuList(t, "16-31")}
 	for _, tc := range []struct {
 		desc string
 		mode string
@@ -67,14 +74,6 @@ func TestPlacer(t *testing.T) {
 			require.Equal(t, tc.want, place(tc.gpus))
 		})
 	}
-}
-
-func seqInts(a, b int) []int {
-	var out []int
-	for i := a; i <= b; i++ {
-		out = append(out, i)
-	}
-	return out
 }
 
 // migctl run --numa on binds each worker to the CPUs local to its GPU and

@@ -66,6 +66,14 @@ func fakeSysfs(t *testing.T) Sysfs {
 	return Sysfs(root)
 }
 
+func list(t *testing.T, s string) []int {
+	t.Helper()
+	l, err := ParseList(s)
+	require.NoError(t, err)
+	require.Equal(t, s, FormatList(l))
+	return l
+}
+
 func TestSysfs(t *testing.T) {
 	s := fakeSysfs(t)
 	nodes, err := s.Nodes()
@@ -76,8 +84,8 @@ func TestSysfs(t *testing.T) {
 		want Placement
 		err  string
 	}{
-		{"0000:17:00.0", Placement{Node: 0, CPUs: append(seq(0, 15), seq(32, 47)...)}, ""},
-		{"0000:9a:00.0", Placement{Node: 1, CPUs: append(seq(16, 31), seq(48, 63)...)}, ""},
+		{"0000:17:00.0", Placement{Node: 0, CPUs: list(t, "0-15,32-47")}, ""},
+		{"0000:9a:00.0", Placement{Node: 1, CPUs: list(t, "16-31,48-63")}, ""},
 		{"0000:01:00.0", None, ""},                        // the platform does not say
 		{"0000:02:00.0", Placement{Node: 1}, ""},          // no CPU list
 		{"0000:ff:00.0", None, "NUMA node of PCI device"}, // no such device
@@ -94,14 +102,6 @@ func TestSysfs(t *testing.T) {
 	one, err := Sysfs(t.TempDir()).Nodes()
 	require.NoError(t, err)
 	require.Equal(t, []int{0}, one, "a kernel without NUMA: one node")
-}
-
-func seq(a, b int) []int {
-	var out []int
-	for i := a; i <= b; i++ {
-		out = append(out, i)
-	}
-	return out
 }
 
 // A process started with a placement runs on its CPUs with its memory
