@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/migctl/migctl/comm/shm"
+	"github.com/migctl/migctl/internal/numa"
 )
 
 // KV is the part of a rendezvous client that joining a job's shared memory
@@ -23,6 +24,9 @@ type KV interface {
 type ShmJob struct {
 	Segment *shm.Segment
 	Control *shm.Control
+	// Node is the NUMA node this rank allocated the segment's memory
+	// preferring (rank 0, JoinShmSized's node), -1 for none.
+	Node int
 }
 
 // Close unmaps the segment.
@@ -48,19 +52,23 @@ var joinStep = func(string) {}
 // there). Every rank must run as the same user on the same host (and pid
 // namespace) as rank 0. job is unused (kept for callers); no name carries it.
 func JoinShm(ctx context.Context, kv KV, rank int, job, root string, l shm.Layout) (*ShmJob, error) {
-	return JoinShmSized(ctx, kv, rank, job, root, func(int64, int64) shm.Layout { return l })
+	return JoinShmSized(ctx, kv, rank, job, root, -1, func(int64, int64) shm.Layout { return l })
 }
 
 // JoinShmSized is JoinShm with the layout chosen by rank 0 from the size of
 // the file system under root and what is free on it, while it holds the
 // root's creation lock (shm.LockRoot) until its segment has its memory: the
 // groups a job forms at once on a small /dev/shm (a pipeline's links) each
-// see what the ones before took. size runs on rank 0 only.
-func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, size func(capacity, free int64) shm.Layout) (*ShmJob, error) {
+// see what the ones before took. size runs on rank 0 only. node, when 0 or
+// more, is the NUMA node the segment's memory is preferred on (rank 0
+// allocates it from a thread whose memory policy says so: numa.Start);
+// ShmJob.Node says whether that was done.
+func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, node int, size func(capacity, free int64) shm.Layout) (*ShmJob, error) {
 	_ = job
 	var seg *shm.Segment
 	var ctl *shm.Control
 	var l shm.Layout
+	placed := -1
 	if rank == 0 {
 		_, _ = shm.Sweep(root)
 		joinStep("swept")
@@ -73,10 +81,16 @@ func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, size f
 		unlock := shm.LockRoot(root)
 		l = size(ShmSpace(root))
 		var err error
-		seg, err = shm.CreateUnnamed(root, l.Size())
+		placeErr, err := numa.Start(numa.Placement{Node: node}, func() (err error) {
+			seg, err = shm.CreateUnnamed(root, l.Size())
+			return err
+		})
 		unlock()
 		if err != nil {
 			return fail(err)
+		}
+		if node >= 0 && placeErr == nil {
+			placed = node
 		}
 		joinStep("created")
 		if ctl, err = shm.Init(seg.Bytes(), l); err != nil {
@@ -125,7 +139,7 @@ func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, size f
 		return nil, fmt.Errorf("waiting for every rank to map the shm segment: %w", berr)
 	}
 	joinStep("done")
-	return &ShmJob{Segment: seg, Control: ctl}, nil
+	return &ShmJob{Segment: seg, Control: ctl, Node: placed}, nil
 }
 
 // ShmSpace is the size in bytes of the filesystem of dir (the shared-memory

@@ -6,6 +6,7 @@ import (
 
 	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
+	"github.com/migctl/migctl/internal/numa"
 )
 
 // geometryKey is where a group's node rank 0 publishes the arena geometry
@@ -81,4 +82,17 @@ func shmBudget(capacity, free int64, jobGroup bool) int64 {
 		share = capacity / 2
 	}
 	return max(1, min(share, free/2)) // 1: full, as small as it goes
+}
+
+// arenaNode is the NUMA node the shared arena this rank creates (node rank
+// 0) is preferred on: its GPU's, on a host of several nodes, so that the
+// copy engines write and the reduce threads of the ranks near it read
+// memory of their own socket; -1 for none (one node, the host backend,
+// MIGCTL_NUMA=off). docs/collectives.md, "NUMA".
+func (g *Group) arenaNode() int {
+	td, ok := g.dev.(comm.TopologyDevice)
+	if !ok {
+		return -1
+	}
+	return numa.HostSysfs().NodeOf(td.Topology().PCIBusID)
 }

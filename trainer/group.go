@@ -420,7 +420,7 @@ func (g *Group) connect(ctx context.Context) error {
 		job = fmt.Sprintf("%s-node%d", job, g.node.node)
 	}
 	var err error
-	if g.job, err = comm.JoinShmSized(ctx, kv, rank, job, c.shmRoot, layout); err != nil {
+	if g.job, err = comm.JoinShmSized(ctx, kv, rank, job, c.shmRoot, g.arenaNode(), layout); err != nil {
 		return err
 	}
 	if chunk, slots, err = g.agreeOnGeometry(ctx, rank, size, kv, chunk, slots); err != nil {

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/internal/cuda"
+	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/internal/testutil"
 )
 
@@ -96,6 +98,65 @@ func TestShmBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, shmBudget(tc.capacity, tc.free, tc.job))
+		})
+	}
+}
+
+// On a host of two NUMA nodes the rank that creates the shared arena
+// allocates it preferring its GPU's node (here a fake sysfs puts the fake
+// GPU, bus 19, on node 0); MIGCTL_NUMA=off, a host of one node, or a node
+// the kernel refuses leave it to the kernel.
+func TestArenaOnTheGPUsNode(t *testing.T) {
+	if err := unix.SetMemPolicy(unix.MPOL_DEFAULT, nil); err != nil {
+		t.Skipf("no NUMA memory policies here: %v", err)
+	}
+	sysfs := func(t *testing.T, online string, node int) string {
+		root := t.TempDir()
+		for rel, v := range map[string]string{
+			"devices/system/node/online":             online,
+			"bus/pci/devices/0000:19:00.0/numa_node": fmt.Sprint(node),
+		} {
+			p := filepath.Join(root, rel)
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			require.NoError(t, os.WriteFile(p, []byte(v+"\n"), 0o644))
+		}
+		return root
+	}
+	for _, tc := range []struct {
+		desc   string
+		online string
+		node   int
+		off    bool
+		want   int // rank 0's ShmJob.Node
+	}{
+		{"two nodes, the GPU on 0", "0-1", 0, false, 0},
+		{"MIGCTL_NUMA=off", "0-1", 0, true, -1},
+		{"one node", "0", 0, false, -1},
+		{"a node this machine lacks", "0-1", 1, false, -1},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Setenv(numa.EnvSysfs, sysfs(t, tc.online, tc.node))
+			if tc.off {
+				t.Setenv(numa.EnvPlace, "off")
+			}
+			nodes := make([]int, 2)
+			err := world(t, 2, func(int) []Option {
+				f := cuda.NewFake()
+				comm.InstallFakeCUDAKernels(f)
+				return []Option{withCUDA(f), WithBackend(BackendGPU)}
+			}, func(g *Group) error {
+				nodes[g.Rank()] = g.job.Node
+				buf := []float32{float32(g.Rank() + 1)}
+				if err := g.AllReduce(context.Background(), HostSlice(buf), HostSlice(buf), Sum); err != nil {
+					return err
+				}
+				if buf[0] != 3 {
+					return fmt.Errorf("rank %d: sum %v, want 3", g.Rank(), buf[0])
+				}
+				return nil
+			})
+			requireAll(t, err)
+			require.Equal(t, []int{tc.want, -1}, nodes, "only rank 0 creates the arena")
 		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/migctl/migctl/internal/benchrank"
 	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/mps"
+	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/trainer"
 )
@@ -298,6 +299,9 @@ func (o *benchOptions) Run(ctx context.Context) error {
 			// (a rank joining from elsewhere would bring none, and the
 			// rendezvous would refuse the difference).
 			env = append(env, trainer.MachineEnv(*o.machine))
+		}
+		if o.numa == "off" {
+			env = append(env, numa.EnvPlace+"=off")
 		}
 		l := benchLaunch{listen: o.listen, token: o.token, local: o.local, env: env}
 		if gpus := o.spec.GPUs; len(gpus) > 0 {

@@ -19,6 +19,7 @@ import (
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/internal/mps"
+	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/internal/supervisor"
 	"github.com/migctl/migctl/mig"
@@ -294,6 +295,9 @@ func (o *runOptions) Run(ctx context.Context) error {
 	}
 	defer j.stop()
 	cfg.Env = append(cfg.Env, j.env()...)
+	if o.numa == "off" { // the SDK then leaves its arena to the kernel too
+		cfg.Env = append(cfg.Env, numa.EnvPlace+"=off")
+	}
 	if place, warn := numaPlacer(&o.node, o.numa, o.backend, nil); place != nil {
 		cfg.Place = place
 	} else if warn != "" {

@@ -29,7 +29,8 @@ NCCL keeps its own buffers and threads: with auto (the default) its memory (the 
 node rank 0 creates, pinned buffers, everything it allocates) is preferred on the GPU's node,
 and when the job's GPUs sit on more than one node each worker is also bound to the CPUs local
 to its GPU (sysfs local_cpulist; all ranks near one node keep every CPU); --numa on binds CPUs
-always, --numa off places nothing. Where each rank went is in the summary (devices[].numa) and
+always, --numa off places nothing (and sets MIGCTL_NUMA=off, which keeps the trainer SDK from
+placing its shared arena on its GPU's node, as it does by default). Where each rank went is in the summary (devices[].numa) and
 a "placement" line; what the kernel refuses is warned of and the worker runs anyway. A host
 of one node is left alone under auto.
 

@@ -2,17 +2,12 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	"github.com/migctl/migctl/internal/launcher"
 	"github.com/migctl/migctl/internal/numa"
 	"github.com/migctl/migctl/mig"
 )
-
-// envSysfs points --numa at another sysfs tree than /sys (tests; a host
-// whose /sys is mounted elsewhere).
-const envSysfs = "MIGCTL_SYSFS_ROOT"
 
 // numaModes are --numa's values.
 var numaModes = []string{"auto", "on", "off"}
@@ -90,7 +85,7 @@ func numaPlacer(node *nodeFlags, mode, backend string, gpuOf func(local int) int
 		return nil, ""
 	}
 	ids := gpuBusIDs(node)
-	place, err := placer(mode, numa.Sysfs(os.Getenv(envSysfs)), ids)
+	place, err := placer(mode, numa.HostSysfs(), ids)
 	switch {
 	case err != nil && mode == "on":
 		return nil, fmt.Sprintf("--numa on: %v; the workers run where the kernel puts them", err)

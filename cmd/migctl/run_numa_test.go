@@ -80,7 +80,8 @@ func TestPlacer(t *testing.T) {
 // prefers its memory on the GPU's node (here a fake sysfs of two nodes,
 // the simulated node's GPU 0 on node 0 with this machine's first CPU), says
 // so in the summary, and warns, still running the worker, where the kernel
-// refuses (GPU 4 on a node 1 this machine does not have).
+// refuses (GPU 4 on a node 1 this machine does not have); --numa off places
+// nothing and tells the workers' SDK so.
 func TestRunNUMAPlacement(t *testing.T) {
 	first := testutil.CPUs(t, 1)[0]
 	if err := unix.SetMemPolicy(unix.MPOL_DEFAULT, nil); err != nil {
@@ -88,8 +89,8 @@ func TestRunNUMAPlacement(t *testing.T) {
 	}
 	root := twoSocketSysfs(t, map[string]int{"0000:18:00.0": 0, "0000:9a:00.0": 1}, [2]string{fmt.Sprint(first), fmt.Sprint(first)})
 	r := newRunCLI(t, testutil.MigctlBin(t))
-	env := []string{envSysfs + "=" + root}
-	probe := `grep Cpus_allowed_list /proc/self/status; head -1 /proc/self/numa_maps`
+	env := []string{numa.EnvSysfs + "=" + root}
+	probe := `grep Cpus_allowed_list /proc/self/status; head -1 /proc/self/numa_maps; echo MIGCTL_NUMA=$MIGCTL_NUMA`
 	allowed := regexp.MustCompile(`Cpus_allowed_list:\s+(\S+)`)
 
 	stdout, stderr, err := r.run(t, env, append(r.sim, "--np", "2", "--profile", "1g.18gb", "--lease-gpu", "0",
@@ -124,5 +125,6 @@ func TestRunNUMAPlacement(t *testing.T) {
 	require.NoError(t, err, stderr)
 	require.NotContains(t, stderr, "placement")
 	require.NotContains(t, stdout, "prefer:")
+	require.Contains(t, stdout, "[0]: MIGCTL_NUMA=off", "the SDK is told to leave its arena alone too")
 	r.requireClean(t)
 }

@@ -92,6 +92,35 @@ func FormatList(xs []int) string {
 	return b.String()
 }
 
+// EnvSysfs points this package at another sysfs tree than /sys (tests; a
+// host whose /sys is mounted elsewhere).
+const EnvSysfs = "MIGCTL_SYSFS_ROOT"
+
+// EnvPlace set to "off" keeps the trainer SDK from placing what it
+// allocates (migctl run --numa off sets it for the workers).
+const EnvPlace = "MIGCTL_NUMA"
+
+// HostSysfs is the sysfs tree of this host: EnvSysfs's, else /sys.
+func HostSysfs() Sysfs { return Sysfs(os.Getenv(EnvSysfs)) }
+
+// NodeOf is the NUMA node to prefer for memory that the PCI device at
+// busID (any form: BusID) reads and writes: its node, when the host has
+// more than one and sysfs says which; else -1 (nothing to choose). EnvPlace
+// "off" makes it -1 too.
+func (s Sysfs) NodeOf(busID string) int {
+	if os.Getenv(EnvPlace) == "off" || busID == "" {
+		return -1
+	}
+	if nodes, err := s.Nodes(); err != nil || len(nodes) < 2 {
+		return -1
+	}
+	p, err := s.Device(BusID(busID))
+	if err != nil {
+		return -1
+	}
+	return p.Node
+}
+
 // Sysfs is the root of a sysfs tree ("" is /sys; tests give a fake one).
 type Sysfs string
 
