@@ -80,7 +80,6 @@ func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, node i
 		}
 		unlock := shm.LockRoot(root)
 		l = size(ShmSpace(root))
-		var err error
 		placeErr, err := numa.Start(numa.Placement{Node: node}, func() (err error) {
 			seg, err = shm.CreateUnnamed(root, l.Size())
 			return err
