@@ -15,14 +15,6 @@ say "/dev/shm: $(df -h /dev/shm | tail -1)"
 SMALL=/tmp/smallshm; mkdir -p $SMALL
 if mount -t tmpfs -o size=64m tmpfs $SMALL; then say "small: a 64 MiB tmpfs at $SMALL"; else say "small: cannot mount a tmpfs; skipping the small rows"; SMALL=; fi
 
-row r7-256M 7 256MiB 5 2
-[ -n "$SMALL" ] && row r7-256M-small 7 256MiB 5 2 --shm-dir $SMALL
-row r2-256M 2 256MiB 5 2
-[ -n "$SMALL" ] && row r2-256M-small 2 256MiB 5 2 --shm-dir $SMALL
-row r7-8K 7 8KiB 300 30
-timeout 200 python3 bin/gloo_allreduce.py --np 7 --sizes 8K,256M --iters 5 >"$W/gloo.out" 2>&1
-say "gloo 7 ranks rc=$? $(grep -E 'np=' "$W/gloo.out" | tr '\n' ' ')"
-
 p2p() { # tag np [run args...]
   local tag=$1 np=$2; shift 2
   timeout 150 $M run --gpus 0 --np "$np" --timeout 60s "$@" -- python3 python/tests/p2p_check.py --device cuda >"$W/$tag.out" 2>"$W/$tag.err"
@@ -31,6 +23,14 @@ p2p() { # tag np [run args...]
 p2p p2p4 4 -q
 [ -n "$SMALL" ] && p2p p2p4-small 4 -q --shm-dir $SMALL
 p2p p2p2-numa-on 2 --numa on
+row r7-256M 7 256MiB 5 2
+[ -n "$SMALL" ] && row r7-256M-small 7 256MiB 5 2 --shm-dir $SMALL
+row r2-256M 2 256MiB 5 2
+[ -n "$SMALL" ] && row r2-256M-small 2 256MiB 5 2 --shm-dir $SMALL
+row r7-8K 7 8KiB 300 30
+timeout 200 python3 bin/gloo_allreduce.py --np 7 --sizes 8K,256M --iters 5 >"$W/gloo.out" 2>&1
+say "gloo 7 ranks rc=$? $(grep -E 'np=' "$W/gloo.out" | tr '\n' ' ')"
+
 pipe() { # tag backend [run args...]
   local tag=$1 b=$2; shift 2
   timeout 150 $M run --gpus 0 --np 4 -q --timeout 60s "$@" -- python3 examples/pytorch/pipeline.py --backend "$b" --steps 30 \
