@@ -25,14 +25,14 @@ daemon's --mps decides), a CUDA_MPS_PIPE_DIRECTORY already set or a node-wide MP
 daemon in /tmp/nvidia-mps (the workers join that one).
 
 On a host of several NUMA nodes (two sockets), --numa places each GPU worker near its GPU, as
-NCCL keeps its own buffers and threads: with auto (the default) its memory (the shared arena its
-node rank 0 creates, pinned buffers, everything it allocates) is preferred on the GPU's node,
-and when the job's GPUs sit on more than one node each worker is also bound to the CPUs local
-to its GPU (sysfs local_cpulist; all ranks near one node keep every CPU); --numa on binds CPUs
-always, --numa off places nothing (and sets MIGCTL_NUMA=off, which keeps the trainer SDK from
-placing its shared arena on its GPU's node, as it does by default). Where each rank went is in the summary (devices[].numa) and
-a "placement" line; what the kernel refuses is warned of and the worker runs anyway. A host
-of one node is left alone under auto.
+NCCL keeps its own buffers and threads: with auto (the default) its memory (pinned buffers,
+everything it allocates) is preferred on the GPU's node, and when the job's GPUs sit on more than
+one node each worker is also bound to the CPUs local to its GPU (sysfs local_cpulist; ranks all
+near one node keep every CPU); --numa on binds CPUs always; --numa off places nothing and sets
+MIGCTL_NUMA=off, which also keeps the trainer SDK from allocating its shared arena on its GPU's
+node (as it does by default, however it was launched). Where each rank went is in the summary
+(devices[].numa) and a "placement" line; what the kernel refuses is warned of and the worker
+runs anyway. A host of one node is left alone under auto.
 
 --sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
 running daemon, a daemon is started inside this process for the run (its sockets in a private
