@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -19,18 +17,12 @@ import (
 // cpus[node], and returns its root.
 func twoSocketSysfs(t *testing.T, nodes map[string]int, cpus [2]string) string {
 	t.Helper()
-	root := t.TempDir()
-	write := func(rel, v string) {
-		p := filepath.Join(root, rel)
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(v+"\n"), 0o644))
-	}
-	write("devices/system/node/online", "0-1")
+	files := map[string]string{"devices/system/node/online": "0-1"}
 	for bus, n := range nodes {
-		write("bus/pci/devices/"+bus+"/numa_node", fmt.Sprint(n))
-		write("bus/pci/devices/"+bus+"/local_cpulist", cpus[n])
+		files["bus/pci/devices/"+bus+"/numa_node"] = fmt.Sprint(n)
+		files["bus/pci/devices/"+bus+"/local_cpulist"] = cpus[n]
 	}
-	return root
+	return testutil.WriteTree(t, files)
 }
 
 func cpuList(t *testing.T, s string) []int {

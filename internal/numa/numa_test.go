@@ -1,9 +1,7 @@
 package numa
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -50,20 +48,15 @@ func TestBusID(t *testing.T) {
 // device that does not know its node, and one without a CPU list.
 func fakeSysfs(t *testing.T) Sysfs {
 	t.Helper()
-	root := t.TempDir()
-	write := func(rel, v string) {
-		p := filepath.Join(root, rel)
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(v+"\n"), 0o644))
-	}
-	write("devices/system/node/online", "0-1")
-	write("bus/pci/devices/0000:17:00.0/numa_node", "0")
-	write("bus/pci/devices/0000:17:00.0/local_cpulist", "0-15,32-47")
-	write("bus/pci/devices/0000:9a:00.0/numa_node", "1")
-	write("bus/pci/devices/0000:9a:00.0/local_cpulist", "16-31,48-63")
-	write("bus/pci/devices/0000:01:00.0/numa_node", "-1")
-	write("bus/pci/devices/0000:02:00.0/numa_node", "1")
-	return Sysfs(root)
+	return Sysfs(testutil.WriteTree(t, map[string]string{
+		"devices/system/node/online":                 "0-1",
+		"bus/pci/devices/0000:17:00.0/numa_node":     "0",
+		"bus/pci/devices/0000:17:00.0/local_cpulist": "0-15,32-47",
+		"bus/pci/devices/0000:9a:00.0/numa_node":     "1",
+		"bus/pci/devices/0000:9a:00.0/local_cpulist": "16-31,48-63",
+		"bus/pci/devices/0000:01:00.0/numa_node":     "-1",
+		"bus/pci/devices/0000:02:00.0/numa_node":     "1",
+	}))
 }
 
 func list(t *testing.T, s string) []int {

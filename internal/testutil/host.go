@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -40,4 +42,21 @@ func CPUs(t testing.TB, n int) []int {
 		t.Skipf("needs %d CPUs, may run on %d", n, len(out))
 	}
 	return out
+}
+
+// WriteTree writes files (path relative to a fresh directory → contents,
+// a newline added) and returns the directory: a fake sysfs, say.
+func WriteTree(t testing.TB, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for rel, v := range files {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
 }
