@@ -234,7 +234,7 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
 	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
 		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
-	case !validNUMAMode(o.numa):
+	case !numa.ValidMode(o.numa):
 		return fmt.Errorf("--numa %q: want auto, on or off", o.numa)
 	case s.SmallOn != "cpu" && s.SmallOn != "device":
 		return fmt.Errorf("--small-on %q: want cpu or device", s.SmallOn)

@@ -25,49 +25,6 @@ func twoSocketSysfs(t *testing.T, nodes map[string]int, cpus [2]string) string {
 	return testutil.WriteTree(t, files)
 }
 
-func cpuList(t *testing.T, s string) []int {
-	t.Helper()
-	l, err := numa.ParseList(s)
-	require.NoError(t, err)
-	return l
-}
-
-func TestPlacer(t *testing.T) {
-	// The simulated h200x8's first and fifth GPUs: buses 18 and 9a.
-	ids := map[int]string{0: "00000000:18:00.0", 4: "00000000:9A:00.0"}
-	two := numa.Sysfs(twoSocketSysfs(t, map[string]int{"0000:18:00.0": 0, "0000:9a:00.0": 1}, [2]string{"0-15", "16-31"}))
-	one := numa.Sysfs(t.TempDir()) // no node directory: one node
-	n0 := numa.Placement{Node: 0, CPUs: cpuList(t, "0-15")}
-	n1 := numa.Placement{Node: 1, CPUs: cpuList(t, "16-31")}
-	for _, tc := range []struct {
-		desc string
-		mode string
-		sys  numa.Sysfs
-		ids  map[int]string
-		gpus []int
-		want []numa.Placement // nil: no placer at all
-	}{
-		{"off", "off", two, ids, []int{0, 4}, nil},
-		{"auto, one node", "auto", one, ids, []int{0, 4}, nil},
-		{"no bus IDs", "on", two, nil, []int{0}, nil},
-		{"auto, GPUs on two nodes: CPUs and memory", "auto", two, ids, []int{0, 0, 4, 4}, []numa.Placement{n0, n0, n1, n1}},
-		{"auto, GPUs on one node: memory only", "auto", two, ids, []int{0, 0}, []numa.Placement{{Node: 0}, {Node: 0}}},
-		{"on, one node's GPUs: CPUs too", "on", two, ids, []int{4}, []numa.Placement{n1}},
-		{"a GPU without a bus ID, and an unknown GPU", "on", two, ids, []int{0, 3, -1}, []numa.Placement{n0, numa.None, numa.None}},
-	} {
-		t.Run(tc.desc, func(t *testing.T) {
-			place, err := placer(tc.mode, tc.sys, tc.ids)
-			require.NoError(t, err)
-			if tc.want == nil {
-				require.Nil(t, place)
-				return
-			}
-			require.NotNil(t, place)
-			require.Equal(t, tc.want, place(tc.gpus))
-		})
-	}
-}
-
 // migctl run --numa on binds each worker to the CPUs local to its GPU and
 // prefers its memory on the GPU's node (here a fake sysfs of two nodes,
 // the simulated node's GPU 0 on node 0 with this machine's first CPU), says
