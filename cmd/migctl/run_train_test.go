@@ -196,7 +196,8 @@ func TestRunGangSwapHeldPastDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("holds a job for 90 s")
 	}
-	bin, sgd := testutil.MigctlBin(t), sgdBin(t)
+	shimDir, bin := e2eBinaries(t)
+	sgd := sgdBin(t)
 	r := newRunCLI(t, bin)
 	dir, err := os.MkdirTemp("", "mgs")
 	require.NoError(t, err)
@@ -223,7 +224,8 @@ func TestRunGangSwapHeldPastDeadline(t *testing.T) {
 		return string(out)
 	}
 	start := func(job, out string) (*exec.Cmd, *testutil.LockedBuffer, *testutil.LockedBuffer) {
-		args := append(append([]string{}, r.sim...), "--socket", ctl, "--swap", "--swap-socket", swp, "--job", job,
+		args := append(append([]string{}, r.sim...), "--socket", ctl, "--swap", "--swap-lib", filepath.Join(shimDir, "libmigswap.so"),
+			"--swap-socket", swp, "--job", job,
 			"--np", "4", "--profile", "1g.18gb", "--timeout", "20s", "-o", "json", "--", sgd)
 		args = append(append(args, train...), "--out", out)
 		c := r.cmd(ctx, nil, args...)
