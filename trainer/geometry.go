@@ -13,12 +13,20 @@ import (
 // (chunk and slots) the node's ranks of the group use.
 const geometryKey = "trainer/arena-geometry"
 
+// Link arenas: a point-to-point link (two ranks, broadcasts from one side)
+// moves messages as fast through 4 slots of 2 MiB (24 MiB of pinned host
+// memory) as through the job group's 8 of 8 MiB (192 MiB), measured one way
+// with torch send/recv on an H100 (docs/results/shm-2026-12-06.md, "Link
+// arenas"); 2 slots of 1 MiB were 20-30% slower. A pipeline of 7 stages
+// has 12 links.
+const linkChunk, linkSlots = 2 << 20, 4
+
 // arenaGeometry is the chunk and slot count of the shared arena of a group
 // of size ranks on a node whose shared-memory file system holds capacity
 // bytes, free of them free now (zeros: unknown). Forced by the tuning, it
 // is that. Otherwise the measured defaults (allreduce.Staged for device
 // buffers staged through host memory, 4 slots of 2 MiB for the host
-// backend), shrunk (allreduce.FitArena) to shmBudget: on a container's
+// backend and for point-to-point links), shrunk (allreduce.FitArena) to shmBudget: on a container's
 // 64-MiB /dev/shm the job's group, every link of a pipeline and a few
 // groups of some ranks all fit, where each sized against the whole file
 // system overran it. Only the node's rank 0 chooses, while it holds the
@@ -30,9 +38,12 @@ func (g *Group) arenaGeometry(size int, capacity, free int64) (chunk, slots int)
 	if t.Chunk > 0 && t.Slots > 0 {
 		return t.Chunk, t.Slots
 	}
-	if g.cfg.backend == BackendGPU {
+	switch {
+	case g.link:
+		chunk, slots = allreduce.FitShm(size, linkChunk, linkSlots, capacity), linkSlots
+	case g.cfg.backend == BackendGPU:
 		chunk, slots = allreduce.Staged(size, capacity)
-	} else {
+	default:
 		chunk, slots = allreduce.FitShm(size, 2<<20, 4, capacity), 4
 	}
 	if t.Chunk > 0 {

@@ -93,6 +93,7 @@ type Group struct {
 	mu        sync.Mutex
 	closed    bool
 	parent    *Group              // the group NewGroup formed this one from (nil: Init's)
+	link      bool                // a point-to-point link (p2p.go): a smaller arena (geometry.go)
 	subs      []*Group            // groups formed from this one (NewGroup) and still open, closed with it
 	subNames  map[string]bool     // their names, for good
 	links     map[p2pKey]*p2pLink // point-to-point links (p2p.go), by peer and direction

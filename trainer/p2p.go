@@ -158,7 +158,7 @@ func (g *Group) runLink(l *p2pLink, k p2pKey) {
 	for op := range l.ops {
 		if pair == nil && err == nil {
 			name := fmt.Sprintf("%s%d-%d", p2pPrefix, from, to)
-			if pair, err = g.newGroup(op.ctx, name, []int{from, to}); err != nil {
+			if pair, err = g.newGroup(op.ctx, name, []int{from, to}, true); err != nil {
 				err = fmt.Errorf("forming the link between ranks %d and %d: %w", from, to, err)
 			}
 		}

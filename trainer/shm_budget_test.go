@@ -102,6 +102,41 @@ func TestShmBudget(t *testing.T) {
 	}
 }
 
+// The arena geometry by kind of group: the job's group on the gpu backend
+// takes allreduce.Staged's, a point-to-point link 4 slots of 2 MiB, both
+// shrunk on a small file system, and the tuning wins over either.
+func TestArenaGeometry(t *testing.T) {
+	const roomy = int64(128 << 30)
+	for _, tc := range []struct {
+		name           string
+		link, host     bool
+		tuning         Tuning
+		capacity, free int64
+		chunk, slots   int
+	}{
+		{name: "job group, gpu backend", capacity: roomy, free: roomy, chunk: 8 << 20, slots: 8},
+		{name: "link, gpu backend", link: true, capacity: roomy, free: roomy, chunk: 2 << 20, slots: 4},
+		{name: "link, host backend", link: true, host: true, capacity: roomy, free: roomy, chunk: 2 << 20, slots: 4},
+		{name: "job group, host backend", host: true, capacity: roomy, free: roomy, chunk: 2 << 20, slots: 4},
+		{name: "link on a 64-MiB file system", link: true, capacity: 64 << 20, free: 32 << 20, chunk: 512 << 10, slots: 4},
+		{name: "link, tuned", link: true, tuning: Tuning{Chunk: 8 << 20, Slots: 8}, capacity: roomy, free: roomy, chunk: 8 << 20, slots: 8},
+		{name: "link, chunk tuned", link: true, tuning: Tuning{Chunk: 1 << 20}, capacity: roomy, free: roomy, chunk: 1 << 20, slots: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Group{link: tc.link, cfg: config{backend: BackendGPU, tuning: tc.tuning}}
+			if tc.host {
+				g.cfg.backend = BackendHost
+			}
+			if tc.link {
+				g.parent = &Group{} // formed from the job's group
+			}
+			chunk, slots := g.arenaGeometry(2, tc.capacity, tc.free)
+			require.Equal(t, tc.chunk, chunk, "chunk")
+			require.Equal(t, tc.slots, slots, "slots")
+		})
+	}
+}
+
 // On a host of two NUMA nodes the rank that creates the shared arena
 // allocates it preferring its GPU's node (here a fake sysfs puts the fake
 // GPU, bus 19, on node 0); MIGCTL_NUMA=off, a host of one node, or a node

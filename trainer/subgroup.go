@@ -46,11 +46,12 @@ func (g *Group) NewGroup(ctx context.Context, name string, ranks []int) (*Group,
 		return nil, fmt.Errorf("trainer: NewGroup: name %q: names beginning with %q are the point-to-point links': pick another: %w",
 			name, p2pPrefix, comm.ErrInvalid)
 	}
-	return g.newGroup(ctx, name, ranks)
+	return g.newGroup(ctx, name, ranks, false)
 }
 
-// newGroup is NewGroup for a valid name, reserved ones included.
-func (g *Group) newGroup(ctx context.Context, name string, ranks []int) (_ *Group, err error) {
+// newGroup is NewGroup for a valid name, reserved ones included; link: a
+// point-to-point link's (p2p.go), whose arena is smaller (arenaGeometry).
+func (g *Group) newGroup(ctx context.Context, name string, ranks []int, link bool) (_ *Group, err error) {
 	me := -1
 	seen := map[int]bool{}
 	for i, r := range ranks {
@@ -105,7 +106,7 @@ func (g *Group) newGroup(ctx context.Context, name string, ranks []int) (_ *Grou
 	}
 	s := &Group{cfg: g.cfg, queue: make(chan *Work, 64), stopped: make(chan struct{}), scratch: map[string]comm.Buffer{},
 		hold: g.hold, rank: me, size: len(ranks), localRank: me, localSize: len(ranks), peers: peers,
-		topo: rendezvous.TopologyOf(peers), dev: g.dev, api: g.api, kv: kv, parent: g}
+		topo: rendezvous.TopologyOf(peers), dev: g.dev, api: g.api, kv: kv, parent: g, link: link}
 	s.cfg.dev = g.dev // g's: the subgroup neither configures nor closes it
 	s.cfg.rank, s.cfg.size = me, len(ranks)
 	s.cfg.localRank, s.cfg.localSize = me, len(ranks)
