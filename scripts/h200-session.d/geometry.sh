@@ -9,12 +9,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init geometry
-pp() { # tag backend [VAR=value]
-  local tag=$1 b=$2; shift 2
-  env "$@" timeout 100 $M run --gpus 0 --np 2 -q --timeout 60s -- python3 scripts/p2p_bench.py --backend $b --iters 100 \
-    --sizes 8KiB,256KiB,4MiB,64MiB >"$W/$tag.out" 2>&1
-  say "$tag rc=$? $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/$tag.out" | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(" ".join("%dB:%.1fus,%.2fGB/s" % (x["bytes"], x["one_way_us"], x["gbps"]) for x in r["rows"]))' 2>/dev/null || tail -c 300 "$W/$tag.out")"
-}
 for i in 1 2; do
   pp "pp-link2Mx4-$i" migctl X=1
   pp "pp-old8Mx8-$i" migctl MIGCTL_TUNING=chunk=8MiB,slots=8

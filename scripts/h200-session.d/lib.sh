@@ -46,3 +46,10 @@ for m in ("process_group", "c_run"):
     if s:
         print(f" | {m}: " + " ".join(f"{k}={max(x[k] for x in s):.2f}" for k in s[0]), end="")')"
 }
+pp() { # tag backend [VAR=value...]: one-way point-to-point times through torch send/recv (scripts/p2p_bench.py),
+  # 2 ranks on GPU 0, PP_ITERS messages per size (default 100)
+  local tag=$1 b=$2; shift 2
+  env "$@" timeout 120 $M run --gpus 0 --np 2 -q --timeout 60s -- python3 scripts/p2p_bench.py --backend $b \
+    --iters "${PP_ITERS:-100}" --sizes 8KiB,256KiB,4MiB,64MiB >"$W/$tag.out" 2>&1
+  say "$tag rc=$? $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/$tag.out" | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(" ".join("%dB:%.1fus,%.2fGB/s" % (x["bytes"], x["one_way_us"], x["gbps"]) for x in r["rows"]))' 2>/dev/null || tail -c 300 "$W/$tag.out")"
+}

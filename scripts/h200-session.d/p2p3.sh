@@ -6,17 +6,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
+PP_ITERS=200
 session_init p2p3
 python3 -c 'import torch; print("torch", torch.__version__)' >>"$S" 2>&1
 timeout 120 $M bench broadcast --backend gpu --transport shm --gpu 0 --np 2 -b 8KiB -e 4MiB -f 32 -n 20 -w 3 -c 1 -o json \
   >"$W/bcast.json" 2>"$W/bcast.err"
 say "bench broadcast np=2 rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,wrong=%d" % (r["bytes"], r["timeUs"], r["wrong"]) for r in d["rows"]))' "$W/bcast.json" 2>/dev/null || tail -c 300 "$W/bcast.err")"
-pp() { # tag backend [VAR=value]
-  local tag=$1 b=$2; shift 2
-  env "$@" timeout 120 $M run --gpus 0 --np 2 -q --timeout 60s -- python3 scripts/p2p_bench.py --backend $b --iters 200 \
-    --sizes 8KiB,256KiB,4MiB,64MiB >"$W/$tag.out" 2>&1
-  say "$tag rc=$? $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/$tag.out" | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(" ".join("%dB:%.1fus,%.2fGB/s" % (x["bytes"], x["one_way_us"], x["gbps"]) for x in r["rows"]))' 2>/dev/null || tail -c 300 "$W/$tag.out")"
-}
 for i in 1 2; do
   pp "pp-here-$i" migctl MIGCTL_LIB_TRANSFER_HERE=1
   pp "pp-disp-$i" migctl MIGCTL_LIB_TRANSFER_HERE=0

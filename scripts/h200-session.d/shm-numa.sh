@@ -58,12 +58,6 @@ say "allreduce 8K np=2 rc=$? $(grep -E '^8192' "$W/ar-trace.out" | head -1)"
 grep -A4 'allreduce hoststaged' "$W/ar-trace.out" | head -12 >>"$S"
 # Link arenas: the default geometry (8 MiB x 8 slots, 192 MiB per 2-rank link) against smaller ones, one-way
 # transfer times through torch's send/recv (scripts/p2p_bench.py), gloo beside.
-pp() { # tag backend [VAR=value]
-  local tag=$1 b=$2; shift 2
-  env "$@" timeout 100 $M run --gpus 0 --np 2 -q --timeout 60s -- python3 scripts/p2p_bench.py --backend $b --iters 100 \
-    --sizes 8KiB,256KiB,4MiB,64MiB >"$W/$tag.out" 2>&1
-  say "$tag rc=$? $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/$tag.out" | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(" ".join("%dB:%.1fus,%.2fGB/s" % (x["bytes"], x["one_way_us"], x["gbps"]) for x in r["rows"]))' 2>/dev/null || tail -c 300 "$W/$tag.out")"
-}
 pp pp-default migctl X=1
 pp pp-4Mx4 migctl MIGCTL_TUNING=chunk=4MiB,slots=4
 pp pp-2Mx4 migctl MIGCTL_TUNING=chunk=2MiB,slots=4
