@@ -72,6 +72,7 @@ func TestBenchValidate(t *testing.T) {
 		{"chunk of SI units is not a multiple of 4KiB", allreduce.AllReduce, []string{"--chunk", "4M"}, "--chunk 4000000: want a multiple of 4096"},
 		{"small-bytes not a size", allreduce.AllReduce, []string{"--small-bytes", "lots"}, "--small-bytes"},
 		{"small-on neither cpu nor device", allreduce.AllReduce, []string{"--small-on", "gpu"}, "--small-on \"gpu\": want cpu or device"},
+		{"no such --shm-dir", allreduce.AllReduce, []string{"--shm-dir", "/nonexistent/shm"}, "--shm-dir /nonexistent/shm: no such directory"},
 		{"negative size", allreduce.AllReduce, []string{"-b", "-8"}, "-b: invalid byte size"},
 		{"size overflows", allreduce.AllReduce, []string{"-e", "9EiB"}, "-e: invalid byte size"},
 		{"size too large", allreduce.AllReduce, []string{"-e", "65GiB"}, "at most 64GiB"},

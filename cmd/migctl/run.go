@@ -197,6 +197,9 @@ func (o *runOptions) Validate() error {
 	case o.logDir == "" && o.tee != "all":
 		return errors.New("--tee picks what reaches the terminal besides the --log-dir files: give --log-dir with it")
 	}
+	if err := checkShmDir("--shm-dir", o.shmDir); err != nil {
+		return err
+	}
 	if o.backend == "gpu" {
 		// Known to fail in every worker: say so once, before starting them
 		// (a directory that cannot be read is left to the workers' errors).

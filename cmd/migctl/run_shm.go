@@ -1,10 +1,29 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 
 	"github.com/migctl/migctl/allreduce"
 )
+
+// checkShmDir fails, naming flag, unless dir is a directory: every worker
+// creates its shared segments there, and would otherwise each fail with
+// the same error only once started. A directory that cannot be examined
+// (permissions) is left to the workers' own errors.
+func checkShmDir(flag, dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s %s: no such directory: create it (a tmpfs: mount -t tmpfs -o size=8g tmpfs %s) or leave %s out for /dev/shm",
+			flag, dir, dir, flag)
+	case err == nil && !st.IsDir():
+		return fmt.Errorf("%s %s: not a directory: give the directory of the shared-memory segments (a tmpfs)", flag, dir)
+	}
+	return nil
+}
 
 // shmAdvice is the warning migctl run prints before starting np workers
 // per node on backend ("gpu" or "host") when the shared-memory file system

@@ -373,6 +373,8 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 		taken, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
 		defer taken.Close()
+		file := filepath.Join(t.TempDir(), "a-file")
+		require.NoError(t, os.WriteFile(file, nil, 0o644))
 		for _, tc := range []struct {
 			desc string
 			args []string
@@ -393,6 +395,10 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 			{desc: "no devices", args: []string{"--np", "2", "--", "true"}, want: "--profile"},
 			{desc: "segments on a disk", args: []string{"--np", "1", "--gpus", "0", "--shm-dir", "/proc", "--", "true"},
 				want: "--shm-dir /proc is on proc: GPU workers pin their shared memory"},
+			{desc: "no such segments directory", args: []string{"--np", "2", "--backend", "host", "--shm-dir", "/nonexistent/shm", "--", "true"},
+				want: "--shm-dir /nonexistent/shm: no such directory"},
+			{desc: "segments directory a file", args: []string{"--np", "2", "--backend", "host", "--shm-dir", file, "--", "true"},
+				want: "--shm-dir " + file + ": not a directory"},
 			{desc: "nodes without token", args: []string{"--np", "2", "--backend", "host", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--", "true"}, want: "export MIGCTL_JOB_TOKEN"},
 		} {
 			t.Run(tc.desc, func(t *testing.T) {
