@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/migctl/migctl/comm/shm"
 	"github.com/migctl/migctl/internal/numa"
@@ -74,11 +75,17 @@ func JoinShmSized(ctx context.Context, kv KV, rank int, job, root string, node i
 		joinStep("swept")
 		// A failure here is published, so that the other ranks stop
 		// waiting for the segment and say why rather than time out.
+		// Published even when ctx has ended (a lock wait that timed out).
 		fail := func(err error) (*ShmJob, error) {
-			_ = kv.Put(ctx, shmKey, []byte(shmFailed+err.Error()))
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = kv.Put(pctx, shmKey, []byte(shmFailed+err.Error()))
 			return nil, err
 		}
-		unlock := shm.LockRoot(root)
+		unlock, err := shm.LockRoot(ctx, root)
+		if err != nil {
+			return fail(err)
+		}
 		l = size(ShmSpace(root))
 		placeErr, err := numa.Start(numa.Placement{Node: node}, func() (err error) {
 			seg, err = shm.CreateUnnamed(root, l.Size())

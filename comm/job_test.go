@@ -37,14 +37,18 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// memKV is a KV for one process: Get waits for Put; Barrier returns at once
-// (a one-rank job).
+// memKV is a KV for one process: Get of a key not Put fails; Put fails once
+// its context has ended, as the rendezvous client's does; Barrier returns at
+// once (a one-rank job).
 type memKV struct {
 	mu sync.Mutex
 	m  map[string][]byte
 }
 
-func (k *memKV) Put(_ context.Context, key string, v []byte) error {
+func (k *memKV) Put(ctx context.Context, key string, v []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil {
@@ -216,6 +220,24 @@ func TestJoinShmCreatorFailureReachesTheOthers(t *testing.T) {
 	require.ErrorIs(t, err1, ErrAborted)
 	require.ErrorContains(t, err1, "rank 0 could not create the shm segment")
 	require.ErrorContains(t, err1, err0.Error())
+}
+
+// A creator that cannot take the file system's creation lock before its
+// deadline (another process holds it) fails saying so, and so do the others.
+func TestJoinShmGivesUpOnAHeldLock(t *testing.T) {
+	dir := t.TempDir()
+	unlock, err := shm.LockRoot(context.Background(), dir)
+	require.NoError(t, err)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	kv := &memKV{}
+	_, err0 := JoinShm(ctx, kv, 0, "job", dir, testLayout)
+	require.ErrorIs(t, err0, context.DeadlineExceeded)
+	require.ErrorContains(t, err0, "waiting for the creation lock of "+dir)
+	_, err1 := JoinShm(context.Background(), kv, 1, "job", dir, shm.Layout{})
+	require.ErrorIs(t, err1, ErrAborted)
+	require.ErrorContains(t, err1, "creation lock")
 }
 
 func TestShmSpace(t *testing.T) {

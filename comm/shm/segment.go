@@ -1,12 +1,14 @@
 package shm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -261,22 +263,70 @@ func (s *Segment) Close() error {
 // time, so that what one creator sees free on the file system is not taken
 // by another between its look and its allocation. The returned function
 // lets it go. Where root cannot be opened there is nothing to lock: the
-// creation itself then fails and says why.
-func LockRoot(root string) func() {
+// creation itself then fails and says why. A holder keeps it only from its
+// look to its allocation, but a holder that stopped (a debugger, SIGSTOP)
+// would keep it for ever: LockRoot gives up when ctx ends, naming the
+// holder's pid where /proc/locks tells it.
+func LockRoot(ctx context.Context, root string) (func(), error) {
 	if root == "" {
 		root = DefaultRoot
 	}
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return func() {}
+		return func() {}, nil
 	}
+	unlock := func() { _ = unix.Close(fd) } // closing the last descriptor lets the lock go
+	wait := 50 * time.Microsecond
 	for {
-		err = unix.Flock(fd, unix.LOCK_EX)
-		if !errors.Is(err, unix.EINTR) {
-			break
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return unlock, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			// No flock here (some file systems): nothing to exclude with.
+			return unlock, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			holder := ""
+			if pid := lockHolder(fd); pid > 0 {
+				holder = fmt.Sprintf(" (pid %d)", pid)
+			}
+			unlock()
+			return nil, fmt.Errorf("waiting for the creation lock of %s, held by another process%s: %w", root, holder, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// lockHolder is the pid that holds a flock on fd's file according to
+// /proc/locks, or 0.
+func lockHolder(fd int) int {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return 0
+	}
+	// "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF": pid, then
+	// major:minor:inode with the device numbers in hex.
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) >= 6 && f[1] == "FLOCK" && f[5] == want {
+			if pid, err := strconv.Atoi(f[4]); err == nil {
+				return pid
+			}
 		}
 	}
-	return func() { _ = unix.Close(fd) } // closing the last descriptor lets the lock go
+	return 0
 }
 
 // Sweep removes segments under root whose creator process (the pid in the

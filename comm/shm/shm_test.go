@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -198,12 +200,20 @@ func TestCreateUnnamedOnAFullTmpfs(t *testing.T) {
 }
 
 // LockRoot is held by one holder at a time: a second waits for the first
-// to let go.
+// to let go, and gives up when its context ends, naming the holder.
 func TestLockRootExcludes(t *testing.T) {
 	dir := t.TempDir()
-	unlock := LockRoot(dir)
+	ctx := context.Background()
+	unlock, err := LockRoot(ctx, dir)
+	require.NoError(t, err)
 	got := make(chan func())
-	go func() { got <- LockRoot(dir) }()
+	go func() {
+		u, err := LockRoot(ctx, dir)
+		if err != nil {
+			u = func() {}
+		}
+		got <- u
+	}()
 	select {
 	case u := <-got:
 		u()
@@ -217,5 +227,20 @@ func TestLockRootExcludes(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second holder never got the lock")
 	}
-	LockRoot(filepath.Join(dir, "missing"))() // nothing to lock: no wait, no panic
+
+	unlock, err = LockRoot(ctx, dir)
+	require.NoError(t, err)
+	defer unlock()
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = LockRoot(short, dir)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "waiting for the creation lock of "+dir)
+	if _, statErr := os.Stat("/proc/locks"); statErr == nil {
+		require.ErrorContains(t, err, fmt.Sprintf("(pid %d)", os.Getpid()))
+	}
+
+	u, err := LockRoot(ctx, filepath.Join(dir, "missing")) // nothing to lock: no wait, no panic
+	require.NoError(t, err)
+	u()
 }
