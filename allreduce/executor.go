@@ -831,8 +831,10 @@ func (e *Executor) enqueue(lane Lane, st *Step, call Call, world int) (bool, err
 		if sr, ok := s.(comm.StagingReducer); ok && st.Stage {
 			reduce = sr.ReduceFromHostStaged
 		}
-		if err := reduce(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
-			return false, err
+		if len(hosts) > 0 {
+			if err := reduce(dst, dbase+st.Off, hosts, call.DType, op); err != nil {
+				return false, err
+			}
 		}
 		if st.Final && call.Op == comm.Avg {
 			if err := s.Scale(dst, dbase+st.Off, st.Len, call.DType, world); err != nil {

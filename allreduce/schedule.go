@@ -107,7 +107,8 @@ const (
 	// CopyIn copies the host span Host to Buf[Off:Off+Len].
 	CopyIn
 	// ReduceIn sets Buf[Off:] = op(Src[SrcOff:], Hosts...) on the device;
-	// with Final and Avg it then divides by the world size.
+	// with Final and Avg it then divides by the world size. With no Hosts
+	// it is a copy on the device.
 	ReduceIn
 	// HostReduce sets the host span Host = op(Hosts...) on the CPU; with
 	// Final and Avg it divides by Div, or by len(Hosts) when Div is 0.
@@ -570,16 +571,17 @@ func buildStagedBroadcast(s *Schedule) {
 					Host: Span{stagedIn(p, 0, slot), ln}, Set: []Cond{{FlagOf(r, roleA), v}}}
 				if c >= K {
 					for q := range n {
-						if q != root || !p.InPlace {
+						if q != root {
 							out.Wait = append(out.Wait, Cond{FlagOf(q, roleC), uint64(c - K + 1)})
 						}
 					}
 				}
 				st = append(st, out)
 				if !p.InPlace {
-					// The root's own copy: back from the slot it just filled.
-					st = append(st, Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: off, Len: ln,
-						Host: Span{stagedIn(p, 0, slot), ln}, Wait: []Cond{{FlagOf(r, roleA), v}},
+					// The root's own copy, on the device from its send
+					// buffer (a ReduceIn of no host sources), beside the
+					// copy out rather than back from the slot after it.
+					st = append(st, Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Off: off, Len: ln, Src: Send, SrcOff: off,
 						Set: []Cond{{FlagOf(r, roleC), v}}})
 				}
 				continue
