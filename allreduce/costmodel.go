@@ -186,8 +186,8 @@ type Estimate struct {
 	// share f (3n+1−3f)·S; the small one-round schedule (n²+3n)·S (every
 	// rank reduces every input into its own area); the shm ring 4(n−1)·S;
 	// hierarchical (3n+1)·S with several groups, (3n−2)·S with one;
-	// reduce-scatter of S blocks 2n(n+1)·S; all-gather n(n+1)·S;
-	// broadcast n·S (in place); the IPC ring 0. Charged at
+	// reduce-scatter of S blocks 2n(n+1)·S; all-gather n²·S; broadcast
+	// n·S; the IPC ring 0. Charged at
 	// Machine.HostMemGiBs on a device backend only (the host backend's
 	// copies are CPU copies, not counted).
 	HostMem float64
@@ -321,11 +321,26 @@ func (m Machine) Estimate(w Workload) (Estimate, error) {
 		e.HostRead = N * N * S
 		e.HostMem = 2 * N * (N + 1) * S // n²·S staged and read, n·S written and fetched
 	case w.Coll == AllGather:
-		link(func(int) (float64, float64) { return S, N * S })
-		e.HostMem = N * (N + 1) * S
+		// Each rank's own block is copied on its device, not fetched.
+		link(func(int) (float64, float64) { return S, (N - 1) * S })
+		e.HostMem = N * N * S // n·S staged, n(n−1)·S fetched
 	case w.Coll == Broadcast:
-		link(func(int) (float64, float64) { return S / N, S })
-		e.HostMem = N * S // S staged, (n−1)·S fetched (n·S when not in place)
+		// The root stages S and fetches nothing (its own copy is on its
+		// device); every other rank fetches S. So the busiest GPU takes in
+		// k·S of its k ranks, less S where the root is one of them: at
+		// least max(k₁−1, k₂)·S over the two largest groups, wherever
+		// the root is.
+		e.LinkOut = S
+		k1, k2 := 0, 0
+		for _, k := range sizes {
+			if k > k1 {
+				k1, k2 = k, k1
+			} else if k > k2 {
+				k2 = k
+			}
+		}
+		e.LinkIn = float64(max(k1-1, k2)) * S
+		e.HostMem = N * S // S staged, (n−1)·S fetched
 	default:
 		return Estimate{}, fmt.Errorf("cost of %s with the %s algorithm: %w", w.Coll, w.Algorithm, ErrUnsupported)
 	}

@@ -132,7 +132,16 @@ func TestEstimateFormulas(t *testing.T) {
 		{Ring, AllReduce, []int{0, 0, 0}, 2, true, 2, "host", 4, 4, 4},
 		// Reduce-scatter of S blocks: n·S out, S in per rank, CPU n²·S.
 		{HostStaged, ReduceScatter, []int{0, 1}, 8, false, 2, "link", 2, 1, 4},
-		{HostStaged, AllGather, []int{0, 0}, 1, false, 4, "link", 2, 4, 0},
+		// All-gather: S out, (n−1)·S in per rank (its own block is copied
+		// on the device).
+		{HostStaged, AllGather, []int{0, 0}, 1, false, 2, "link", 2, 2, 0},
+		{HostStaged, AllGather, []int{0, 0, 0}, 1, false, 6, "link", 3, 6, 0},
+		// Broadcast: the root's S out; S in for every other rank, so the
+		// busiest GPU takes in at least max(k₁−1, k₂)·S wherever the root is.
+		{HostStaged, Broadcast, []int{0, 0, 0, 0}, 1, false, 3, "link", 1, 3, 0},
+		{HostStaged, Broadcast, []int{0, 0, 0, 1}, 1, false, 2, "link", 1, 2, 0},
+		{HostStaged, Broadcast, []int{0, 0, 1, 1}, 1, false, 2, "link", 1, 2, 0},
+		{HostStaged, Broadcast, []int{0, 1}, 1, false, 1, "link", 1, 1, 0},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s/%s/%v/threads%d/host=%v", tc.coll, tc.alg, tc.labels, tc.threads, tc.host), func(t *testing.T) {
@@ -367,7 +376,9 @@ func TestEstimateHostMemMatchesSchedule(t *testing.T) {
 		{AllReduce, Hierarchical, []int{0, 0, 0, 1, 1, 2, 2, 2}, 1 << 20, 0, false},
 		{ReduceScatter, HostStaged, []int{0, 0, 0}, 1 << 18, 0, false},
 		{AllGather, HostStaged, []int{0, 0, 0, 0}, 1 << 18, 0, false},
+		{AllGather, HostStaged, []int{0, 0}, 1 << 18, 0, false},
 		{Broadcast, HostStaged, []int{0, 0, 0, 0, 0}, 1 << 20, 0, true},
+		{Broadcast, HostStaged, []int{0, 0, 0}, 1 << 20, 0, false},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s/%s/%v/share%d", tc.coll, tc.alg, tc.labels, tc.share), func(t *testing.T) {
@@ -382,6 +393,75 @@ func TestEstimateHostMemMatchesSchedule(t *testing.T) {
 			want := scheduleHostMem(s)
 			// A share cuts chunks on 64-byte boundaries: within 0.5%.
 			require.InDelta(t, want, e.HostMem, want/200+1, "schedule %v bytes, model %v", want, e.HostMem)
+		})
+	}
+}
+
+// scheduleLink is the most bytes one GPU of g copies out and takes in over
+// its link in s: copies out, copies in and its kernels' reads of host
+// memory (a ReduceIn's Hosts); a ReduceIn of no hosts stays on the device.
+func scheduleLink(s Schedule, g Grouping) (out, in float64) {
+	outs, ins := map[byte]int{}, map[byte]int{}
+	for r, steps := range s.Steps {
+		for _, st := range steps {
+			switch st.Kind {
+			case CopyOut:
+				outs[g[r]] += st.Len
+			case CopyIn:
+				ins[g[r]] += st.Len
+			case ReduceIn:
+				for _, h := range st.Hosts {
+					ins[g[r]] += h.Len
+				}
+			}
+		}
+	}
+	for gpu := range outs {
+		out = max(out, float64(outs[gpu]))
+	}
+	for gpu := range ins {
+		in = max(in, float64(ins[gpu]))
+	}
+	return out, in
+}
+
+// The link bytes of the model are the schedules' for all-gather, and a
+// floor of them for broadcast that is reached where the root (rank 0)
+// sits on the GPU of most ranks.
+func TestEstimateLinkMatchesSchedule(t *testing.T) {
+	const chunk, slots, bytes = 64 << 10, 4, 1 << 20
+	tests := []struct {
+		coll    Coll
+		labels  []int
+		inPlace bool
+		exact   bool
+	}{
+		{AllGather, []int{0, 0}, false, true},
+		{AllGather, []int{0, 0, 0, 0, 0, 0, 0}, false, true},
+		{AllGather, []int{0, 0, 1, 1}, false, true},
+		{Broadcast, []int{0, 0}, false, true},
+		{Broadcast, []int{0, 0}, true, true},
+		{Broadcast, []int{0, 0, 0, 0, 0, 0, 0}, false, true},
+		{Broadcast, []int{0, 0, 0, 1}, false, true},
+		{Broadcast, []int{0, 1, 1, 1}, false, false}, // the root alone on its GPU: 3·S in on the other
+		{Broadcast, []int{0, 0, 1, 1}, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%v/inplace=%v", tc.coll, tc.labels, tc.inPlace), func(t *testing.T) {
+			g, err := NewGrouping(tc.labels)
+			require.NoError(t, err)
+			s, err := Build(Params{Coll: tc.coll, Algorithm: HostStaged, World: len(tc.labels), Bytes: bytes, ElemSize: 4,
+				Chunk: chunk, Slots: slots, Groups: g, InPlace: tc.inPlace})
+			require.NoError(t, err)
+			e, err := H200().Estimate(Workload{Coll: tc.coll, Algorithm: HostStaged, Groups: g, Bytes: bytes, ReduceThreads: 4})
+			require.NoError(t, err)
+			out, in := scheduleLink(s, g)
+			require.LessOrEqual(t, e.LinkOut, out, "a floor")
+			require.LessOrEqual(t, e.LinkIn, in, "a floor")
+			if tc.exact {
+				require.Equal(t, out, e.LinkOut)
+				require.Equal(t, in, e.LinkIn)
+			}
 		})
 	}
 }

@@ -541,6 +541,11 @@ func buildStagedAllGather(s *Schedule) {
 			for q := range n {
 				in := Step{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Off: q*B + off, Len: ln,
 					Host: Span{stagedIn(p, q, slot), ln}}
+				if q == r {
+					// Its own block on the device from its send buffer
+					// (nothing when in place), not back over the link.
+					in = Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Off: q*B + off, Len: ln, Src: Send, SrcOff: off}
+				}
 				if q == 0 {
 					in.Wait = allRanks(n, roleA, v)
 				}
