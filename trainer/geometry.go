@@ -26,10 +26,10 @@ const linkChunk, linkSlots = 2 << 20, 4
 // bytes, free of them free now (zeros: unknown). Forced by the tuning, it
 // is that. Otherwise the measured defaults (allreduce.Staged for device
 // buffers staged through host memory, 4 slots of 2 MiB for the host
-// backend and for point-to-point links), shrunk (allreduce.FitArena) to shmBudget: on a container's
-// 64-MiB /dev/shm the job's group, every link of a pipeline and a few
-// groups of some ranks all fit, where each sized against the whole file
-// system overran it. Only the node's rank 0 chooses, while it holds the
+// backend and for point-to-point links), shrunk (allreduce.FitArena) to
+// shmBudget: on a container's 64-MiB /dev/shm the job's group, every link
+// of a pipeline and a few groups of some ranks all fit, where each sized
+// against the whole file system overran it. Only the node's rank 0 chooses, while it holds the
 // file system's creation lock (comm.JoinShmSized), and publishes its choice
 // (agreeOnGeometry): what is free changes while groups form, so the other
 // ranks could not compute the same.
