@@ -482,6 +482,37 @@ func TestGPUBackendOnFakeDriver(t *testing.T) {
 				return fmt.Errorf("staged in-place reducescatter element %d = %v, want %v", i, got, want)
 			}
 		}
+		// All-gather out of place and in place, and a broadcast out of
+		// place: each rank's own data is copied on the device.
+		gath := make([]float32, n*count)
+		if err := g.AllGather(ctx, HostSlice(send), HostSlice(gath)); err != nil {
+			return err
+		}
+		mine := make([]float32, n*count)
+		for i := range mine {
+			mine[i] = -1
+		}
+		copy(mine[r*count:], send)
+		if err := g.AllGather(ctx, HostSlice(mine), HostSlice(mine)); err != nil {
+			return err
+		}
+		for q := range n {
+			for i := range count {
+				if gath[q*count+i] != input(q, i) || mine[q*count+i] != input(q, i) {
+					return fmt.Errorf("allgather block %d element %d = %v (in place %v), want %v",
+						q, i, gath[q*count+i], mine[q*count+i], input(q, i))
+				}
+			}
+		}
+		got := make([]float32, count)
+		if err := g.Broadcast(ctx, HostSlice(send), HostSlice(got), 1); err != nil {
+			return err
+		}
+		for i := range got {
+			if got[i] != input(1, i) {
+				return fmt.Errorf("broadcast element %d = %v, want %v", i, got[i], input(1, i))
+			}
+		}
 		// Device buffers: allocated on the group's device, and a raw
 		// pointer to the same memory with the legacy default stream.
 		dev, err := g.Alloc(count, Float32)
