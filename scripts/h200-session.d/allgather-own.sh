@@ -16,13 +16,6 @@ ag() { # tag binary np [bench args...]
     -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
   say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,%.0f%%lim,w%d" % (r["bytes"], r["timeUs"], r.get("pctLimit", 0), r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
-for i in 1 2; do
-  for np in 2 7; do
-    ag "new-np$np-$i" bin/migctl $np
-    ag "old-np$np-$i" bin/migctl-old $np
-  done
-done
-ag new-np2-inplace bin/migctl 2 --inplace
-ag old-np2-inplace bin/migctl-old 2 --inplace
+newold ag
 timeout 200 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py >"$W/fsdp.out" 2>&1
 say "fsdp_check 7 ranks rc=$? clean: $(grep -c '"failures": \[\]' "$W/fsdp.out") of 7"

@@ -16,12 +16,5 @@ bc() { # tag binary np [bench args...]
     -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
   say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,w%d" % (r["bytes"], r["timeUs"], r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
-for i in 1 2; do
-  for np in 2 7; do
-    bc "new-np$np-$i" bin/migctl $np
-    bc "old-np$np-$i" bin/migctl-old $np
-  done
-done
-bc new-np2-inplace bin/migctl 2 --inplace
-bc old-np2-inplace bin/migctl-old 2 --inplace
+newold bc
 ovh default

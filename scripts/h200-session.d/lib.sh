@@ -53,3 +53,15 @@ pp() { # tag backend [VAR=value...]: one-way point-to-point times through torch 
     --iters "${PP_ITERS:-100}" --sizes 8KiB,256KiB,4MiB,64MiB >"$W/$tag.out" 2>&1
   say "$tag rc=$? $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/$tag.out" | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(" ".join("%dB:%.1fus,%.2fGB/s" % (x["bytes"], x["one_way_us"], x["gbps"]) for x in r["rows"]))' 2>/dev/null || tail -c 300 "$W/$tag.out")"
 }
+newold() { # fn [bench args...]: fn TAG BINARY NP [args] for this build (bin/migctl) and the build before
+  # (bin/migctl-old), 2 and 7 ranks, interleaved, two rounds; then 2 ranks in place (--inplace) once each
+  local fn=$1 i np; shift
+  for i in 1 2; do
+    for np in 2 7; do
+      $fn "new-np$np-$i" bin/migctl $np "$@"
+      $fn "old-np$np-$i" bin/migctl-old $np "$@"
+    done
+  done
+  $fn new-np2-inplace bin/migctl 2 --inplace "$@"
+  $fn old-np2-inplace bin/migctl-old 2 --inplace "$@"
+}
