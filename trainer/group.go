@@ -559,9 +559,12 @@ func (g *Group) SetTimeout(d time.Duration) error {
 // Peers are every rank's rendezvous records, by rank.
 func (g *Group) Peers() []rendezvous.Peer { return append([]rendezvous.Peer(nil), g.peers...) }
 
-// Close waits for queued collectives, then leaves the group and releases
-// the shared segment, the device and the daemon connection. It does not wait
-// for the other ranks. Safe to call more than once.
+// Close waits for queued collectives and point-to-point transfers, then
+// leaves the group and releases the shared segment, the device and the
+// daemon connection. It does not wait for the other ranks. A transfer whose
+// peer never comes (a RecvAsync nobody sends to) keeps it until that
+// transfer's deadline (Timeout): call Abort first to end such work at once,
+// as a rank that gives up on the job does. Safe to call more than once.
 func (g *Group) Close() error {
 	g.closeOnce.Do(func() {
 		g.mu.Lock()
