@@ -449,3 +449,36 @@ func TestWorkOnDone(t *testing.T) {
 		return nil
 	}))
 }
+
+// A receive nobody sends to holds Close until its deadline; Abort ends it at
+// once (Close's doc says so): here rank 1 gives up on a message rank 0
+// never sends, on a link that already carried one.
+func TestAbortEndsAPendingReceive(t *testing.T) {
+	done := make(chan struct{}) // rank 0 stays in the job until rank 1 has checked
+	err := world(t, 2, nil, func(g *Group) error {
+		ctx := context.Background()
+		first := make([]float32, 5)
+		if g.Rank() == 0 {
+			err := g.Send(ctx, HostSlice(message(0, 0, 5)), 1)
+			<-done
+			return err
+		}
+		defer close(done)
+		if err := g.Recv(ctx, HostSlice(first), 0); err != nil {
+			return err
+		}
+		w := g.RecvAsync(ctx, HostSlice(make([]float32, 5)), 0)
+		time.Sleep(100 * time.Millisecond) // the link is waiting for the message
+		start := time.Now()
+		g.Abort("rank 1 gives up")
+		if err := w.Wait(ctx); err == nil {
+			return errors.New("the pending receive succeeded without a sender")
+		}
+		_ = g.Close()
+		if d := time.Since(start); d > 2*time.Second {
+			return fmt.Errorf("Abort and Close took %v with a 20-s deadline", d)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+}
