@@ -586,8 +586,8 @@ func buildStagedBroadcast(s *Schedule) {
 					// The root's own copy, on the device from its send
 					// buffer (a ReduceIn of no host sources), beside the
 					// copy out rather than back from the slot after it.
-					st = append(st, Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Off: off, Len: ln, Src: Send, SrcOff: off,
-						Set: []Cond{{FlagOf(r, roleC), v}}})
+					// Nobody waits for it: the root reads no slot back.
+					st = append(st, Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Off: off, Len: ln, Src: Send, SrcOff: off})
 				}
 				continue
 			}

@@ -272,10 +272,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--local %d < --np %d needs --listen so that the other ranks can join", o.local, s.NP)
 	case validMPSMode(o.mps) != nil:
 		return validMPSMode(o.mps)
-	case checkShmDir("--shm-dir", s.ShmRoot) != nil:
-		return checkShmDir("--shm-dir", s.ShmRoot)
 	}
-	return nil
+	return checkShmDir("--shm-dir", s.ShmRoot)
 }
 
 // Run launches (or joins) the ranks, prints the report, and fails if any
