@@ -234,8 +234,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--transport %q: want auto, shm or ipc", s.Transport)
 	case s.Algorithm != "auto" && s.Algorithm != "hoststaged" && s.Algorithm != "ring" && s.Algorithm != "hierarchical":
 		return fmt.Errorf("--algo %q: want auto, hoststaged, ring or hierarchical", s.Algorithm)
-	case !numa.ValidMode(o.numa):
-		return fmt.Errorf("--numa %q: want auto, on or off", o.numa)
+	case numa.CheckMode(o.numa) != nil:
+		return fmt.Errorf("--numa: %w", numa.CheckMode(o.numa))
 	case s.SmallOn != "cpu" && s.SmallOn != "device":
 		return fmt.Errorf("--small-on %q: want cpu or device", s.SmallOn)
 	case reduceOnInvalid(s.ReduceOn) != nil:

@@ -174,8 +174,8 @@ func (o *runOptions) Validate() error {
 		return errors.New("no devices: give --profile P (MIG devices leased from the daemon), --gpus 0,1 (whole GPUs) or --backend host (none)")
 	case o.backend != "gpu" && o.backend != "host":
 		return fmt.Errorf("--backend %q: want auto, gpu or host", o.backend)
-	case !numa.ValidMode(o.numa):
-		return fmt.Errorf("--numa %q: want auto, on or off", o.numa)
+	case numa.CheckMode(o.numa) != nil:
+		return fmt.Errorf("--numa: %w", numa.CheckMode(o.numa))
 	case validMPSMode(o.mps) != nil:
 		return validMPSMode(o.mps)
 	case o.node.sim != "" && o.gpus != "":

@@ -3,13 +3,20 @@ package numa
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Modes are the placement policies a user may ask for: "auto", "on", "off".
 var Modes = []string{"auto", "on", "off"}
 
-// ValidMode reports whether m is one of Modes.
-func ValidMode(m string) bool { return slices.Contains(Modes, m) }
+// CheckMode returns nil when m is one of Modes, else an error naming them,
+// for flags and environment variables to wrap.
+func CheckMode(m string) error {
+	if slices.Contains(Modes, m) {
+		return nil
+	}
+	return fmt.Errorf("unknown NUMA mode %q: want %s", m, strings.Join(Modes, ", "))
+}
 
 // Placer returns how to place processes under mode, each near its physical
 // GPU: given one GPU index per process, the placement of each (busIDs maps
@@ -27,8 +34,8 @@ func ValidMode(m string) bool { return slices.Contains(Modes, m) }
 //
 // A GPU without a known bus ID or sysfs entry gets None.
 func Placer(mode string, sys Sysfs, busIDs map[int]string) (func(gpus []int) []Placement, error) {
-	if !ValidMode(mode) {
-		return nil, fmt.Errorf("unknown NUMA mode %q (want one of %v)", mode, Modes)
+	if err := CheckMode(mode); err != nil {
+		return nil, err
 	}
 	if mode == "off" || len(busIDs) == 0 {
 		return nil, nil

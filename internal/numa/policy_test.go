@@ -46,9 +46,9 @@ func TestPlacer(t *testing.T) {
 
 func TestPlacerRefusesAnUnknownMode(t *testing.T) {
 	_, err := Placer("numa", fakeSysfs(t), map[int]string{0: "00000000:17:00.0"})
-	require.ErrorContains(t, err, `unknown NUMA mode "numa"`)
-	require.True(t, ValidMode("auto"))
-	require.False(t, ValidMode(""))
+	require.ErrorContains(t, err, `unknown NUMA mode "numa": want auto, on, off`)
+	require.NoError(t, CheckMode("auto"))
+	require.Error(t, CheckMode(""))
 }
 
 func TestPlacerWithoutReadableNodes(t *testing.T) {
