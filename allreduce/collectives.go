@@ -11,10 +11,14 @@ import (
 // collectives in the same order with matching sizes. Not safe for concurrent
 // use.
 type Communicator struct {
-	exec  *Executor
-	alg   Algorithm
-	cache map[Params]Schedule
-	small int // small-message all-reduces so far: their parity
+	exec   *Executor
+	alg    Algorithm
+	cache  map[Params]Schedule
+	small  int // small-message all-reduces so far: their parity
+	bcasts int // broadcasts so far: their parity (Params.Parity)
+	// unpaired: every broadcast stages from slot 0 and so is fenced
+	// (SetBroadcastPairs).
+	unpaired bool
 	// groups is the rank → GPU grouping of a Hierarchical all-reduce.
 	groups Grouping
 	// gpuShare is Params.GPUShare of host-staged all-reduces (split.go).
@@ -37,6 +41,16 @@ func (c *Communicator) SetGPUShare(share int) error {
 	c.gpuShare = share
 	return nil
 }
+
+// SetBroadcastPairs says whether consecutive broadcasts alternate their
+// first slot (Params.Parity), so that a one-chunk broadcast right after a
+// fenced one needs no fence (the executor's needsFenceAfter): the root of
+// two such broadcasts, as DDP issues per forward pass, then waits for no
+// one. On by default. Off, every broadcast waits for every rank to have
+// finished the call before it, so a point-to-point sender (a broadcast of
+// two ranks) learns at its next send that the receiver refused the last.
+// Every rank must set the same.
+func (c *Communicator) SetBroadcastPairs(on bool) { c.unpaired = !on }
 
 // GPUShare is the thousandths of a host-staged all-reduce's chunks that
 // the devices reduce.
@@ -229,9 +243,12 @@ func (c *Communicator) Broadcast(ctx context.Context, send, recv comm.Buffer, co
 		}
 	}
 	s, err := c.schedule(Params{Coll: Broadcast, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
-		InPlace: send == recv, Root: root})
+		InPlace: send == recv, Root: root, Parity: c.bcasts & 1})
 	if err != nil {
 		return err
+	}
+	if !c.unpaired {
+		c.bcasts++
 	}
 	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
 }

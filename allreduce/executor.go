@@ -180,6 +180,7 @@ type Executor struct {
 	calls   uint64
 	broken  error
 	prev    Params  // the previous call's schedule parameters
+	fenced  bool    // whether the previous call began once every rank had finished the one before it
 	trace   *tracer // nil unless Options.Trace
 
 	// Reused from call to call, so that a call allocates nothing here:
@@ -335,8 +336,8 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
 	r := e.tr.Rank()
-	fence := e.calls > 1 && needsFence(e.prev, sched.Params)
-	e.prev = sched.Params
+	fence := e.calls > 1 && needsFenceAfter(e.prev, e.fenced, sched.Params)
+	e.prev, e.fenced = sched.Params, fence || e.calls == 1
 	if e.trace != nil {
 		e.trace.begin(sched.Params, sched.Steps[r], e.tr)
 	}
@@ -468,6 +469,26 @@ func needsFence(prev, next Params) bool {
 		return !(same || prev.Coll == Barrier)
 	}
 	return true
+}
+
+// needsFenceAfter is needsFence knowing whether the previous call was
+// fenced itself (or the first): a one-chunk broadcast right after a fenced
+// one-chunk broadcast of the other parity needs no fence. It stages into
+// another slot than that one (Params.Parity), which slower ranks may still
+// read, and the slot it stages into was last used before that fence; its
+// readers wait for the root's flag of this call, and a later call fences
+// (the previous one then was not). Every rank is thus at most one call
+// ahead of a rank still in a call, as the signatures need. DDP's two
+// buffer broadcasts per forward pass (one per element type) then wait for
+// the root only, not also for the slowest rank to have received the first.
+func needsFenceAfter(prev Params, prevFenced bool, next Params) bool {
+	oneChunk := func(p Params) bool {
+		return p.Coll == Broadcast && p.Algorithm == HostStaged && p.Bytes <= p.Chunk && p.Slots >= 2
+	}
+	if prevFenced && oneChunk(prev) && oneChunk(next) && prev.Parity != next.Parity {
+		return false
+	}
+	return needsFence(prev, next)
 }
 
 func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool) error {

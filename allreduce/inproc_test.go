@@ -337,3 +337,65 @@ func TestInProcessIPCRing(t *testing.T) {
 		}
 	}
 }
+
+// DDP's two buffer broadcasts per forward pass: with broadcast pairs (the
+// default) the root finishes both before a slow rank has entered the
+// first, and every rank still receives both; unpaired, the root's second
+// waits for every rank to have finished the first.
+func TestBroadcastPairsLeaveTheRootFree(t *testing.T) {
+	for _, paired := range []bool{true, false} {
+		t.Run(fmt.Sprintf("paired=%v", paired), func(t *testing.T) {
+			const world, count = 3, 1000
+			g := newGroup(t, world, HostStaged, Options{Chunk: 64 << 10, Slots: 4})
+			bufs := make([][2]*comm.HostBuffer, world)
+			for r := range world {
+				g.comms[r].SetBroadcastPairs(paired)
+				for i := range 2 {
+					b := make([]byte, 4*count)
+					if r == 0 {
+						for j := range b {
+							b[j] = byte(j*7 + i + 1)
+						}
+					}
+					bufs[r][i] = hostBuf(t, g.devs[r], b, 0)
+				}
+			}
+			rootDone := make(chan struct{})
+			errs := g.run(func(r int, c *Communicator) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if r == world-1 {
+					// The slow rank enters once the root is done with both or,
+					// unpaired, once the root has waited 300 ms for it.
+					select {
+					case <-rootDone:
+						if !paired {
+							return fmt.Errorf("unpaired: the root finished its second broadcast before rank %d finished the first", r)
+						}
+					case <-time.After(300 * time.Millisecond):
+						if paired {
+							return fmt.Errorf("paired: the root did not finish both broadcasts without rank %d", r)
+						}
+					}
+				}
+				for i := range 2 {
+					if err := c.Broadcast(ctx, bufs[r][i], bufs[r][i], count, comm.Float32, 0); err != nil {
+						return err
+					}
+				}
+				if r == 0 {
+					close(rootDone)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+			for r := 1; r < world; r++ {
+				for i := range 2 {
+					require.Equal(t, bufs[0][i].Bytes(), bufs[r][i].Bytes(), "rank %d broadcast %d", r, i)
+				}
+			}
+		})
+	}
+}

@@ -89,7 +89,7 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
 		return nil, e.fail(sched, err)
 	}
-	e.prev = sched.Params
+	e.prev, e.fenced = sched.Params, false
 	r := e.tr.Rank()
 	// A new event, not a reused one: the caller's stream waits for it and
 	// the watchdog polls it until it is settled.

@@ -217,7 +217,10 @@ type Params struct {
 	Slots int
 	// Parity picks which of the two input areas a HostStagedSmall call
 	// stages into; consecutive small calls must alternate it (the previous
-	// call's inputs may still be read by slower ranks).
+	// call's inputs may still be read by slower ranks). A broadcast's
+	// chunks start at slot Parity: consecutive broadcasts alternate it too,
+	// so that one of a single chunk stages where the one before did not
+	// (needsFenceAfter).
 	Parity int
 	// Groups maps every rank to its group (Hierarchical): the ranks that
 	// share one GPU's host link.
@@ -295,6 +298,9 @@ func Build(p Params) (Schedule, error) {
 	case p.Algorithm == HostStaged && p.Coll == AllGather:
 		buildStagedAllGather(&s)
 	case p.Algorithm == HostStaged && p.Coll == Broadcast:
+		if p.Parity < 0 || p.Parity > 1 {
+			return Schedule{}, fmt.Errorf("broadcast of parity %d: want 0 or 1: %w", p.Parity, ErrUnsupported)
+		}
 		buildStagedBroadcast(&s)
 	case p.Algorithm == Ring && p.Coll == AllReduce:
 		buildRingAllReduce(&s)
@@ -569,7 +575,7 @@ func buildStagedBroadcast(s *Schedule) {
 		for c := range nc {
 			off := c * C
 			ln := min(C, B-off)
-			slot := c % K
+			slot := (c + p.Parity) % K
 			v := uint64(c + 1)
 			if r == root {
 				out := Step{Lane: LaneOut, Kind: CopyOut, Buf: Send, Off: off, Len: ln,

@@ -42,8 +42,24 @@ type rankMem struct {
 // simulateSeq runs several calls back to back on one arena, like an
 // Executor: flags carry the call number in their upper half, a rank starts
 // its next call when it finished its previous one, and waits for every rank
-// to finish it only when needsFence says so.
+// to finish it only when the executor would (fencesOf).
 func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
+	return simulateFenced(calls, fencesOf(calls), rng)
+}
+
+// fencesOf is, per call, whether it waits for every rank to finish the call
+// before it, as the executor decides (the first call counts as fenced).
+func fencesOf(calls []Schedule) []bool {
+	fence := make([]bool, len(calls))
+	for ci := 1; ci < len(calls); ci++ {
+		fence[ci] = needsFenceAfter(calls[ci-1].Params, ci == 1 || fence[ci-1], calls[ci].Params)
+	}
+	return fence
+}
+
+// simulateFenced is simulateSeq with the fences given: fence[ci] makes call
+// ci wait for every rank to finish call ci-1.
+func simulateFenced(calls []Schedule, fence []bool, rng *rand.Rand) ([][][]uint64, error) {
 	n := calls[0].Params.World
 	// mem[call][rank]
 	mem := make([][]rankMem, len(calls))
@@ -123,7 +139,7 @@ func simulateSeq(calls []Schedule, rng *rand.Rand) ([][][]uint64, error) {
 			finished[q]++
 		}
 		next := cur[q] + 1
-		if next < len(calls) && needsFence(calls[cur[q]].Params, calls[next].Params) {
+		if next < len(calls) && fence[next] {
 			for o := range n {
 				if finished[o] < next {
 					return false
@@ -486,7 +502,8 @@ func TestScheduleSequences(t *testing.T) {
 	}{{AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, HostStaged}, {AllReduce, Ring},
 		{AllReduce, RingIPC}, {ReduceScatter, HostStaged}, {AllGather, HostStaged}, {Broadcast, HostStaged}, {Barrier, HostStaged},
 		{AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall}, {AllReduce, HostStagedSmall},
-		{AllReduce, Hierarchical}, {AllReduce, Hierarchical}, {AllReduce, Hierarchical}}
+		{AllReduce, Hierarchical}, {AllReduce, Hierarchical}, {AllReduce, Hierarchical},
+		{Broadcast, HostStaged}, {Broadcast, HostStaged}}
 	// Half the trials reduce their small all-reduces on the devices (a job
 	// setting: the same for every small call of a job).
 	onDevice := false
@@ -498,7 +515,7 @@ func TestScheduleSequences(t *testing.T) {
 		chunk := 64 * world * es * (1 + rng.IntN(2))
 		slots := 1 + rng.IntN(3)
 		var calls []Schedule
-		small := 0 // like the Communicator: small calls alternate parity
+		small, bcasts := 0, 0 // like the Communicator: small calls and broadcasts alternate parity
 		for range 2 + rng.IntN(6) {
 			k := kinds[rng.IntN(len(kinds))]
 			p := Params{Coll: k.coll, Algorithm: k.alg, World: world, Bytes: es * rng.IntN(4*chunk/es), ElemSize: es,
@@ -508,6 +525,13 @@ func TestScheduleSequences(t *testing.T) {
 				p.Parity = small & 1
 				p.SmallOnDevice = onDevice
 				small++
+			}
+			if k.coll == Broadcast {
+				if rng.IntN(2) == 0 {
+					p.Bytes = es * rng.IntN(chunk/es+1) // one chunk: may skip its fence
+				}
+				p.Parity = bcasts & 1
+				bcasts++
 			}
 			if k.alg == Hierarchical {
 				p.Groups = groups
@@ -984,4 +1008,60 @@ func TestOnlyTheRingAsksForStagedReductions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Back-to-back one-chunk broadcasts (DDP's buffers, one per element type):
+// the second skips its fence when the first was fenced and they stage into
+// different slots. The same slot twice, or a third without a fence, lets a
+// root that moved on overwrite what a slower rank has yet to read, which the
+// simulator catches in some interleaving; as the executor fences, never.
+func TestBroadcastPairWithoutFence(t *testing.T) {
+	const world, es, chunk, slots = 4, 4, 1024, 2
+	bc := func(bytes, root, parity int) Schedule {
+		s, err := Build(Params{Coll: Broadcast, Algorithm: HostStaged, World: world, Bytes: bytes, ElemSize: es,
+			InPlace: true, Root: root, Chunk: chunk, Slots: slots, Parity: parity})
+		require.NoError(t, err)
+		return s
+	}
+	// bad counts the interleavings that fail or leave a wrong byte.
+	bad := func(calls []Schedule, fence []bool) (n int) {
+		for trial := range 400 {
+			got, err := simulateFenced(calls, fence, rand.New(rand.NewPCG(uint64(trial), 9)))
+			if err != nil {
+				n++
+				continue
+			}
+		check:
+			for ci, s := range calls {
+				for r := range world {
+					for i, m := range got[ci][r] {
+						if want, ok := wantTag(s.Params, ci, r, i); ok && m != want {
+							n++
+							break check
+						}
+					}
+				}
+			}
+		}
+		return n
+	}
+	alt := []Schedule{bc(800, 0, 0), bc(64, 0, 1), bc(512, 2, 0), bc(1024, 3, 1), bc(1024, 3, 0)}
+	require.Equal(t, []bool{false, false, true, false, true}, fencesOf(alt))
+	require.Zero(t, bad(alt, fencesOf(alt)))
+	require.Positive(t, bad(alt[:3], []bool{false, false, false}), "a third broadcast without a fence must be caught")
+
+	same := []Schedule{bc(800, 0, 0), bc(64, 0, 0)}
+	require.Equal(t, []bool{false, true}, fencesOf(same))
+	require.Positive(t, bad(same, []bool{false, false}), "the same slot twice without a fence must be caught")
+
+	one, two := bc(1024, 0, 0).Params, bc(64, 0, 1).Params
+	long := bc(1200, 0, 0).Params // two chunks
+	require.False(t, needsFenceAfter(one, true, two))
+	require.True(t, needsFenceAfter(one, false, two), "after an unfenced broadcast")
+	require.True(t, needsFenceAfter(long, true, two), "after a broadcast of two chunks")
+	long.Parity = 1
+	require.True(t, needsFenceAfter(one, true, long), "before a broadcast of two chunks")
+	ar := Params{Coll: AllReduce, Algorithm: HostStaged}
+	require.True(t, needsFenceAfter(one, true, ar))
+	require.True(t, needsFenceAfter(ar, true, two))
 }

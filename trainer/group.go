@@ -444,6 +444,9 @@ func (g *Group) connect(ctx context.Context) error {
 	if err := cm.SetGroups(g.groups); err != nil {
 		return err
 	}
+	// A link's sends are broadcasts: each waits for the receiver to have
+	// finished the one before, so that a refused receive fails the next send.
+	cm.SetBroadcastPairs(!g.link)
 	g.cm = cm
 	if g.stream, err = g.dev.NewStream(); err != nil {
 		return err
