@@ -593,7 +593,14 @@ func buildStagedBroadcast(s *Schedule) {
 					// buffer (a ReduceIn of no host sources), beside the
 					// copy out rather than back from the slot after it.
 					// Nobody waits for it: the root reads no slot back.
-					st = append(st, Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Off: off, Len: ln, Src: Send, SrcOff: off})
+					// One chunk: after the copy out on its lane, so that
+					// the root's call runs on one lane (the calling
+					// goroutine) and waits for one stream, not two.
+					lane := LaneIn
+					if nc == 1 {
+						lane = LaneOut
+					}
+					st = append(st, Step{Lane: lane, Kind: ReduceIn, Buf: Recv, Off: off, Len: ln, Src: Send, SrcOff: off})
 				}
 				continue
 			}
