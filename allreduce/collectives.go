@@ -233,24 +233,51 @@ func (c *Communicator) AllGather(ctx context.Context, send, recv comm.Buffer, co
 // Broadcast sets every rank's recv[0:count] to root's send[0:count] (send
 // is read on the root only; send == recv is in place).
 func (c *Communicator) Broadcast(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) error {
+	s, err := c.broadcast(send, recv, count, dt, root, false)
+	if err != nil {
+		return err
+	}
+	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
+}
+
+// BroadcastOrdered is Broadcast for a caller that orders its own stream
+// after the returned event (Executor.RunOrdered): a broadcast of at most one
+// chunk, on streams that wait for and write the flags themselves, returns
+// once queued (after the fence, where it needs one), with the event after
+// which recv holds the result; any other returns when done, with a nil
+// event. Its flags and slot are Broadcast's, so the ranks of one call may
+// mix the two.
+func (c *Communicator) BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) (comm.Event, error) {
+	s, err := c.broadcast(send, recv, count, dt, root, true)
+	if err != nil {
+		return nil, err
+	}
+	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
+}
+
+// broadcast is the schedule of a broadcast call; onDevice asks for the
+// flags on the devices where the executor can (one chunk, stream words).
+func (c *Communicator) broadcast(send, recv comm.Buffer, count int, dt comm.DType, root int, onDevice bool) (Schedule, error) {
 	b := count * dt.Size()
 	if err := need(recv, b, "receive"); err != nil {
-		return err
+		return Schedule{}, err
 	}
 	if c.Rank() == root {
 		if err := need(send, b, "send"); err != nil {
-			return err
+			return Schedule{}, err
 		}
 	}
-	s, err := c.schedule(Params{Coll: Broadcast, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
-		InPlace: send == recv, Root: root, Parity: c.bcasts & 1})
+	p := Params{Coll: Broadcast, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
+		InPlace: send == recv, Root: root, Parity: c.bcasts & 1}
+	p.SmallOnDevice = onDevice && c.exec.opts.BroadcastOnDevice && c.exec.words != nil && b <= c.exec.opts.Chunk
+	s, err := c.schedule(p)
 	if err != nil {
-		return err
+		return Schedule{}, err
 	}
 	if !c.unpaired {
 		c.bcasts++
 	}
-	return c.exec.Run(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
+	return s, nil
 }
 
 // Barrier returns once every rank has entered it.

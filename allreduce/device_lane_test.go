@@ -347,3 +347,149 @@ func smallDeviceGroup(t *testing.T) (*cudaGroup, []comm.Buffer) {
 	}
 	return g, bufs
 }
+
+// TestBroadcastOrdered: one-chunk broadcasts through BroadcastOrdered on
+// fake drivers whose streams wait for and write the flags. With the drivers
+// held every rank returns at once with an unfinished event, the root's
+// first call after a fenced one included (DDP's pair of buffer broadcasts:
+// the root never waits); released, every rank holds the root's data. Calls
+// that need the fence (a third broadcast, one after an all-reduce) wait for
+// it and are queued after it; ranks may mix ordered and plain calls; a
+// broadcast of more than a chunk runs to the end (nil event).
+func TestBroadcastOrdered(t *testing.T) {
+	const world, count = 3, 300
+	g := newCUDAGroup(t, world, Options{Chunk: 16 << 10, Slots: 2, BroadcastOnDevice: true})
+	bufs := make([][2]comm.Buffer, world)
+	big := make([]comm.Buffer, world)
+	mem := func(r int, b comm.Buffer, n int) []byte {
+		m, err := g.fakes[r].Memory(b.(*comm.CUDABuffer).Ptr(), uint64(n))
+		require.NoError(t, err)
+		return m
+	}
+	fill := func(call int) {
+		for r := range world {
+			for i := range 2 {
+				m := mem(r, bufs[r][i], 4*count)
+				for j := range m {
+					m[j] = byte(r + 1) // wrong everywhere but on the root
+					if r == call%world {
+						m[j] = byte(j*3 + i + call)
+					}
+				}
+			}
+		}
+	}
+	check := func(call int) {
+		root := call % world
+		for r := range world {
+			for i := range 2 {
+				require.Equal(t, mem(root, bufs[root][i], 4*count), mem(r, bufs[r][i], 4*count), "call %d rank %d buffer %d", call, r, i)
+			}
+		}
+	}
+	for r := range world {
+		require.NotNil(t, g.comms[r].exec.words)
+		for i := range 2 {
+			var err error
+			bufs[r][i], err = g.devs[r].Alloc(4 * count)
+			require.NoError(t, err)
+		}
+		var err error
+		big[r], err = g.devs[r].Alloc(64 << 10)
+		require.NoError(t, err)
+		require.NoError(t, g.fakes[r].MemsetD8(big[r].(*comm.CUDABuffer).Ptr(), 0, 64<<10))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	onAll := func(f func(r int) error) {
+		errs := make([]error, world)
+		var wg sync.WaitGroup
+		for r := range world {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[r] = f(r) }()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+	}
+	for call := range 4 {
+		fill(call)
+		root := call % world
+		// Even calls: held drivers, a pair of broadcasts queued everywhere
+		// returns at once. Odd calls: rank 1 runs its pair on the CPU.
+		held := call%2 == 0
+		if held {
+			for _, f := range g.fakes {
+				f.Hold()
+			}
+		}
+		evs := make([][2]comm.Event, world)
+		onAll(func(r int) error {
+			for i := range 2 {
+				var err error
+				if r == 1 && !held {
+					err = g.comms[r].Broadcast(ctx, bufs[r][i], bufs[r][i], count, comm.Float32, root)
+				} else {
+					evs[r][i], err = g.comms[r].BroadcastOrdered(ctx, bufs[r][i], bufs[r][i], count, comm.Float32, root)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for r := range world {
+			for i := range 2 {
+				if r == 1 && !held {
+					continue
+				}
+				require.NotNil(t, evs[r][i], "call %d rank %d broadcast %d: queued, not run", call, r, i)
+				if held {
+					done, err := evs[r][i].Done()
+					require.NoError(t, err)
+					require.False(t, done, "call %d rank %d: nothing runs while the drivers are held", call, r)
+				}
+			}
+		}
+		if held {
+			for _, f := range g.fakes {
+				f.Release()
+			}
+		}
+		for r := range world {
+			for i := range 2 {
+				if evs[r][i] != nil {
+					require.NoError(t, evs[r][i].Wait(ctx))
+				}
+			}
+		}
+		check(call)
+		// A third broadcast needs the fence: each rank settles its pair
+		// first (the fence waits for its own end-of-call flag too).
+		onAll(func(r int) error {
+			ev, err := g.comms[r].BroadcastOrdered(ctx, bufs[r][0], bufs[r][0], count, comm.Float32, root)
+			if err == nil && ev != nil {
+				err = ev.Wait(ctx)
+			}
+			return err
+		})
+		check(call)
+		// A host-staged all-reduce: settles the broadcasts, fences the next.
+		onAll(func(r int) error {
+			return g.comms[r].AllReduce(ctx, big[r], big[r], 16<<10, comm.Float32, comm.Sum)
+		})
+		for r := range world {
+			require.Empty(t, g.comms[r].exec.ord.pending)
+			require.Equal(t, make([]byte, 64<<10), mem(r, big[r], 64<<10), "rank %d: the all-reduce of zeros", r)
+		}
+	}
+	// More than a chunk: run to the end.
+	onAll(func(r int) error {
+		ev, err := g.comms[r].BroadcastOrdered(ctx, big[r], big[r], 4<<10+1, comm.Float32, 0)
+		if err == nil && ev != nil {
+			err = fmt.Errorf("a broadcast of more than a chunk returned an event")
+		}
+		return err
+	})
+}

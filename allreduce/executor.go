@@ -73,6 +73,12 @@ type Options struct {
 	// folds the inputs one by one where the CPU adds them in pairs, so float
 	// results may differ in the last bit between the two ways.
 	SmallOnDevice bool
+	// BroadcastOnDevice lets Communicator.BroadcastOrdered put the flags of
+	// a broadcast of at most one chunk on the devices (where their streams
+	// can wait for and write them: comm.WordDevice) and return once it is
+	// queued. Unlike SmallOnDevice it may differ between ranks: the flags
+	// and slot are the CPU schedule's.
+	BroadcastOnDevice bool
 }
 
 // Staged is the arena geometry the host-staged collectives of ranks that
@@ -259,7 +265,7 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 		}
 		e.streams[l] = s
 	}
-	if opts.SmallOnDevice {
+	if opts.SmallOnDevice || opts.BroadcastOnDevice {
 		e.words = streamWords(dev, tr, e.streams)
 	}
 	return e, nil
@@ -491,18 +497,29 @@ func needsFenceAfter(prev Params, prevFenced bool, next Params) bool {
 	return needsFence(prev, next)
 }
 
-func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool) error {
-	r, n := e.tr.Rank(), e.tr.World()
-	// Fence: every rank has finished the previous call, so no arena slot or
-	// flag of it is still in use anywhere.
-	if prev := epoch - epochOf(1); fence && prev != 0 {
-		for q := range n {
-			if err := e.tr.Wait(ctx, FlagOf(q, RoleFin), prev|1); err != nil {
-				return fmt.Errorf("rank %d waiting for rank %d to finish the previous collective: %w", r, q, err)
-			}
+// fence waits until every rank has finished the call before the one of
+// epoch, so that no arena slot or flag of it is still in use anywhere.
+func (e *Executor) fence(ctx context.Context, epoch uint64) error {
+	prev := epoch - epochOf(1)
+	if prev == 0 {
+		return nil
+	}
+	for q := range e.tr.World() {
+		if err := e.tr.Wait(ctx, FlagOf(q, RoleFin), prev|1); err != nil {
+			return fmt.Errorf("rank %d waiting for rank %d to finish the previous collective: %w", e.tr.Rank(), q, err)
 		}
-		if e.trace != nil {
-			e.trace.cur.fence = e.trace.since()
+	}
+	if e.trace != nil {
+		e.trace.cur.fence = e.trace.since()
+	}
+	return nil
+}
+
+func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool) error {
+	r := e.tr.Rank()
+	if fence {
+		if err := e.fence(ctx, epoch); err != nil {
+			return err
 		}
 	}
 	// After the fence: see signature.go.

@@ -54,11 +54,14 @@ type orderedState struct {
 }
 
 // CanOrder reports whether RunOrdered would queue sched and return rather
-// than run it to the end: a small all-reduce on the devices, on streams
-// that wait for the flags themselves, without tracing.
+// than run it to the end: a small all-reduce or a one-chunk broadcast with
+// its flags on the devices (Params.SmallOnDevice), on streams that wait for
+// the flags themselves, without tracing.
 func (e *Executor) CanOrder(sched Schedule) bool {
 	p := sched.Params
-	return e.words != nil && e.trace == nil && p.SmallOnDevice && p.Algorithm == HostStagedSmall && p.Coll == AllReduce &&
+	small := p.Algorithm == HostStagedSmall && p.Coll == AllReduce
+	bcast := p.Algorithm == HostStaged && p.Coll == Broadcast
+	return e.words != nil && e.trace == nil && p.SmallOnDevice && (small || bcast) &&
 		p.World == e.tr.World() && len(e.lanesOf(sched.Steps[e.tr.Rank()])[LaneIn]) == len(sched.Steps[e.tr.Rank()])
 }
 
@@ -69,7 +72,12 @@ func (e *Executor) CanOrder(sched Schedule) bool {
 // event. ctx's deadline bounds the call also after RunOrdered returned
 // (the watchdog enforces it).
 func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (comm.Event, error) {
-	if !e.CanOrder(sched) || e.calls > 0 && needsFence(e.prev, sched.Params) {
+	// A broadcast that needs the fence waits for it here, on the CPU, and is
+	// queued after it (its own outstanding calls settled first: the fence
+	// waits for this rank's end-of-call flag too); an all-reduce that needs
+	// it runs to the end.
+	fence := e.calls > 0 && needsFenceAfter(e.prev, e.fenced, sched.Params)
+	if !e.CanOrder(sched) || fence && sched.Params.Coll != Broadcast {
 		return nil, e.Run(ctx, sched, call)
 	}
 	if err := e.precheck(ctx, sched); err != nil {
@@ -78,18 +86,30 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	e.ord.mu.Lock()
 	full := len(e.ord.pending) >= maxPending
 	e.ord.mu.Unlock()
-	if full {
-		if err := e.settle(ctx, 1); err != nil {
+	settle := 0
+	switch {
+	case fence:
+		settle = -1
+	case full:
+		settle = 1
+	}
+	if settle != 0 {
+		if err := e.settle(ctx, settle); err != nil {
 			return nil, err
 		}
 	}
 	e.calls++
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
+	if fence {
+		if err := e.fence(ctx, epoch); err != nil {
+			return nil, e.fail(sched, err)
+		}
+	}
 	if err := e.publishSignature(epoch, signatureOf(sched.Params, call)); err != nil {
 		return nil, e.fail(sched, err)
 	}
-	e.prev, e.fenced = sched.Params, false
+	e.prev, e.fenced = sched.Params, fence || e.calls == 1
 	r := e.tr.Rank()
 	// A new event, not a reused one: the caller's stream waits for it and
 	// the watchdog polls it until it is settled.
@@ -177,7 +197,7 @@ func (e *Executor) settle(ctx context.Context, n int) error {
 			err = e.tr.Aborted() // a failed rank released the device waits
 		}
 		if err != nil {
-			return e.fail(p.sched, fmt.Errorf("a small all-reduce queued before this call: %w", err))
+			return e.fail(p.sched, fmt.Errorf("a %s queued before this call: %w", p.sched.Params.Coll, err))
 		}
 		e.tr.Set(FlagOf(e.tr.Rank(), RoleFin), p.epoch|1)
 		e.ord.mu.Lock()

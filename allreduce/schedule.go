@@ -230,6 +230,13 @@ type Params struct {
 	// itself (DeviceFlags) and reduces them from mapped host memory into
 	// the receive buffer (ReduceIn), with no CPU step between the copy out
 	// and the result. Like Chunk, the same on every rank.
+	//
+	// On a HostStaged broadcast of at most one chunk it puts the flags on
+	// the device the same way (buildBroadcastOnDevice): the root's stream
+	// copies out and raises its staged flag, a peer's stream waits for that
+	// flag and copies in, so the whole call can be queued at once (stream
+	// order, Executor.RunOrdered). Its flags and slot are the CPU
+	// schedule's, so ranks may differ in it call by call.
 	SmallOnDevice bool
 	// GPUShare is the part of every chunk of a HostStaged all-reduce, in
 	// thousandths (GPUShareOne: all), that the ranks' devices reduce from
@@ -300,6 +307,14 @@ func Build(p Params) (Schedule, error) {
 	case p.Algorithm == HostStaged && p.Coll == Broadcast:
 		if p.Parity < 0 || p.Parity > 1 {
 			return Schedule{}, fmt.Errorf("broadcast of parity %d: want 0 or 1: %w", p.Parity, ErrUnsupported)
+		}
+		if p.SmallOnDevice {
+			if p.Bytes > p.Chunk {
+				return Schedule{}, fmt.Errorf("broadcast of %d bytes with its flags on the device: at most one chunk (%d): %w",
+					p.Bytes, p.Chunk, ErrUnsupported)
+			}
+			buildBroadcastOnDevice(&s)
+			break
 		}
 		buildStagedBroadcast(&s)
 	case p.Algorithm == Ring && p.Coll == AllReduce:
@@ -609,6 +624,40 @@ func buildStagedBroadcast(s *Schedule) {
 				Set: []Cond{{FlagOf(r, roleC), v}}})
 		}
 		s.Steps[r] = st
+	}
+}
+
+// buildBroadcastOnDevice is buildStagedBroadcast's one chunk with the flags
+// on the devices, all on the in lane: the root's stream copies the chunk
+// out to the same slot and raises the same staged flag itself (then, out of
+// place, copies its own result on the device); a peer's stream waits for
+// that flag and copies in. A peer raises no consumed flag: nothing waits
+// for it with one chunk (the next call that could reuse the slot fences).
+func buildBroadcastOnDevice(s *Schedule) {
+	p := s.Params
+	n, B, root := p.World, p.Bytes, p.Root
+	s.HostBytes = ArenaBytes(n, p.Chunk, p.Slots)
+	if B == 0 {
+		return
+	}
+	slot := Span{stagedIn(p, 0, p.Parity%p.Slots), B}
+	staged := Cond{FlagOf(root, roleA), 1}
+	for r := range n {
+		if r == root {
+			st := []Step{
+				{Lane: LaneIn, Kind: CopyOut, Buf: Send, Len: B, Host: slot},
+				{Lane: LaneIn, Kind: Nop, DeviceFlags: true, Set: []Cond{staged}},
+			}
+			if !p.InPlace {
+				st = append(st, Step{Lane: LaneIn, Kind: ReduceIn, Buf: Recv, Len: B, Src: Send})
+			}
+			s.Steps[r] = st
+			continue
+		}
+		s.Steps[r] = []Step{
+			{Lane: LaneIn, Kind: Nop, DeviceFlags: true, Wait: []Cond{staged}},
+			{Lane: LaneIn, Kind: CopyIn, Buf: Recv, Len: B, Host: slot},
+		}
 	}
 }
 

@@ -531,6 +531,7 @@ func TestScheduleSequences(t *testing.T) {
 					p.Bytes = es * rng.IntN(chunk/es+1) // one chunk: may skip its fence
 				}
 				p.Parity = bcasts & 1
+				p.SmallOnDevice = p.Bytes <= chunk && rng.IntN(2) == 0
 				bcasts++
 			}
 			if k.alg == Hierarchical {
@@ -1064,4 +1065,70 @@ func TestBroadcastPairWithoutFence(t *testing.T) {
 	ar := Params{Coll: AllReduce, Algorithm: HostStaged}
 	require.True(t, needsFenceAfter(one, true, ar))
 	require.True(t, needsFenceAfter(ar, true, two))
+}
+
+// A broadcast of one chunk with its flags on the devices: the CPU
+// schedule's slot and flags, all on one lane, so that ranks may mix the two
+// ways call by call (a rank orders its stream after the call where it can,
+// others run it on the CPU); more than one chunk is refused.
+func TestBroadcastOnDevice(t *testing.T) {
+	const es, chunk, slots = 4, 2048, 2
+	_, err := Build(Params{Coll: Broadcast, Algorithm: HostStaged, World: 2, Bytes: chunk + es, ElemSize: es,
+		Chunk: chunk, Slots: slots, SmallOnDevice: true})
+	require.ErrorIs(t, err, ErrUnsupported)
+
+	s, err := Build(Params{Coll: Broadcast, Algorithm: HostStaged, World: 3, Bytes: 64, ElemSize: es,
+		Root: 1, Chunk: chunk, Slots: slots, SmallOnDevice: true})
+	require.NoError(t, err)
+	kinds := func(st []Step) (k []Kind) {
+		for _, x := range st {
+			require.Equal(t, LaneIn, x.Lane)
+			k = append(k, x.Kind)
+		}
+		return k
+	}
+	require.Equal(t, []Kind{CopyOut, Nop, ReduceIn}, kinds(s.Steps[1]))
+	require.True(t, s.Steps[1][1].DeviceFlags)
+	require.Equal(t, []Kind{Nop, CopyIn}, kinds(s.Steps[0]))
+	require.True(t, s.Steps[0][0].DeviceFlags)
+
+	rng := rand.New(rand.NewPCG(21, 22))
+	for trial := range 150 {
+		world := 2 + rng.IntN(4)
+		var calls []Schedule
+		bcasts := 0
+		for range 2 + rng.IntN(5) {
+			p := Params{Coll: Broadcast, Algorithm: HostStaged, World: world, Bytes: es * (1 + rng.IntN(chunk/es)),
+				ElemSize: es, InPlace: rng.IntN(2) == 0, Root: rng.IntN(world), Chunk: chunk, Slots: slots, Parity: bcasts & 1}
+			bcasts++
+			if rng.IntN(4) == 0 {
+				p = Params{Coll: AllReduce, Algorithm: HostStaged, World: world, Bytes: es * world * (1 + rng.IntN(64)),
+					ElemSize: es, Chunk: chunk, Slots: slots}
+			}
+			cpu, err := Build(p)
+			require.NoError(t, err)
+			if p.Coll == Broadcast {
+				p.SmallOnDevice = true
+				dev, err := Build(p)
+				require.NoError(t, err)
+				for r := range world {
+					if rng.IntN(2) == 0 {
+						cpu.Steps[r] = dev.Steps[r]
+					}
+				}
+			}
+			calls = append(calls, cpu)
+		}
+		got, err := simulateSeq(calls, rand.New(rand.NewPCG(uint64(trial), 3)))
+		require.NoError(t, err, "trial %d", trial)
+		for ci, s := range calls {
+			for r := range world {
+				for i, m := range got[ci][r] {
+					if want, ok := wantTag(s.Params, ci, r, i); ok && m != want {
+						require.Failf(t, "wrong result", "trial %d call %d rank %d byte %d: %#x, want %#x", trial, ci, r, i, m, want)
+					}
+				}
+			}
+		}
+	}
 }
