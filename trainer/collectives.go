@@ -124,6 +124,9 @@ func (g *Group) broadcast(ctx context.Context, inline bool, send, recv Buffer, r
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
 	return g.issue(ctx, inline, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
+		if stream, ok := g.broadcastOrderedOn(send, recv); ok {
+			return g.broadcastOrdered(ctx, stream, send, recv, root)
+		}
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
 		})

@@ -400,7 +400,8 @@ func (g *Group) connect(ctx context.Context) error {
 	c := g.cfg
 	t := c.tuning
 	opts := allreduce.Options{Chunk: t.Chunk, Slots: t.Slots, Depth: t.Depth, ReduceWorkers: t.ReduceWorkers,
-		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice}
+		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice,
+		BroadcastOnDevice: !t.BroadcastOnCPU && !g.link && g.cfg.backend == BackendGPU}
 	if t.SmallBytes == 0 {
 		opts.SmallBytes = allreduce.DefaultSmallBytes
 	}

@@ -346,11 +346,17 @@ func TestParseTuning(t *testing.T) {
 	got, err = ParseTuning("smallon=cpu")
 	require.NoError(t, err)
 	require.False(t, got.SmallOnDevice)
+	got, err = ParseTuning("bcast=cpu")
+	require.NoError(t, err)
+	require.Equal(t, Tuning{BroadcastOnCPU: true}, got)
+	got, err = ParseTuning("bcast=device")
+	require.NoError(t, err)
+	require.Zero(t, got)
 	got, err = ParseTuning(" ")
 	require.NoError(t, err)
 	require.Zero(t, got)
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}
@@ -681,4 +687,100 @@ func TestStreamOrderedAllReduce(t *testing.T) {
 		return nil
 	})
 	requireAll(t, errs)
+}
+
+// A synchronous broadcast of one chunk on DeviceBufferOrdered buffers (the C
+// ABI's migctl_run: torch's broadcasts, DDP's buffers) is queued whole on
+// the devices by default: with every rank's fake driver held the root and
+// its peers all return from two broadcasts in a row, and their streams,
+// ordered after them, read the root's data once the drivers run. With
+// Tuning.BroadcastOnCPU the same calls run to the end and are right too.
+func TestStreamOrderedBroadcast(t *testing.T) {
+	for _, onCPU := range []bool{false, true} {
+		t.Run(fmt.Sprintf("onCPU=%v", onCPU), func(t *testing.T) {
+			const n, count = 3, 300
+			fakes := make([]*cuda.Fake, n)
+			for r := range fakes {
+				fakes[r] = cuda.NewFake()
+				comm.InstallFakeCUDAKernels(fakes[r])
+			}
+			errs := world(t, n, func(r int) []Option {
+				return []Option{withCUDA(fakes[r]), WithBackend(BackendGPU), WithTuning(Tuning{BroadcastOnCPU: onCPU})}
+			}, func(g *Group) error {
+				ctx := context.Background()
+				f := fakes[g.Rank()]
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				cctx, err := f.DevicePrimaryCtxRetain(0)
+				if err != nil {
+					return err
+				}
+				if err := f.CtxSetCurrent(cctx); err != nil {
+					return err
+				}
+				user, err := f.StreamCreate(cuda.StreamNonBlocking)
+				if err != nil {
+					return err
+				}
+				var bufs [2]Buffer
+				var ptrs [2]cuda.DevicePtr
+				for i := range bufs {
+					d, err := g.Alloc(count, Float32)
+					if err != nil {
+						return err
+					}
+					in := make([]float32, count)
+					for j := range in {
+						in[j] = float32(1000*(g.Rank()+1) + 10*j + i)
+					}
+					if err := g.Write(ctx, d, HostSlice(in).Host()); err != nil {
+						return err
+					}
+					ptrs[i] = d.own.(*comm.CUDABuffer).Ptr()
+					bufs[i] = DeviceBufferOrdered(uintptr(ptrs[i]), count, Float32, uintptr(user), nil)
+				}
+				if !onCPU {
+					f.Hold()
+				}
+				for i := range bufs {
+					if err := g.Broadcast(ctx, bufs[i], bufs[i], 0); err != nil {
+						f.Release()
+						return err
+					}
+				}
+				var out [2][]float32
+				for i := range out {
+					out[i] = make([]float32, count)
+					if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[i][0]), ptrs[i], 4*count, user); err != nil {
+						f.Release()
+						return err
+					}
+				}
+				if !onCPU {
+					time.Sleep(10 * time.Millisecond)
+					if out[0][0] != 0 || out[1][0] != 0 {
+						f.Release()
+						return errors.New("the caller's copy ran while the driver was held")
+					}
+					f.Release()
+				}
+				if err := f.StreamSynchronize(user); err != nil {
+					return err
+				}
+				for i := range out {
+					for j, v := range out[i] {
+						if want := float32(1000 + 10*j + i); v != want {
+							return fmt.Errorf("rank %d broadcast %d element %d = %v, want %v", g.Rank(), i, j, v, want)
+						}
+					}
+				}
+				// Then a collective on the CPU: settles the queued broadcasts.
+				if v, err := allReduceOf(g, 1); err != nil || v != n {
+					return fmt.Errorf("all-reduce after the broadcasts: %v, %w", v, err)
+				}
+				return nil
+			})
+			requireAll(t, errs)
+		})
+	}
 }

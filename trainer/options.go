@@ -157,6 +157,15 @@ type Tuning struct {
 	// receives the next micro-batch while it computes this one). A local
 	// choice: ranks may differ.
 	RecvDirect bool
+	// BroadcastOnCPU keeps every broadcast's flags on the CPU. By default a
+	// synchronous broadcast of at most one chunk on device memory of one
+	// stream (the C ABI's migctl_run: torch's broadcasts, DDP's buffers)
+	// is queued whole on the device — the root's stream raises the staged
+	// flag, the peers' streams wait for it — and returns once queued, the
+	// caller's stream ordered after it, where the device can wait for
+	// flags (allreduce.Options.BroadcastOnDevice). A local choice: ranks
+	// may differ.
+	BroadcastOnCPU bool
 }
 
 // Option configures Init.

@@ -13,10 +13,11 @@ import (
 // callers do): the collective may complete — its Work done, the blocking
 // call returned — as soon as it is queued on the device, the result then
 // being there for the work queued on stream afterwards (for the host or
-// other streams only once they synchronize with stream). Only a small
-// all-reduce on the devices (Tuning.SmallOnDevice, outside a swap job) does
-// so, when send and receive buffer are both such buffers of one stream;
-// every other collective completes as for DeviceBufferAfter.
+// other streams only once they synchronize with stream). A small
+// all-reduce on the devices (Tuning.SmallOnDevice) and a broadcast of at
+// most one chunk (unless Tuning.BroadcastOnCPU) do so, outside a swap job,
+// when send and receive buffer are both such buffers of one stream; every
+// other collective completes as for DeviceBufferAfter.
 func DeviceBufferOrdered(ptr uintptr, count int, dt DType, stream uintptr, after comm.Event) Buffer {
 	b := DeviceBufferAfter(ptr, count, dt, after)
 	b.stream, b.streamDone = stream, true
@@ -35,17 +36,66 @@ type orderedAllReducer interface {
 // may hold the job (a hold between queued and finished work could leave a
 // peer's stream waiting for a held rank).
 func (g *Group) orderedOn(send, recv Buffer) (uintptr, bool) {
-	if !send.streamDone || !recv.streamDone || send.stream != recv.stream || !g.cfg.tuning.SmallOnDevice ||
-		g.cfg.swapSocket != "" || g.transport == TransportIPC {
+	if !g.cfg.tuning.SmallOnDevice {
 		return 0, false
 	}
 	if _, ok := any(g.cm).(orderedAllReducer); !ok {
+		return 0, false
+	}
+	return g.streamOf(send, recv)
+}
+
+// streamOf is orderedOn's part common to the collectives: the one stream of
+// send and recv, if both are DeviceBufferOrdered buffers of it, the device
+// orders streams, and neither a swap daemon nor the IPC transport is in the
+// way.
+func (g *Group) streamOf(send, recv Buffer) (uintptr, bool) {
+	if !send.streamDone || !recv.streamDone || send.stream != recv.stream ||
+		g.cfg.swapSocket != "" || g.transport == TransportIPC {
 		return 0, false
 	}
 	if _, ok := g.dev.(comm.StreamOrderer); !ok {
 		return 0, false
 	}
 	return send.stream, true
+}
+
+// orderedBroadcaster is the communicator's stream-ordered broadcast
+// (allreduce.Communicator).
+type orderedBroadcaster interface {
+	BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) (comm.Event, error)
+}
+
+// broadcastOrderedOn is orderedOn for a broadcast (Tuning.BroadcastOnCPU
+// unset; the communicator then queues it only when it is one chunk and the
+// device can wait for flags).
+func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
+	if g.cfg.tuning.BroadcastOnCPU || g.link {
+		return 0, false
+	}
+	if _, ok := any(g.cm).(orderedBroadcaster); !ok {
+		return 0, false
+	}
+	return g.streamOf(send, recv)
+}
+
+// broadcastOrdered is allReduceOrdered for a broadcast.
+func (g *Group) broadcastOrdered(ctx context.Context, stream uintptr, send, recv Buffer, root int) error {
+	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.Timeout()))
+	defer cancel()
+	var ev comm.Event
+	n := recv.count
+	err := g.withOperands(dctx, send, recv, n, n, func(s, r comm.Buffer) (err error) {
+		ev, err = any(g.cm).(orderedBroadcaster).BroadcastOrdered(dctx, s, r, n, recv.dtype, root)
+		return err
+	})
+	if err != nil || ev == nil {
+		return err
+	}
+	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
+		return fmt.Errorf("ordering the caller's stream after the broadcast: %w", err)
+	}
+	return nil
 }
 
 // allReduceOrdered runs the all-reduce through the communicator's

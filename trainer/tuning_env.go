@@ -14,7 +14,7 @@ import (
 // (Init without WithTuning: the C ABI, so PyTorch's migctl backend), as
 // comma-separated key=value pairs: chunk, small (sizes: 2MiB, 64KiB),
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
-// device: Tuning.SmallOnDevice), recv (staged or direct: Tuning.RecvDirect), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
 // the same chunk, slots and small (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
@@ -63,6 +63,15 @@ func ParseTuning(s string) (Tuning, error) {
 			default:
 				err = fmt.Errorf("want cpu or device")
 			}
+		case "bcast":
+			switch v {
+			case "device":
+				t.BroadcastOnCPU = false
+			case "cpu":
+				t.BroadcastOnCPU = true
+			default:
+				err = fmt.Errorf("want device or cpu")
+			}
 		case "recv":
 			switch v {
 			case "staged":
@@ -77,7 +86,7 @@ func ParseTuning(s string) (Tuning, error) {
 				err = fmt.Errorf("want a positive duration")
 			}
 		default:
-			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, recv, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
+			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, bcast, recv, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
 		}
 		if err != nil {
 			return Tuning{}, fmt.Errorf("tuning %s=%q: %v: %w", k, v, err, comm.ErrInvalid)
