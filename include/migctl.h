@@ -37,6 +37,13 @@
  * streams and the host see it once they synchronize with the stream. If the
  * job fails while it is queued (a dead peer, the timeout), the stream goes
  * on with an undefined result and the next call reports the failure. The
+ * same holds by default for a broadcast of device memory (one stream for
+ * both buffers, at most one arena chunk: 2 MiB unless the shared memory is
+ * short) made with migctl_run, on every rank: the root's stream copies its
+ * data out and raises a flag, the others' streams wait for that flag and
+ * copy in, and the call returns once that is queued (after waiting, on the
+ * CPU, for every rank to have finished the call before, where the arena
+ * needs it); MIGCTL_TUNING=bcast=cpu makes it wait for the end instead. The
  * issuing call leaves the calling thread's current
  * CUDA context as it was (a thread without one is left with the device's
  * primary context, as the CUDA runtime would). The buffers belong to the
@@ -70,7 +77,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 11 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 12 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -87,7 +94,9 @@ extern "C" {
                                  migctl_set_timeout_on;
                              10: point-to-point transfers: MIGCTL_KIND_SEND, MIGCTL_KIND_RECV;
                              11: MIGCTL_STAT_DIRECT_TRANSFERS (a transfer may start on the issuing
-                                 thread) */
+                                 thread);
+                             12: migctl_run of a broadcast of device memory of at most one arena
+                                 chunk returns in stream order (MIGCTL_TUNING=bcast=cpu: not) */
 
 /* Result codes. */
 #define MIGCTL_OK 0

@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 11
+#if MIGCTL_ABI_VERSION != 12
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -373,7 +373,8 @@ func buffer(p unsafe.Pointer, count int, dt trainer.DType, device bool, stream u
 	}
 	if device && ordered && streamed {
 		// Stream-ordered where the group allows it (a small all-reduce on
-		// the devices): the header's ABI 6 semantics for migctl_run.
+		// the devices, a broadcast of one chunk): the header's ABI 6 and 12
+		// semantics for migctl_run.
 		return trainer.DeviceBufferOrdered(uintptr(p), count, dt, stream, mark)
 	}
 	if device && ordered {

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 OK = 0
 PENDING = 1

@@ -134,6 +134,22 @@ def _sync_path(comm, opts, method):
     return getattr(comm, method, None)
 
 
+# An asynchronous broadcast of one contiguous CUDA tensor of at most this
+# many bytes (DDP's buffers every forward pass) also takes the one-call
+# path: the library queues a broadcast of one arena chunk whole on the
+# device and returns at once, the current stream ordered after it, instead
+# of making the caller wait for its rank's queue to drain. MIGCTL_TUNING's
+# bcast=cpu turns it off (and the library's queueing with it).
+_QUEUED_BROADCAST_BYTES = 1 << 20
+
+
+def _queued_broadcast(tensors):
+    if len(tensors) != 1 or "bcast=cpu" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "").split(","):
+        return False
+    t = tensors[0]
+    return t.is_cuda and t.is_contiguous() and t.numel() * t.element_size() <= _QUEUED_BROADCAST_BYTES
+
+
 def _reduce_dtype(t, call, op):
     dt = _DTYPES.get(t.dtype)
     if dt is None and t.dtype == torch.bool and op in (_lib.MIN, _lib.MAX):
@@ -1031,6 +1047,8 @@ class ProcessGroupMigctl(dist.ProcessGroup):
             tensors = [tensors]
         root = getattr(opts, "rootRank", 0) if opts is not None else 0
         run = _sync_path(self._comm, opts, "run_broadcast")
+        if run is None and _queued_broadcast(tensors):
+            run = getattr(self._comm, "run_broadcast", None)
         w = run(tensors, root) if run is not None else None
         return w if w is not None else self._comm.broadcast(tensors, root)
 

@@ -12,6 +12,13 @@
 2c. the Future of an all-reduce of one CUDA tensor (DDP's): the result is
    right for work queued on the current stream after fut.wait() and for a
    then-callback, the collective waiting for a slow producer kernel.
+2d. broadcasts of CUDA tensors (the library queues one of at most a chunk
+   whole on the device and returns, the stream ordered after it): each
+   rank's tensor is written after a slow kernel on a side stream, then
+   broadcast from rank 0 (sync, async_op + wait, two in a row of two
+   dtypes as DDP's buffers, a third after them); every rank must hold the
+   root's values, and a kernel queued afterwards must see them. Reports how
+   long the root's call took while its GPU was still asleep.
 3. overhead: mean time of an 8 KiB all-reduce through dist.all_reduce vs
    the library's C call directly (issue + wait), on CUDA and CPU tensors.
 
@@ -123,6 +130,42 @@ def cuda_future(rank, world, n=1 << 20, cycles=int(4e8)):
         failures.append(f"future: got {got}, want {(3 * want, 3 * want, 2 * want)}")
 
 
+def broadcast_order(rank, world, n=1 << 16, cycles=int(4e8)):
+    s = torch.cuda.Stream()
+    root_call_ms = []
+    for mode in ("sync", "async", "pair", "three"):
+        torch.cuda.synchronize()
+        dist.barrier()
+        with torch.cuda.stream(s):
+            x = torch.zeros(n, device="cuda")
+            k = torch.zeros(n // 8, device="cuda", dtype=torch.int64)
+            torch.cuda._sleep(cycles)  # the root's copy must wait for the fills below
+            x.fill_(rank + 1)
+            k.fill_(10 * (rank + 1))
+            t0 = time.perf_counter()
+            if mode == "sync":
+                dist.broadcast(x, src=0)
+            elif mode == "async":
+                w = dist.broadcast(x, src=0, async_op=True)
+                w.wait()
+            else:
+                ws = [dist.broadcast(x, src=0, async_op=True), dist.broadcast(k, src=0, async_op=True)]
+                for w in ws:
+                    w.wait()
+                if mode == "three":
+                    dist.broadcast(x, src=0)
+            if rank == 0:
+                root_call_ms.append(round((time.perf_counter() - t0) * 1e3, 2))
+            y = x * 2  # queued after: must see the root's values
+        s.synchronize()
+        got = (x[0].item(), x[-1].item(), y[0].item())
+        if got != (1.0, 1.0, 2.0) or not torch.all(x == 1).item():
+            failures.append(f"broadcast order ({mode}): got {got}, want (1.0, 1.0, 2.0)")
+        if mode in ("pair", "three") and not torch.all(k == 10).item():
+            failures.append(f"broadcast order ({mode}): int64 tensor holds {k[0].item()}, want 10")
+    return root_call_ms
+
+
 def overhead(device, iters=2000):
     t = torch.ones(2048, device=device)  # 8 KiB of float32
     for _ in range(50):
@@ -169,9 +212,10 @@ def main():
     stream_order(rank, world)
     in_flight_order(rank, world)
     cuda_future(rank, world)
+    bc_ms = broadcast_order(rank, world)
     ov = [overhead("cuda"), overhead("cpu")]
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "gpu_backend": on_gpu,
-                      "overhead_8KiB": ov, "failures": failures}), flush=True)
+                      "broadcast_root_call_ms": bc_ms, "overhead_8KiB": ov, "failures": failures}), flush=True)
     dist.barrier()
     sys.exit(1 if failures else 0)
 
