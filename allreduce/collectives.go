@@ -247,12 +247,16 @@ func (c *Communicator) Broadcast(ctx context.Context, send, recv comm.Buffer, co
 // which recv holds the result; any other returns when done, with a nil
 // event. Its flags and slot are Broadcast's, so the ranks of one call may
 // mix the two.
-func (c *Communicator) BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) (comm.Event, error) {
+//
+// after are events of the work that produces send and uses recv before the
+// call (the caller's stream): a queued call's stream waits for them on the
+// device, any other waits for them on the CPU first.
+func (c *Communicator) BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int, after ...comm.Event) (comm.Event, error) {
 	s, err := c.broadcast(send, recv, count, dt, root, true)
 	if err != nil {
 		return nil, err
 	}
-	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum})
+	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum, After: after})
 }
 
 // broadcast is the schedule of a broadcast call; onDevice asks for the

@@ -325,6 +325,10 @@ type Call struct {
 	// PeerSend and PeerRecv are the previous rank's buffers, opened through
 	// IPC (RingIPC schedules only; with one rank, this rank's own).
 	PeerSend, PeerRecv comm.Buffer
+	// After are events of the work that produces Send (the caller's
+	// stream): a stream-ordered call's stream waits for them on the device
+	// (RunOrdered), any other call on the CPU before it starts.
+	After []comm.Event
 }
 
 // Run executes rank's part of sched. It blocks until this rank's part is
@@ -334,6 +338,12 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if err := e.precheck(ctx, sched); err != nil {
 		return err
 	}
+	for _, ev := range call.After {
+		if err := ev.Wait(ctx); err != nil {
+			return fmt.Errorf("waiting for the work that produces the input: %w", err)
+		}
+	}
+	call.After = nil
 	// Stream-ordered calls still outstanding finish first (ordered.go).
 	if err := e.settle(ctx, -1); err != nil {
 		return err

@@ -123,10 +123,14 @@ func (g *Group) broadcast(ctx context.Context, inline bool, send, recv Buffer, r
 	if err := checkOperands(send, recv, n, n); err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
 	}
-	return g.issue(ctx, inline, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
-		if stream, ok := g.broadcastOrderedOn(send, recv); ok {
+	if stream, ok := g.broadcastOrderedOn(send, recv); ok {
+		// No buffers for the issue to wait for on the CPU: the call's
+		// stream waits for the caller's on the device (broadcastOrdered).
+		return g.issue(ctx, inline, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
 			return g.broadcastOrdered(ctx, stream, send, recv, root)
-		}
+		})
+	}
+	return g.issue(ctx, inline, name, "broadcast", recv.Bytes(), func(ctx context.Context) error {
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.Broadcast(ctx, s, r, n, recv.dtype, root)
 		})

@@ -691,10 +691,12 @@ func TestStreamOrderedAllReduce(t *testing.T) {
 
 // A synchronous broadcast of one chunk on DeviceBufferOrdered buffers (the C
 // ABI's migctl_run: torch's broadcasts, DDP's buffers) is queued whole on
-// the devices by default: with every rank's fake driver held the root and
-// its peers all return from two broadcasts in a row, and their streams,
-// ordered after them, read the root's data once the drivers run. With
-// Tuning.BroadcastOnCPU the same calls run to the end and are right too.
+// the devices by default: with every rank's fake driver held — the data's
+// producer, a copy on the caller's stream, not yet run — the root and its
+// peers all return from two broadcasts in a row, and their streams, ordered
+// after them, read the root's data once the drivers run (the root's copy out
+// waited for its producer on the device). With Tuning.BroadcastOnCPU the
+// same calls wait for the producer and the end, and are right too.
 func TestStreamOrderedBroadcast(t *testing.T) {
 	for _, onCPU := range []bool{false, true} {
 		t.Run(fmt.Sprintf("onCPU=%v", onCPU), func(t *testing.T) {
@@ -722,25 +724,35 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				var bufs [2]Buffer
 				var ptrs [2]cuda.DevicePtr
-				for i := range bufs {
+				var ins [2][]float32
+				for i := range ptrs {
 					d, err := g.Alloc(count, Float32)
 					if err != nil {
 						return err
 					}
-					in := make([]float32, count)
-					for j := range in {
-						in[j] = float32(1000*(g.Rank()+1) + 10*j + i)
-					}
-					if err := g.Write(ctx, d, HostSlice(in).Host()); err != nil {
-						return err
-					}
 					ptrs[i] = d.own.(*comm.CUDABuffer).Ptr()
-					bufs[i] = DeviceBufferOrdered(uintptr(ptrs[i]), count, Float32, uintptr(user), nil)
+					ins[i] = make([]float32, count)
+					for j := range ins[i] {
+						ins[i][j] = float32(1000*(g.Rank()+1) + 10*j + i)
+					}
 				}
 				if !onCPU {
 					f.Hold()
+				}
+				var bufs [2]Buffer
+				for i := range bufs {
+					// The producer: a copy on the caller's stream, then its mark.
+					if err := f.MemcpyHtoDAsync(ptrs[i], unsafe.Pointer(&ins[i][0]), 4*count, user); err != nil {
+						f.Release()
+						return err
+					}
+					mark, err := g.dev.(comm.ExternalDevice).RecordStream(uintptr(user))
+					if err != nil {
+						f.Release()
+						return err
+					}
+					bufs[i] = DeviceBufferOrdered(uintptr(ptrs[i]), count, Float32, uintptr(user), mark)
 				}
 				for i := range bufs {
 					if err := g.Broadcast(ctx, bufs[i], bufs[i], 0); err != nil {

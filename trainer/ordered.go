@@ -63,7 +63,7 @@ func (g *Group) streamOf(send, recv Buffer) (uintptr, bool) {
 // orderedBroadcaster is the communicator's stream-ordered broadcast
 // (allreduce.Communicator).
 type orderedBroadcaster interface {
-	BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int) (comm.Event, error)
+	BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int, after ...comm.Event) (comm.Event, error)
 }
 
 // broadcastOrderedOn is orderedOn for a broadcast (Tuning.BroadcastOnCPU
@@ -79,14 +79,23 @@ func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
 	return g.streamOf(send, recv)
 }
 
-// broadcastOrdered is allReduceOrdered for a broadcast.
+// broadcastOrdered is allReduceOrdered for a broadcast, except that the
+// CPU does not wait for the caller's stream first: the marks of send and
+// recv (their after events) go with the call, whose stream waits for them
+// on the device (the issue leaves them out of the Work: Group.broadcast).
 func (g *Group) broadcastOrdered(ctx context.Context, stream uintptr, send, recv Buffer, root int) error {
 	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.Timeout()))
 	defer cancel()
+	var after []comm.Event
+	for _, b := range []Buffer{send, recv} {
+		if b.after != nil && (len(after) == 0 || after[0] != b.after) {
+			after = append(after, b.after)
+		}
+	}
 	var ev comm.Event
 	n := recv.count
 	err := g.withOperands(dctx, send, recv, n, n, func(s, r comm.Buffer) (err error) {
-		ev, err = any(g.cm).(orderedBroadcaster).BroadcastOrdered(dctx, s, r, n, recv.dtype, root)
+		ev, err = any(g.cm).(orderedBroadcaster).BroadcastOrdered(dctx, s, r, n, recv.dtype, root, after...)
 		return err
 	})
 	if err != nil || ev == nil {
