@@ -26,14 +26,13 @@ rows = [json.loads(l) for l in sys.stdin if l.strip()]
 print("ranks=%d checks=%d failed=%d %s" % (len(rows), sum(r["checks"] for r in rows), sum(r["failed"] for r in rows),
       [f for r in rows for f in r["failures"]][:3]))' 2>/dev/null || tail -c 400 "$W/ops.out")"
 DDP_DEADLINE=${DDP_DEADLINE:-330}
-ddp resnet32-lockstep resnet 32 none --lockstep
-for i in 1 2; do
+for i in ${ROUNDS:-1 2}; do
   ddp "resnet32-queued-$i" resnet 32 migctl
   MIGCTL_TUNING=bcast=cpu ddp "resnet32-cpu-$i" resnet 32 migctl
-done
-ddp resnet32-nobcast resnet 32 migctl --no-broadcast-buffers
-for i in 1 2; do
   ddp "resnet8-queued-$i" resnet 8 migctl
   MIGCTL_TUNING=bcast=cpu ddp "resnet8-cpu-$i" resnet 8 migctl
 done
+[ -n "${SHORT:-}" ] && exit 0
+ddp resnet32-lockstep resnet 32 none --lockstep
+ddp resnet32-nobcast resnet 32 migctl --no-broadcast-buffers
 ddp resnet8-gloo resnet 8 gloo
