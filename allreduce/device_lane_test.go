@@ -237,18 +237,7 @@ func TestSmallOnDeviceOrdered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	onAll := func(f func(r int) error) {
-		errs := make([]error, world)
-		var wg sync.WaitGroup
-		for r := range world {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[r] = f(r) }()
-		}
-		wg.Wait()
-		for r, err := range errs {
-			require.NoError(t, err, "rank %d", r)
-		}
-	}
+	onAll := func(f func(r int) error) { onAllRanks(t, world, f) }
 
 	// Held drivers: every rank returns with an unfinished event.
 	for _, f := range g.fakes {
@@ -401,18 +390,7 @@ func TestBroadcastOrdered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	onAll := func(f func(r int) error) {
-		errs := make([]error, world)
-		var wg sync.WaitGroup
-		for r := range world {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[r] = f(r) }()
-		}
-		wg.Wait()
-		for r, err := range errs {
-			require.NoError(t, err, "rank %d", r)
-		}
-	}
+	onAll := func(f func(r int) error) { onAllRanks(t, world, f) }
 	for call := range 4 {
 		fill(call)
 		root := call % world
@@ -492,4 +470,19 @@ func TestBroadcastOrdered(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// onAllRanks runs f for every rank concurrently and requires no error.
+func onAllRanks(t *testing.T, world int, f func(r int) error) {
+	t.Helper()
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = f(r) }()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
 }

@@ -620,25 +620,8 @@ func TestSmallOnDevice(t *testing.T) {
 // ordered after it, reads the sums once the drivers run.
 func TestStreamOrderedAllReduce(t *testing.T) {
 	const n, count = 3, 300
-	fakes := make([]*cuda.Fake, n)
-	for r := range fakes {
-		fakes[r] = cuda.NewFake()
-		comm.InstallFakeCUDAKernels(fakes[r])
-	}
-	errs := world(t, n, func(r int) []Option {
-		return []Option{withCUDA(fakes[r]), WithBackend(BackendGPU), WithTuning(Tuning{SmallOnDevice: true})}
-	}, func(g *Group) error {
+	errs := onFakeDrivers(t, n, Tuning{SmallOnDevice: true}, func(g *Group, f *cuda.Fake) error {
 		ctx := context.Background()
-		f := fakes[g.Rank()]
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		cctx, err := f.DevicePrimaryCtxRetain(0)
-		if err != nil {
-			return err
-		}
-		if err := f.CtxSetCurrent(cctx); err != nil {
-			return err
-		}
 		d, err := g.Alloc(count, Float32)
 		if err != nil {
 			return err
@@ -701,25 +684,8 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 	for _, onCPU := range []bool{false, true} {
 		t.Run(fmt.Sprintf("onCPU=%v", onCPU), func(t *testing.T) {
 			const n, count = 3, 300
-			fakes := make([]*cuda.Fake, n)
-			for r := range fakes {
-				fakes[r] = cuda.NewFake()
-				comm.InstallFakeCUDAKernels(fakes[r])
-			}
-			errs := world(t, n, func(r int) []Option {
-				return []Option{withCUDA(fakes[r]), WithBackend(BackendGPU), WithTuning(Tuning{BroadcastOnCPU: onCPU})}
-			}, func(g *Group) error {
+			errs := onFakeDrivers(t, n, Tuning{BroadcastOnCPU: onCPU}, func(g *Group, f *cuda.Fake) error {
 				ctx := context.Background()
-				f := fakes[g.Rank()]
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				cctx, err := f.DevicePrimaryCtxRetain(0)
-				if err != nil {
-					return err
-				}
-				if err := f.CtxSetCurrent(cctx); err != nil {
-					return err
-				}
 				user, err := f.StreamCreate(cuda.StreamNonBlocking)
 				if err != nil {
 					return err
@@ -795,4 +761,30 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 			requireAll(t, errs)
 		})
 	}
+}
+
+// onFakeDrivers runs body on n ranks of the gpu backend, each on a fake
+// driver of its own (with the fake kernels) and with tuning, on a thread
+// locked to the driver's primary context.
+func onFakeDrivers(t *testing.T, n int, tuning Tuning, body func(g *Group, f *cuda.Fake) error) error {
+	fakes := make([]*cuda.Fake, n)
+	for r := range fakes {
+		fakes[r] = cuda.NewFake()
+		comm.InstallFakeCUDAKernels(fakes[r])
+	}
+	return world(t, n, func(r int) []Option {
+		return []Option{withCUDA(fakes[r]), WithBackend(BackendGPU), WithTuning(tuning)}
+	}, func(g *Group) error {
+		f := fakes[g.Rank()]
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		cctx, err := f.DevicePrimaryCtxRetain(0)
+		if err != nil {
+			return err
+		}
+		if err := f.CtxSetCurrent(cctx); err != nil {
+			return err
+		}
+		return body(g, f)
+	})
 }

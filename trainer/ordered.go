@@ -84,46 +84,45 @@ func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
 // recv (their after events) go with the call, whose stream waits for them
 // on the device (the issue leaves them out of the Work: Group.broadcast).
 func (g *Group) broadcastOrdered(ctx context.Context, stream uintptr, send, recv Buffer, root int) error {
-	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.Timeout()))
-	defer cancel()
 	var after []comm.Event
 	for _, b := range []Buffer{send, recv} {
 		if b.after != nil && (len(after) == 0 || after[0] != b.after) {
 			after = append(after, b.after)
 		}
 	}
-	var ev comm.Event
 	n := recv.count
-	err := g.withOperands(dctx, send, recv, n, n, func(s, r comm.Buffer) (err error) {
-		ev, err = any(g.cm).(orderedBroadcaster).BroadcastOrdered(dctx, s, r, n, recv.dtype, root, after...)
-		return err
+	return g.runOrdered(ctx, stream, "broadcast", send, recv, n, func(ctx context.Context, s, r comm.Buffer) (comm.Event, error) {
+		return any(g.cm).(orderedBroadcaster).BroadcastOrdered(ctx, s, r, n, recv.dtype, root, after...)
 	})
-	if err != nil || ev == nil {
-		return err
-	}
-	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
-		return fmt.Errorf("ordering the caller's stream after the broadcast: %w", err)
-	}
-	return nil
 }
 
 // allReduceOrdered runs the all-reduce through the communicator's
-// stream-ordered call and, when it returned queued, orders the caller's
-// stream after it. The call's deadline is the group's timeout from now
-// (the executor's watchdog enforces it after this returns).
+// stream-ordered call (runOrdered).
 func (g *Group) allReduceOrdered(ctx context.Context, stream uintptr, send, recv Buffer, op Op) error {
+	n := send.count
+	return g.runOrdered(ctx, stream, "all-reduce", send, recv, n, func(ctx context.Context, s, r comm.Buffer) (comm.Event, error) {
+		return any(g.cm).(orderedAllReducer).AllReduceOrdered(ctx, s, r, n, send.dtype, op)
+	})
+}
+
+// runOrdered runs a stream-ordered call of n elements each way on the
+// operands of send and recv and, when it returned queued (an event), orders
+// the caller's stream after it. The call's deadline is the group's timeout
+// from now (the executor's watchdog enforces it after this returns).
+func (g *Group) runOrdered(ctx context.Context, stream uintptr, what string, send, recv Buffer, n int,
+	call func(ctx context.Context, s, r comm.Buffer) (comm.Event, error)) error {
 	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(g.Timeout()))
 	defer cancel()
 	var ev comm.Event
-	err := g.withOperands(dctx, send, recv, send.count, send.count, func(s, r comm.Buffer) (err error) {
-		ev, err = any(g.cm).(orderedAllReducer).AllReduceOrdered(dctx, s, r, send.count, send.dtype, op)
+	err := g.withOperands(dctx, send, recv, n, n, func(s, r comm.Buffer) (err error) {
+		ev, err = call(dctx, s, r)
 		return err
 	})
 	if err != nil || ev == nil {
 		return err
 	}
 	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
-		return fmt.Errorf("ordering the caller's stream after the all-reduce: %w", err)
+		return fmt.Errorf("ordering the caller's stream after the %s: %w", what, err)
 	}
 	return nil
 }

@@ -55,32 +55,11 @@ func ParseTuning(s string) (Tuning, error) {
 				t.ReduceWorkers = n
 			}
 		case "smallon":
-			switch v {
-			case "cpu":
-				t.SmallOnDevice = false
-			case "device":
-				t.SmallOnDevice = true
-			default:
-				err = fmt.Errorf("want cpu or device")
-			}
+			t.SmallOnDevice, err = either(v, "cpu", "device")
 		case "bcast":
-			switch v {
-			case "device":
-				t.BroadcastOnCPU = false
-			case "cpu":
-				t.BroadcastOnCPU = true
-			default:
-				err = fmt.Errorf("want device or cpu")
-			}
+			t.BroadcastOnCPU, err = either(v, "device", "cpu")
 		case "recv":
-			switch v {
-			case "staged":
-				t.RecvDirect = false
-			case "direct":
-				t.RecvDirect = true
-			default:
-				err = fmt.Errorf("want staged or direct")
-			}
+			t.RecvDirect, err = either(v, "staged", "direct")
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")
@@ -93,4 +72,15 @@ func ParseTuning(s string) (Tuning, error) {
 		}
 	}
 	return t, nil
+}
+
+// either reads a two-valued key: false for off, true for on.
+func either(v, off, on string) (bool, error) {
+	switch v {
+	case off:
+		return false, nil
+	case on:
+		return true, nil
+	}
+	return false, fmt.Errorf("want %s or %s", off, on)
 }

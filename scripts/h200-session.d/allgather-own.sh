@@ -10,12 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init allgather
-ag() { # tag binary np [bench args...]
-  local tag=$1 bin=$2 np=$3; shift 3
-  timeout 100 $bin bench allgather --backend gpu --transport shm --gpu 0 --np "$np" -b 64KiB -e 32MiB -f 8 -n 30 -w 3 \
-    -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
-  say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,%.0f%%lim,w%d" % (r["bytes"], r["timeUs"], r.get("pctLimit", 0), r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
-}
+ag() { coll "$1" "$2" "$3" allgather -b 64KiB -e 32MiB -f 8 -n 30 -w 3 "${@:4}"; } # tag binary np [args]
 newold ag
 timeout 200 $M run --gpus 0 --np 7 -q --timeout 60s -- python3 python/tests/fsdp_check.py >"$W/fsdp.out" 2>&1
 say "fsdp_check 7 ranks rc=$? clean: $(grep -c '"failures": \[\]' "$W/fsdp.out") of 7"

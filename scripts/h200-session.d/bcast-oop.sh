@@ -11,12 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init oop
-bc() { # tag binary np [bench args...]
-  local tag=$1 bin=$2 np=$3; shift 3
-  timeout 100 $bin bench broadcast --backend gpu --transport shm --gpu 0 --np "$np" -b 8KiB -e 512KiB -f 8 -n 300 -w 20 \
-    -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
-  say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,w%d" % (r["bytes"], r["timeUs"], r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
-}
+bc() { coll "$1" "$2" "$3" broadcast -b 8KiB -e 512KiB -f 8 -n 300 -w 20 "${@:4}"; } # tag binary np [args]
 newold bc
 DDP_DEADLINE=${DDP_DEADLINE:-420}
 for b in 32 8; do

@@ -11,11 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init pairs
-bc() { # tag binary
-  timeout 100 $2 bench broadcast --backend gpu --transport shm --gpu 0 --np 7 -b 8KiB -e 64KiB -f 8 -n 300 -w 20 \
-    -c 1 -o json >"$W/$1.json" 2>"$W/$1.err"
-  say "$1 rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,w%d" % (r["bytes"], r["timeUs"], r["wrong"]) for r in d["rows"]))' "$W/$1.json" 2>/dev/null || tail -c 300 "$W/$1.err")"
-}
+bc() { coll "$1" "$2" 7 broadcast -b 8KiB -e 64KiB -f 8 -n 300 -w 20; } # tag binary
 for i in 1 2; do bc "bcast-new-$i" bin/migctl; bc "bcast-old-$i" bin/migctl-old; done
 NEW=$PWD/bin/libmigctl.so OLD=$PWD/bin/libmigctl-old.so
 DDP_DEADLINE=${DDP_DEADLINE:-470}

@@ -20,6 +20,12 @@ row() { # tag np size n w [bench args...]: shm, host-staged path, -c 1; JSON in 
   local rc=$?
   say "$tag rc=$rc $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("us=%.1f wrong=%d algo=%s mps=%s limit=%.1f %%limit=%.1f binding=%s" % (r["timeUs"], r["wrong"], d.get("algorithm"), d.get("mps", False), r.get("limitUs", 0), r.get("pctLimit", 0), r.get("limitBinding")))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
+coll() { # tag binary np collective [bench args...]: one `migctl bench COLLECTIVE` of ranks on GPU 0 (shm, -c 1),
+  # its rows as bytes:mean us,%limit,wrong
+  local tag=$1 bin=$2 np=$3 c=$4; shift 4
+  timeout 100 $bin bench "$c" --backend gpu --transport shm --gpu 0 --np "$np" -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
+  say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,%.0f%%lim,w%d" % (r["bytes"], r["timeUs"], r.get("pctLimit", 0), r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
+}
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
   # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3;
   # TREE: where examples/ and python/ are (default: this checkout; another build's with its MIGCTL_LIB)
