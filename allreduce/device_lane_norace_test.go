@@ -138,3 +138,50 @@ func TestMismatchedCallsSmallOnDevice(t *testing.T) {
 	}
 	require.Less(t, time.Since(start), 10*time.Second, "no stream left waiting for the deadline")
 }
+
+// Broadcasts queued on the devices (BroadcastOrdered) are compared at the
+// publish too: ranks that disagree on the size find it at once or at their
+// next call, and no stream is left waiting for the deadline.
+func TestMismatchedBroadcastsOnDevice(t *testing.T) {
+	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, BroadcastOnDevice: true})
+	bufs := make([]comm.Buffer, 3)
+	for r := range 3 {
+		require.NotNil(t, g.comms[r].exec.words)
+		var err error
+		bufs[r], err = g.devs[r].Alloc(4 << 10)
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	run := func(count func(r int) int) []error {
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for r, c := range g.comms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				ev, err := c.BroadcastOrdered(ctx, bufs[r], bufs[r], count(r), comm.Float32, 0)
+				if err == nil && ev != nil {
+					err = c.exec.settle(ctx, -1)
+				}
+				errs[r] = err
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	errs := run(func(r int) int { return 100 + r/2*8 }) // rank 2: 8 more elements
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			require.ErrorIs(t, err, comm.ErrMismatch)
+			failed++
+		}
+	}
+	require.Positive(t, failed, "found at the publish")
+	for r, err := range run(func(int) int { return 100 }) {
+		require.ErrorIs(t, err, comm.ErrMismatch, "rank %d, the next call", r)
+	}
+	require.Less(t, time.Since(start), 10*time.Second, "no stream left waiting for the deadline")
+}
