@@ -486,3 +486,34 @@ func onAllRanks(t *testing.T, world int, f func(r int) error) {
 		require.NoError(t, err, "rank %d", r)
 	}
 }
+
+// TestBroadcastOrderedWatchdog: broadcasts queued on the devices whose root
+// never comes (rank 0) are found by the watchdog within their deadline,
+// which raises the abort flag and releases the peers' device waits: their
+// queued work drains, and the next call fails.
+func TestBroadcastOrderedWatchdog(t *testing.T) {
+	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, BroadcastOnDevice: true})
+	start := time.Now()
+	evs := make([]comm.Event, 3)
+	bufs := make([]comm.Buffer, 3)
+	for r := 1; r < 3; r++ {
+		var err error
+		bufs[r], err = g.devs[r].Alloc(1024)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		evs[r], err = g.comms[r].BroadcastOrdered(ctx, bufs[r], bufs[r], 256, comm.Float32, 0)
+		cancel()
+		require.NoError(t, err)
+		require.NotNil(t, evs[r], "rank %d: queued", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r := 1; r < 3; r++ {
+		require.NoError(t, evs[r].Wait(ctx), "rank %d: released", r)
+	}
+	require.Less(t, time.Since(start), 5*time.Second)
+	for r := 1; r < 3; r++ {
+		_, err := g.comms[r].BroadcastOrdered(ctx, bufs[r], bufs[r], 256, comm.Float32, 0)
+		require.ErrorIs(t, err, comm.ErrAborted, "rank %d", r)
+	}
+}
