@@ -99,44 +99,9 @@ func heldRanks(t *testing.T) (g *cudaGroup, bufs []comm.Buffer, short, long cont
 // read what a peer's stream writes: not for the race detector).
 func TestMismatchedCallsSmallOnDevice(t *testing.T) {
 	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, SmallBytes: 4 << 10, SmallOnDevice: true})
-	for r := range 3 {
-		require.NotNil(t, g.comms[r].exec.words, "the fake driver's streams wait for the flags themselves")
-	}
-	bufs := make([]comm.Buffer, 3)
-	for r := range 3 {
-		var err error
-		bufs[r], err = g.devs[r].Alloc(4 << 10)
-		require.NoError(t, err)
-	}
-	start := time.Now()
-	run := func(count func(r int) int) []error {
-		errs := make([]error, 3)
-		var wg sync.WaitGroup
-		for r, c := range g.comms {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				errs[r] = c.AllReduce(ctx, bufs[r], bufs[r], count(r), comm.Float32, comm.Sum)
-			}()
-		}
-		wg.Wait()
-		return errs
-	}
-	errs := run(func(r int) int { return 100 + r/2*8 }) // rank 2: 8 more elements
-	failed := 0
-	for _, err := range errs {
-		if err != nil {
-			require.ErrorIs(t, err, comm.ErrMismatch)
-			failed++
-		}
-	}
-	require.Positive(t, failed, "found at the publish")
-	for r, err := range run(func(int) int { return 100 }) {
-		require.ErrorIs(t, err, comm.ErrMismatch, "rank %d, the next call", r)
-	}
-	require.Less(t, time.Since(start), 10*time.Second, "no stream left waiting for the deadline")
+	requireMismatchFound(t, g, func(ctx context.Context, c *Communicator, buf comm.Buffer, count int) error {
+		return c.AllReduce(ctx, buf, buf, count, comm.Float32, comm.Sum)
+	})
 }
 
 // Broadcasts queued on the devices (BroadcastOrdered) are compared at the
@@ -144,9 +109,23 @@ func TestMismatchedCallsSmallOnDevice(t *testing.T) {
 // next call, and no stream is left waiting for the deadline.
 func TestMismatchedBroadcastsOnDevice(t *testing.T) {
 	g := newCUDAGroup(t, 3, Options{Chunk: 16 << 10, Slots: 3, BroadcastOnDevice: true})
+	requireMismatchFound(t, g, func(ctx context.Context, c *Communicator, buf comm.Buffer, count int) error {
+		ev, err := c.BroadcastOrdered(ctx, buf, buf, count, comm.Float32, 0)
+		if err == nil && ev != nil {
+			err = c.exec.settle(ctx, -1)
+		}
+		return err
+	})
+}
+
+// requireMismatchFound runs call on the three ranks of g (streams that wait
+// for the flags themselves) with rank 2 passing 8 more elements, requires a
+// comm.ErrMismatch on some rank, then a call of equal sizes to fail with it
+// on every rank, all well before the calls' deadline.
+func requireMismatchFound(t *testing.T, g *cudaGroup, call func(ctx context.Context, c *Communicator, buf comm.Buffer, count int) error) {
 	bufs := make([]comm.Buffer, 3)
 	for r := range 3 {
-		require.NotNil(t, g.comms[r].exec.words)
+		require.NotNil(t, g.comms[r].exec.words, "the fake driver's streams wait for the flags themselves")
 		var err error
 		bufs[r], err = g.devs[r].Alloc(4 << 10)
 		require.NoError(t, err)
@@ -161,19 +140,14 @@ func TestMismatchedBroadcastsOnDevice(t *testing.T) {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				ev, err := c.BroadcastOrdered(ctx, bufs[r], bufs[r], count(r), comm.Float32, 0)
-				if err == nil && ev != nil {
-					err = c.exec.settle(ctx, -1)
-				}
-				errs[r] = err
+				errs[r] = call(ctx, c, bufs[r], count(r))
 			}()
 		}
 		wg.Wait()
 		return errs
 	}
-	errs := run(func(r int) int { return 100 + r/2*8 }) // rank 2: 8 more elements
 	failed := 0
-	for _, err := range errs {
+	for _, err := range run(func(r int) int { return 100 + r/2*8 }) { // rank 2: 8 more elements
 		if err != nil {
 			require.ErrorIs(t, err, comm.ErrMismatch)
 			failed++
