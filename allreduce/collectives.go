@@ -259,6 +259,13 @@ func (c *Communicator) BroadcastOrdered(ctx context.Context, send, recv comm.Buf
 	return c.exec.RunOrdered(ctx, s, Call{Send: send, Recv: recv, DType: dt, Op: comm.Sum, After: after})
 }
 
+// QueuesBroadcasts reports whether BroadcastOrdered queues broadcasts of
+// one chunk on the devices: Options.BroadcastOnDevice, on streams that wait
+// for and write the flags themselves.
+func (c *Communicator) QueuesBroadcasts() bool {
+	return c.exec.opts.BroadcastOnDevice && c.exec.words != nil
+}
+
 // broadcast is the schedule of a broadcast call; onDevice asks for the
 // flags on the devices where the executor can (one chunk, stream words).
 func (c *Communicator) broadcast(send, recv comm.Buffer, count int, dt comm.DType, root int, onDevice bool) (Schedule, error) {
@@ -273,7 +280,7 @@ func (c *Communicator) broadcast(send, recv comm.Buffer, count int, dt comm.DTyp
 	}
 	p := Params{Coll: Broadcast, Algorithm: HostStaged, Bytes: b, ElemSize: dt.Size(),
 		InPlace: send == recv, Root: root, Parity: c.bcasts & 1}
-	p.SmallOnDevice = onDevice && c.exec.opts.BroadcastOnDevice && c.exec.words != nil && b <= c.exec.opts.Chunk
+	p.SmallOnDevice = onDevice && c.QueuesBroadcasts() && b <= c.exec.opts.Chunk
 	s, err := c.schedule(p)
 	if err != nil {
 		return Schedule{}, err

@@ -64,16 +64,14 @@ func (g *Group) streamOf(send, recv Buffer) (uintptr, bool) {
 // (allreduce.Communicator).
 type orderedBroadcaster interface {
 	BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int, after ...comm.Event) (comm.Event, error)
+	QueuesBroadcasts() bool
 }
 
-// broadcastOrderedOn is orderedOn for a broadcast (Tuning.BroadcastOnCPU
-// unset; the communicator then queues it only when it is one chunk and the
-// device can wait for flags).
+// broadcastOrderedOn is orderedOn for a broadcast: where the communicator
+// queues broadcasts (connect asks it to unless Tuning.BroadcastOnCPU, on a
+// link or on the host backend; it then queues one of one chunk).
 func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
-	if g.cfg.tuning.BroadcastOnCPU || g.link {
-		return 0, false
-	}
-	if _, ok := any(g.cm).(orderedBroadcaster); !ok {
+	if ob, ok := any(g.cm).(orderedBroadcaster); !ok || !ob.QueuesBroadcasts() {
 		return 0, false
 	}
 	return g.streamOf(send, recv)

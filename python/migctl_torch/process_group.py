@@ -143,8 +143,14 @@ def _sync_path(comm, opts, method):
 _QUEUED_BROADCAST_BYTES = 1 << 20
 
 
+@functools.lru_cache(maxsize=1)
+def _broadcasts_on_cpu():
+    # read once, as the library reads MIGCTL_TUNING once, at init
+    return "bcast=cpu" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "").split(",")
+
+
 def _queued_broadcast(tensors):
-    if len(tensors) != 1 or "bcast=cpu" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "").split(","):
+    if len(tensors) != 1 or _broadcasts_on_cpu():
         return False
     t = tensors[0]
     return t.is_cuda and t.is_contiguous() and t.numel() * t.element_size() <= _QUEUED_BROADCAST_BYTES
