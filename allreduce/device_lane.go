@@ -94,15 +94,6 @@ func (e *Executor) runDeviceLane(ctx context.Context, lane Lane, steps []*Step, 
 func (e *Executor) queueDeviceLane(lane Lane, steps []*Step, call Call, epoch uint64, world int, reuse bool) (comm.Event, error) {
 	s := e.streams[lane]
 	ws := s.(comm.WordStream)
-	for _, ev := range call.After {
-		es, ok := s.(comm.EventStream)
-		if !ok {
-			return nil, fmt.Errorf("lane %d: a stream that cannot wait for the caller's events: %w", lane, ErrUnsupported)
-		}
-		if err := es.WaitEvent(ev); err != nil {
-			return nil, fmt.Errorf("lane %d: waiting for the caller's stream: %w", lane, err)
-		}
-	}
 	var tr []stepTrace
 	if e.trace != nil {
 		tr = e.trace.cur.lanes[lane]

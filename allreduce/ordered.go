@@ -83,6 +83,13 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	if err := e.precheck(ctx, sched); err != nil {
 		return nil, err
 	}
+	// The caller's marks first, before anything is published: a mark the
+	// lane cannot wait for on the device is waited for here, on the CPU,
+	// rather than failing the job after its signature went out.
+	if err := e.orderAfter(ctx, e.streams[LaneIn], call.After); err != nil {
+		return nil, err
+	}
+	call.After = nil
 	e.ord.mu.Lock()
 	full := len(e.ord.pending) >= maxPending
 	e.ord.mu.Unlock()
@@ -123,6 +130,42 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	e.wakeWatchLocked()
 	e.ord.mu.Unlock()
 	return ev, nil
+}
+
+// queuedName names a stream-ordered call in errors: a small all-reduce or
+// a broadcast (the two that RunOrdered queues).
+func queuedName(c Coll) string {
+	if c == Broadcast {
+		return "a broadcast"
+	}
+	return "a small all-reduce"
+}
+
+// orderAfter makes work queued on s from now on wait for the caller's
+// events: on the device where s can (comm.EventStream), on the CPU for an
+// event it cannot take (another device's, or not a device event at all);
+// an event that has completed (comm.Idle: the caller's stream was idle)
+// needs neither.
+func (e *Executor) orderAfter(ctx context.Context, s comm.Stream, after []comm.Event) error {
+	es, _ := s.(comm.EventStream)
+	for _, ev := range after {
+		if comm.Idle(ev) {
+			continue
+		}
+		if es != nil {
+			err := es.WaitEvent(ev)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, comm.ErrInvalid) {
+				return fmt.Errorf("ordering the call after the caller's stream: %w", err)
+			}
+		}
+		if err := ev.Wait(ctx); err != nil {
+			return fmt.Errorf("waiting for the work that produces the input: %w", err)
+		}
+	}
+	return nil
 }
 
 // wakeWatchLocked starts the watchdog if it is not running and wakes it.
@@ -197,7 +240,7 @@ func (e *Executor) settle(ctx context.Context, n int) error {
 			err = e.tr.Aborted() // a failed rank released the device waits
 		}
 		if err != nil {
-			return e.fail(p.sched, fmt.Errorf("a %s queued before this call: %w", p.sched.Params.Coll, err))
+			return e.fail(p.sched, fmt.Errorf("%s queued before this call: %w", queuedName(p.sched.Params.Coll), err))
 		}
 		e.tr.Set(FlagOf(e.tr.Rank(), RoleFin), p.epoch|1)
 		e.ord.mu.Lock()
@@ -275,7 +318,7 @@ func (e *Executor) watch(kick, stop <-chan struct{}, stopped chan<- struct{}) {
 			}
 			unfinished = true
 			ctx, cancel := context.WithDeadline(context.Background(), p.deadline)
-			err = chk.Check(ctx, "waiting for a small all-reduce queued on the device")
+			err = chk.Check(ctx, "waiting for "+queuedName(p.sched.Params.Coll)+" queued on the device")
 			cancel()
 			break // the oldest unfinished call speaks for the rest
 		}
@@ -358,7 +401,7 @@ func (e *Executor) closeOrdered() error {
 		<-stopped
 	}
 	if err != nil && !errors.Is(err, comm.ErrAborted) {
-		return fmt.Errorf("settling the queued small all-reduces: %w", err)
+		return fmt.Errorf("settling the calls queued on the device: %w", err)
 	}
 	return nil
 }

@@ -762,6 +762,117 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 		})
 	}
 }
+// laterEvent is a mark that is not a device event (a stream cannot wait for
+// it): done once ready is closed.
+type laterEvent struct{ ready chan struct{} }
+
+func (e laterEvent) Done() (bool, error) {
+	select {
+	case <-e.ready:
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+func (e laterEvent) Wait(ctx context.Context) error {
+	select {
+	case <-e.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestStreamOrderedBroadcastMarks: a queued broadcast whose caller's mark is
+// the idle stream's (comm.Idle, what RecordStream gives for a stream with
+// nothing queued) or an event no stream can wait for runs and broadcasts the
+// root's data: the first needs no wait, the second is waited for on the CPU
+// before the call is published. Either used to fail the stream's wait after
+// the signature went out, which aborted the job on every rank.
+func TestStreamOrderedBroadcastMarks(t *testing.T) {
+	for _, mark := range []string{"idle", "foreign"} {
+		t.Run(mark, func(t *testing.T) {
+			const n, count = 3, 256
+			errs := onFakeDrivers(t, n, Tuning{}, func(g *Group, f *cuda.Fake) error {
+				ctx := context.Background()
+				user, err := f.StreamCreate(cuda.StreamNonBlocking)
+				if err != nil {
+					return err
+				}
+				d, err := g.Alloc(count, Float32)
+				if err != nil {
+					return err
+				}
+				ptr := d.own.(*comm.CUDABuffer).Ptr()
+				in := make([]float32, count)
+				for j := range in {
+					in[j] = float32(1000*(g.Rank()+1) + j)
+				}
+				var ev comm.Event
+				switch mark {
+				case "idle":
+					if err := f.MemcpyHtoDAsync(ptr, unsafe.Pointer(&in[0]), 4*count, user); err != nil {
+						return err
+					}
+					if err := f.StreamSynchronize(user); err != nil {
+						return err
+					}
+					if ev, err = g.dev.(comm.ExternalDevice).RecordStream(uintptr(user)); err != nil {
+						return err
+					}
+					if !comm.Idle(ev) {
+						return fmt.Errorf("the mark of an idle stream is %T, want an idle one", ev)
+					}
+				case "foreign":
+					// The producer finishes 20 ms after the call: the broadcast must
+					// wait for it (on the CPU) and still carry the root's data.
+					ready := make(chan struct{})
+					ev = laterEvent{ready}
+					go func() {
+						runtime.LockOSThread()
+						defer runtime.UnlockOSThread()
+						time.Sleep(20 * time.Millisecond)
+						cctx, err := f.DevicePrimaryCtxRetain(0)
+						if err == nil {
+							err = f.CtxSetCurrent(cctx)
+						}
+						if err == nil {
+							err = f.MemcpyHtoD(ptr, unsafe.Pointer(&in[0]), 4*count)
+						}
+						if err != nil {
+							t.Errorf("the producer: %v", err)
+							return
+						}
+						close(ready)
+					}()
+				}
+				b := DeviceBufferOrdered(uintptr(ptr), count, Float32, uintptr(user), ev)
+				if err := g.Broadcast(ctx, b, b, 0); err != nil {
+					return err
+				}
+				out := make([]float32, count)
+				if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), ptr, 4*count, user); err != nil {
+					return err
+				}
+				if err := f.StreamSynchronize(user); err != nil {
+					return err
+				}
+				for j, v := range out {
+					if want := float32(1000 + j); v != want {
+						return fmt.Errorf("rank %d element %d = %v, want %v", g.Rank(), j, v, want)
+					}
+				}
+				if v, err := allReduceOf(g, 1); err != nil || v != n {
+					return fmt.Errorf("all-reduce after the broadcast: %v, %w", v, err)
+				}
+				return nil
+			})
+			requireAll(t, errs)
+		})
+	}
+}
+
 
 // onFakeDrivers runs body on n ranks of the gpu backend, each on a fake
 // driver of its own (with the fake kernels) and with tuning, on a thread
