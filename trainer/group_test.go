@@ -762,6 +762,7 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 		})
 	}
 }
+
 // laterEvent is a mark that is not a device event (a stream cannot wait for
 // it): done once ready is closed.
 type laterEvent struct{ ready chan struct{} }
@@ -872,7 +873,6 @@ func TestStreamOrderedBroadcastMarks(t *testing.T) {
 		})
 	}
 }
-
 
 // onFakeDrivers runs body on n ranks of the gpu backend, each on a fake
 // driver of its own (with the fake kernels) and with tuning, on a thread
