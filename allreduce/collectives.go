@@ -266,6 +266,17 @@ func (c *Communicator) QueuesBroadcasts() bool {
 	return c.exec.opts.BroadcastOnDevice && c.exec.words != nil
 }
 
+// QueuedBroadcastBytes is the largest broadcast, in bytes, that
+// BroadcastOrdered queues on the devices and returns from before it ran
+// (one arena chunk), or 0 where it queues none: QueuesBroadcasts false, or
+// a tracing executor (which runs every call to the end).
+func (c *Communicator) QueuedBroadcastBytes() int {
+	if !c.QueuesBroadcasts() || c.exec.trace != nil {
+		return 0
+	}
+	return c.exec.opts.Chunk
+}
+
 // broadcast is the schedule of a broadcast call; onDevice asks for the
 // flags on the devices where the executor can (one chunk, stream words).
 func (c *Communicator) broadcast(send, recv comm.Buffer, count int, dt comm.DType, root int, onDevice bool) (Schedule, error) {

@@ -77,7 +77,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 12 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 13 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -96,7 +96,8 @@ extern "C" {
                              11: MIGCTL_STAT_DIRECT_TRANSFERS (a transfer may start on the issuing
                                  thread);
                              12: migctl_run of a broadcast of device memory of at most one arena
-                                 chunk returns in stream order (MIGCTL_TUNING=bcast=cpu: not) */
+                                 chunk returns in stream order (MIGCTL_TUNING=bcast=cpu: not);
+                             13: migctl_queued_broadcast_bytes */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -250,6 +251,17 @@ int64_t migctl_issue(int kind, const void *send, void *recv, size_t count, int d
  * sleeps. */
 int migctl_run(int kind, const void *send, void *recv, size_t count, int dtype, int op, int root,
                int device, uintptr_t stream);
+
+/* The largest broadcast, in bytes, of device memory that migctl_run (or
+ * migctl_run_on) on group (0: the job's) queues on the device and returns
+ * from before it ran, the stream ordered after it, when nothing else is in
+ * flight; 0 where it queues none (MIGCTL_TUNING=bcast=cpu, the host backend,
+ * the CUDA IPC transport, a swap job, a tracing rank); or a negative
+ * MIGCTL_ERR_* code. Above it, or with other collectives in flight,
+ * migctl_run of a broadcast waits for them and for the peers, so a binding
+ * that must not wait (an asynchronous broadcast) issues it with
+ * migctl_issue instead. */
+int migctl_queued_broadcast_bytes(int group);
 
 /* Waits for work up to timeout_ms (negative: no limit) and frees it; returns
  * the collective's result, or MIGCTL_PENDING (work still valid) when the

@@ -763,6 +763,42 @@ func TestStreamOrderedBroadcast(t *testing.T) {
 	}
 }
 
+// TestQueuedBroadcastBytes: what a group says it queues (the C ABI's
+// migctl_queued_broadcast_bytes) is what Broadcast does: one arena chunk on
+// the gpu backend by default, nothing with Tuning.BroadcastOnCPU or on the
+// host backend.
+func TestQueuedBroadcastBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tuning Tuning
+		queues bool
+	}{
+		{"default", Tuning{Chunk: 1 << 20}, true},
+		{"bcast=cpu", Tuning{Chunk: 1 << 20, BroadcastOnCPU: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := onFakeDrivers(t, 2, tc.tuning, func(g *Group, f *cuda.Fake) error {
+				want := 0
+				if tc.queues {
+					want = 1 << 20
+				}
+				if got := g.QueuedBroadcastBytes(); got != want {
+					return fmt.Errorf("rank %d: QueuedBroadcastBytes %d, want %d", g.Rank(), got, want)
+				}
+				return nil
+			})
+			requireAll(t, errs)
+		})
+	}
+	errs := world(t, 2, nil, func(g *Group) error {
+		if got := g.QueuedBroadcastBytes(); got != 0 {
+			return fmt.Errorf("host backend: QueuedBroadcastBytes %d, want 0", got)
+		}
+		return nil
+	})
+	requireAll(t, errs)
+}
+
 // laterEvent is a mark that is not a device event (a stream cannot wait for
 // it): done once ready is closed.
 type laterEvent struct{ ready chan struct{} }

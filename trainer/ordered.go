@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -77,6 +78,25 @@ func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
 	return g.streamOf(send, recv)
 }
 
+// QueuedBroadcastBytes is the largest broadcast, in bytes, of
+// DeviceBufferOrdered buffers that Broadcast queues whole on the devices
+// and returns from before it ran (the caller's stream ordered after it), or
+// 0 where it queues none: Tuning.BroadcastOnCPU, the host backend, the IPC
+// transport, a swap job, a group across nodes, a tracing rank. Elsewhere a
+// synchronous broadcast waits for its peers. Callers that must not wait
+// for peers (an asynchronous broadcast through the C ABI's migctl_run)
+// ask it first.
+func (g *Group) QueuedBroadcastBytes() int {
+	ob, ok := any(g.cm).(interface{ QueuedBroadcastBytes() int })
+	if !ok || g.cfg.swapSocket != "" || g.transport == TransportIPC {
+		return 0
+	}
+	if _, ok := g.dev.(comm.StreamOrderer); !ok {
+		return 0
+	}
+	return ob.QueuedBroadcastBytes()
+}
+
 // broadcastOrdered is allReduceOrdered for a broadcast, except that the
 // CPU does not wait for the caller's stream first: the marks of send and
 // recv (their after events) go with the call, whose stream waits for them
@@ -120,6 +140,12 @@ func (g *Group) runOrdered(ctx context.Context, stream uintptr, what string, sen
 		return err
 	}
 	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
+		// The caller's stream is not ordered after the call: wait for it
+		// here, so that a caller who handles the error does not find the
+		// call still writing its receive buffer later.
+		if werr := ev.Wait(dctx); werr != nil {
+			err = errors.Join(err, werr)
+		}
 		return fmt.Errorf("ordering the caller's stream after the %s: %w", what, err)
 	}
 	return nil

@@ -605,6 +605,12 @@ int migctl_local_size(void) { GUARD(-1); return migctlGoInfo(0, 3); }
 int migctl_on_gpu(void) { GUARD(-1); return migctlGoInfo(0, 4); }
 int migctl_group_rank(int group) { GUARD(-1); return migctlGoInfo(group, 0); }
 int migctl_group_size(int group) { GUARD(-1); return migctlGoInfo(group, 1); }
+int migctl_queued_broadcast_bytes(int group) {
+	GUARD(MIGCTL_ERR_FORKED);
+	int rc = check_state();
+	if (rc < 0) return rc;
+	return migctlGoInfo(group, 6);
+}
 
 int migctl_new_group(const int *ranks, int n, const char *name) {
 	GUARD(MIGCTL_ERR_FORKED);

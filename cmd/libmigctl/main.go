@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 12
+#if MIGCTL_ABI_VERSION != 13
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -305,6 +305,8 @@ func migctlGoInfo(id, what C.int) C.int {
 		return 0
 	case 5:
 		return C.int(runtime.GOMAXPROCS(0))
+	case 6:
+		return C.int(g.QueuedBroadcastBytes())
 	}
 	return -1
 }

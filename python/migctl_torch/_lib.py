@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 
 OK = 0
 PENDING = 1
@@ -110,6 +110,8 @@ class Library:
             "migctl_issue_on": ([c_int, c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], ctypes.c_int64),
             "migctl_run_on": ([c_int, c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], c_int),
             "migctl_set_timeout_on": ([c_int, ctypes.c_int64], c_int),
+            # how large a device broadcast migctl_run queues in stream order (ABI 13)
+            "migctl_queued_broadcast_bytes": ([c_int], c_int),
         }
         for name, (args, res) in proto.items():
             f = getattr(lib, name)

@@ -134,26 +134,24 @@ def _sync_path(comm, opts, method):
     return getattr(comm, method, None)
 
 
-# An asynchronous broadcast of one contiguous CUDA tensor of at most this
-# many bytes (DDP's buffers every forward pass) also takes the one-call
-# path: the library queues a broadcast of one arena chunk whole on the
-# device and returns at once, the current stream ordered after it, instead
-# of making the caller wait for its rank's queue to drain. MIGCTL_TUNING's
-# bcast=cpu turns it off (and the library's queueing with it).
-_QUEUED_BROADCAST_BYTES = 1 << 20
-
-
-@functools.lru_cache(maxsize=1)
-def _broadcasts_on_cpu():
-    # read once, as the library reads MIGCTL_TUNING once, at init
-    return "bcast=cpu" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "").split(",")
-
-
-def _queued_broadcast(tensors):
-    if len(tensors) != 1 or _broadcasts_on_cpu():
+def _queued_broadcast(comm, tensors):
+    """Whether an asynchronous broadcast of tensors (DDP's buffers every
+    forward pass) may take the one-call path: one contiguous CUDA tensor no
+    larger than what the library queues whole on the device
+    (migctl_queued_broadcast_bytes: one arena chunk; 0 with
+    MIGCTL_TUNING=bcast=cpu, the IPC transport, a swap job), and nothing of
+    this process in flight. migctl_run then returns at once, the current
+    stream ordered after the broadcast, as NCCL's does; otherwise it would
+    wait for the collectives before it and for the peers, which an
+    asynchronous call must not (a peer may first wait for this rank's next
+    send), so the general path issues it."""
+    if len(tensors) != 1:
         return False
     t = tensors[0]
-    return t.is_cuda and t.is_contiguous() and t.numel() * t.element_size() <= _QUEUED_BROADCAST_BYTES
+    if not (t.is_cuda and t.is_contiguous()):
+        return False
+    limit = getattr(comm, "queued_broadcast_bytes", None)
+    return limit is not None and t.numel() * t.element_size() <= limit() and comm.quiet()
 
 
 def _reduce_dtype(t, call, op):
@@ -259,6 +257,7 @@ class Work(dist._Work):
         with c._mu:
             self._exc = err
             self._state = _DONE
+            c._unfinished -= 1
             inner = self._inner
             if self._consumed:
                 c._live.pop(id(self), None)
@@ -466,11 +465,26 @@ class _Comm:
         self._waiters = 0
         self._unclaimed = collections.deque()  # the last Works issued, oldest first
         self._live = {}  # id -> Work not yet finished and consumed (insertion ordered)
+        self._unfinished = 0  # Works of _live not finished yet
         self._links = {}  # (kind, peer) -> the _Completer of that point-to-point link's Works
 
     def _busy(self):
-        with self._mu:
-            return any(w._state != _DONE for w in self._live.values())
+        return self._unfinished > 0  # an int read: atomic under the GIL
+
+    def quiet(self):
+        """Nothing of this process in flight in any of its groups (the library
+        runs a process's collectives in issue order, whatever their group)."""
+        w = getattr(self, "world", self)
+        return not w._busy() and not any(s._busy() for s in w._subs)
+
+    def queued_broadcast_bytes(self):
+        """migctl_queued_broadcast_bytes of this group, asked once."""
+        q = getattr(self, "_qbcast", None)
+        if q is None:
+            gid = getattr(self, "gid", 0)
+            q = 0 if gid is None else max(0, self.lib.lib.migctl_queued_broadcast_bytes(gid))
+            self._qbcast = q
+        return q
 
     def _finalize(self):
         if os.getpid() != self.pid:
@@ -489,6 +503,7 @@ class _Comm:
         reap = None
         with self._mu:
             self._live[id(w)] = w
+            self._unfinished += 1
             u = self._unclaimed
             u.append(w)
             if len(u) > self.UNCLAIMED:
@@ -795,6 +810,11 @@ class _Comm:
         code = self.crun(kind, send, recv, count, dt, op, root, dev, stream)
         if code != _lib.OK:
             self._fail(code, name)
+        if kind == _lib.KIND_BROADCAST and devices is not None:
+            # A broadcast the library queued may still use t after this returns, ordered before the
+            # current stream's later work: if t was allocated on another stream, its memory must not
+            # go to that stream's work before the current stream gets past the broadcast.
+            t.record_stream(torch.cuda.current_stream(t.device))
         return _Done(result, devices)
 
 
@@ -1053,7 +1073,7 @@ class ProcessGroupMigctl(dist.ProcessGroup):
             tensors = [tensors]
         root = getattr(opts, "rootRank", 0) if opts is not None else 0
         run = _sync_path(self._comm, opts, "run_broadcast")
-        if run is None and _queued_broadcast(tensors):
+        if run is None and _queued_broadcast(self._comm, tensors):
             run = getattr(self._comm, "run_broadcast", None)
         w = run(tensors, root) if run is not None else None
         return w if w is not None else self._comm.broadcast(tensors, root)

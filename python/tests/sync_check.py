@@ -201,6 +201,49 @@ def main():
     except ValueError as e:
         check("root" in str(e), f"root out of range: {e}")
 
+    # An asynchronous broadcast takes the one-call path only where the library queues it and nothing of
+    # this process is in flight (else migctl_run would wait for those and for the peers).
+    comm = pg._comm
+    check(comm.queued_broadcast_bytes() == 0, f"host backend queues broadcasts: {comm.queued_broadcast_bytes()}")
+    check(comm.quiet(), "in flight with nothing issued")
+    pending = pg.allreduce([torch.ones(4)], Opts(async_op=True))
+    check(not comm.quiet(), "quiet with an asynchronous all-reduce not waited for")
+    pending.wait()
+    check(comm.quiet(), "not quiet after waiting for the all-reduce")
+
+    class Stand:  # a CUDA tensor's attributes, and a group's answers, without a GPU
+        def __init__(self, n=256, contiguous=True, cuda=True):
+            self.n, self.contiguous, self.is_cuda = n, contiguous, cuda
+
+        def is_contiguous(self):
+            return self.contiguous
+
+        def numel(self):
+            return self.n
+
+        def element_size(self):
+            return 4
+
+    class Group:
+        def __init__(self, limit, quiet=True):
+            self.limit, self.q = limit, quiet
+
+        def queued_broadcast_bytes(self):
+            return self.limit
+
+        def quiet(self):
+            return self.q
+
+    for what, g, ts, want in [("fits", Group(1024), [Stand()], True),
+                              ("limit 0 (bcast=cpu, IPC, swap)", Group(0), [Stand()], False),
+                              ("over the limit", Group(1020), [Stand()], False),
+                              ("collectives in flight", Group(1024, quiet=False), [Stand()], False),
+                              ("two tensors", Group(1024), [Stand(), Stand()], False),
+                              ("non-contiguous", Group(1024), [Stand(contiguous=False)], False),
+                              ("a CPU tensor", Group(1024), [Stand(cuda=False)], False),
+                              ("a group without the query (across nodes)", object(), [Stand()], False)]:
+        check(process_group._queued_broadcast(g, ts) == want, f"queued broadcast, {what}: want {want}")
+
     # torch 2.x: dist.all_reduce without async_op says asyncOp=False itself
     asyncop = hasattr(dist.AllreduceOptions(), "asyncOp")
     if asyncop:
