@@ -5,7 +5,7 @@
 # point-to-point (4), the DDP comm hook (2), CUDA-graph capture (2), mismatched calls (3), a killed rank
 # (3, DDP and Futures). Build: make build lib; go test -c -trimpath -ldflags='-s -w' -o bin/X.test for
 # ./internal/cuda ./comm ./internal/nccl; carry ["bin/migctl", "bin/libmigctl.so", "bin/cuda.test",
-# "bin/comm.test", "bin/nccl.test"]. Output: $OUT/regress/{summary.txt,logs.tgz}. ~6 min.
+# "bin/comm.test", "bin/nccl.test"]. Output: $OUT/regress/{summary.txt,logs.tgz}. ~7 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
@@ -24,6 +24,7 @@ clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON li
 }
 clean ops-cuda-7 7 180 python/tests/ops_check.py --device cuda --sizes 0,7,65539
 clean gpu-checks-7 7 80 python/tests/gpu_checks.py
+say "  broadcast root's call ms (sync, async, pair, third): $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/gpu-checks-7.out" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("broadcast_root_call_ms"))' 2>/dev/null)"
 clean capture-2 2 30 python/tests/capture_check.py
 timeout 150 $M run --gpus 0 --np 7 -q --timeout 120s -- python3 python/tests/fsdp_check.py >"$W/fsdp.out" 2>&1
 say "fsdp-7 rc=$? $(grep -h '^\[0\]: {' "$W/fsdp.out" | head -1 | cut -c1-300)"
@@ -43,3 +44,6 @@ for k in ddp future; do
     python3 python/tests/kill_check.py --device cuda --$k --ignore-term >"$W/kill-$k.out" 2>&1
   say "kill_check cuda --$k np=3 rc=$? survivors raised: $(grep -c '"raised": true' "$W/kill-$k.out") of 2; segfaults: $(grep -ci 'segmentation\|SIGSEGV' "$W/kill-$k.out")"
 done
+# DDP takes the queued broadcasts (nothing in flight at the forward pass): level with bcast=cpu, ranks identical
+ddp resnet32-queued resnet 32 migctl
+MIGCTL_TUNING=bcast=cpu ddp resnet32-bcastcpu resnet 32 migctl
