@@ -14,9 +14,11 @@ gotest() { # tag binary pattern
   (cd "$(dirname "$2")" && timeout 240 "./$(basename "$2")" -test.run "$3" -test.v -test.timeout 230s) >"$W/$1.out" 2>&1
   say "$1 rc=$? pass=$(grep -c '^--- PASS' "$W/$1.out") fail=$(grep -c '^--- FAIL' "$W/$1.out") skip=$(grep -c '^--- SKIP' "$W/$1.out") $(grep '^--- FAIL' "$W/$1.out" | head -3 | tr '\n' ' ')"
 }
-gotest go-cuda bin/cuda.test 'GPU|Driver'
-gotest go-comm bin/comm.test 'GPU'
-gotest go-nccl bin/nccl.test 'Real'
+if [ -z "${NOGO:-}" ]; then # NOGO=1: the PyTorch checks alone (carry bin/migctl and bin/libmigctl.so)
+  gotest go-cuda bin/cuda.test 'GPU|Driver'
+  gotest go-comm bin/comm.test 'GPU'
+  gotest go-nccl bin/nccl.test 'Real'
+fi
 clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON lines with "failures": [] counted
   local tag=$1 np=$2 t=$3; shift 3
   timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
