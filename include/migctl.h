@@ -37,9 +37,10 @@
  * streams and the host see it once they synchronize with the stream. If the
  * job fails while it is queued (a dead peer, the timeout), the stream goes
  * on with an undefined result and the next call reports the failure. The
- * same holds by default (outside a swap job) for a broadcast of device
- * memory (one stream for both buffers, at most one arena chunk: 2 MiB unless
- * the shared memory is short) made with migctl_run, on every rank: the root's stream copies its
+ * same holds by default for a broadcast of device memory (one stream for
+ * both buffers, at most migctl_queued_broadcast_bytes: one arena chunk, 0
+ * in a swap job, on the CUDA IPC transport or with tracing) made with
+ * migctl_run, on every rank: the root's stream copies its
  * data out and raises a flag, the others' streams wait for that flag and
  * copy in, and the call returns once that is queued (after waiting, on the
  * CPU, for every rank to have finished the call before, where the arena
