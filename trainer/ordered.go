@@ -51,14 +51,21 @@ func (g *Group) orderedOn(send, recv Buffer) (uintptr, bool) {
 // orders streams, and neither a swap daemon nor the IPC transport is in the
 // way.
 func (g *Group) streamOf(send, recv Buffer) (uintptr, bool) {
-	if !send.streamDone || !recv.streamDone || send.stream != recv.stream ||
-		g.cfg.swapSocket != "" || g.transport == TransportIPC {
-		return 0, false
-	}
-	if _, ok := g.dev.(comm.StreamOrderer); !ok {
+	if !send.streamDone || !recv.streamDone || send.stream != recv.stream || !g.ordersStreams() {
 		return 0, false
 	}
 	return send.stream, true
+}
+
+// ordersStreams says whether this group may leave a collective queued on
+// the device: the device orders streams, and neither a swap daemon nor the
+// IPC transport is in the way.
+func (g *Group) ordersStreams() bool {
+	if g.cfg.swapSocket != "" || g.transport == TransportIPC {
+		return false
+	}
+	_, ok := g.dev.(comm.StreamOrderer)
+	return ok
 }
 
 // orderedBroadcaster is the communicator's stream-ordered broadcast
@@ -88,10 +95,7 @@ func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
 // ask it first.
 func (g *Group) QueuedBroadcastBytes() int {
 	ob, ok := any(g.cm).(interface{ QueuedBroadcastBytes() int })
-	if !ok || g.cfg.swapSocket != "" || g.transport == TransportIPC {
-		return 0
-	}
-	if _, ok := g.dev.(comm.StreamOrderer); !ok {
+	if !ok || !g.ordersStreams() {
 		return 0
 	}
 	return ob.QueuedBroadcastBytes()
