@@ -73,6 +73,7 @@ func (g *Group) ordersStreams() bool {
 type orderedBroadcaster interface {
 	BroadcastOrdered(ctx context.Context, send, recv comm.Buffer, count int, dt comm.DType, root int, after ...comm.Event) (comm.Event, error)
 	QueuesBroadcasts() bool
+	QueuedBroadcastBytes() int
 }
 
 // broadcastOrderedOn is orderedOn for a broadcast: where the communicator
@@ -94,7 +95,7 @@ func (g *Group) broadcastOrderedOn(send, recv Buffer) (uintptr, bool) {
 // for peers (an asynchronous broadcast through the C ABI's migctl_run)
 // ask it first.
 func (g *Group) QueuedBroadcastBytes() int {
-	ob, ok := any(g.cm).(interface{ QueuedBroadcastBytes() int })
+	ob, ok := any(g.cm).(orderedBroadcaster)
 	if !ok || !g.ordersStreams() {
 		return 0
 	}
