@@ -37,8 +37,8 @@ test: lint build shim lib
 	  $(GOC) test -race -count=1 -timeout 45m $(PKGS)
 	# tests the race detector cannot follow (ranks synchronised through shared memory): see trainer/ipc_test.go;
 	# failures whose released kernels read what a peer writes: allreduce/device_lane_norace_test.go;
-	# synchronous and asynchronous calls mixed in place: trainer/inline_norace_test.go
-	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge|RunChecksInPlace|SyncAndAsyncMixedKeepOrder|SmallOnDeviceCloseAfterFailure|SmallOnDeviceReleaseOverwritten|MismatchedCallsSmallOnDevice|MismatchedBroadcastsOnDevice' ./trainer/ ./internal/benchrank/ ./allreduce/
+	# synchronous and asynchronous calls mixed in place: trainer/inline_norace_test.go, chain_norace_test.go
+	$(GOC) test -count=1 -run 'IPCRingOnFakeDriver|AcrossNodesMatchesOneNodeLarge|RunChecksInPlace|SyncAndAsyncMixedKeepOrder|AsyncAllReducesChainInPlace|SmallOnDeviceCloseAfterFailure|SmallOnDeviceReleaseOverwritten|MismatchedCallsSmallOnDevice|MismatchedBroadcastsOnDevice' ./trainer/ ./internal/benchrank/ ./allreduce/
 
 test-short:
 	$(GOC) test -short -count=1 $(PKGS)

@@ -184,7 +184,7 @@ type Executor struct {
 	streams [NumLanes]comm.Stream
 	words   wordTransport // tr, when the streams wait for and write its flags themselves (nil: the CPU does)
 	calls   uint64
-	broken  error
+	broken  error   // (mu) set by the first failure: every later call fails at once
 	prev    Params  // the previous call's schedule parameters
 	fenced  bool    // whether the previous call began once every rank had finished the one before it
 	trace   *tracer // nil unless Options.Trace
@@ -210,10 +210,19 @@ type Executor struct {
 	ord      orderedState  // stream-ordered calls outstanding (ordered.go)
 	maxEpoch atomic.Uint64 // the latest call's epoch (what a release must exceed)
 
-	// sig is this call's signature; sigSeen[q] the epoch whose signature of
-	// rank q matched it (signature.go).
-	sig     signature
-	sigSeen []atomic.Uint64
+	// sigs[g] is the signature of this rank's latest call of generation g
+	// (calls of even and odd number: two may be in progress, see chain.go);
+	// sigSeen[g][q] the epoch whose signature of rank q matched it
+	// (signature.go).
+	sigs    [2]signature
+	sigSeen [2][]atomic.Uint64
+
+	// mu guards broken and chain: a chained call ends on its own goroutine
+	// while the next one starts (chain.go).
+	mu    sync.Mutex
+	chain *chainCall // the latest host-staged all-reduce, until it has ended
+	// overlaps counts the calls that started before the previous one ended.
+	overlaps atomic.Uint64
 }
 
 // laneSplit is one rank's steps of a schedule by lane.
@@ -251,7 +260,7 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 	if err := dev.Register(tr.Arena()); err != nil {
 		return nil, fmt.Errorf("registering the shared arena with the device: %w", err)
 	}
-	e := &Executor{dev: dev, tr: tr, opts: opts, sigSeen: make([]atomic.Uint64, tr.World()),
+	e := &Executor{dev: dev, tr: tr, opts: opts, sigSeen: [2][]atomic.Uint64{make([]atomic.Uint64, tr.World()), make([]atomic.Uint64, tr.World())},
 		red: comm.ReduceOptions{Workers: opts.ReduceWorkers, NonTemporal: comm.NonTemporalFor(comm.ReadsByDMA(dev))}}
 	e.sw, _ = tr.(spinWaiter)
 	if opts.Trace != nil {
@@ -334,8 +343,14 @@ type Call struct {
 // Run executes rank's part of sched. It blocks until this rank's part is
 // done (its receive buffer holds the result) or fails. After a failure the
 // executor is broken: every later Run fails at once.
+//
+// Calls run one at a time, except that a host-staged all-reduce run with an
+// admit function in ctx (WithAdmit) calls it once its copies out are done,
+// and the caller may then start the next call from another goroutine while
+// this one goes on (chain.go).
 func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
-	if err := e.precheck(ctx, sched); err != nil {
+	prev := e.awaitChain(sched, call) // nil: no call in progress any more
+	if err := e.precheck(ctx, sched, prev == nil); err != nil {
 		return err
 	}
 	for _, ev := range call.After {
@@ -348,11 +363,28 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if err := e.settle(ctx, -1); err != nil {
 		return err
 	}
+	var cur *chainCall
+	if chainable(sched.Params) {
+		cur = newChainCall(sched.Params, call.Recv)
+		if prev != nil {
+			cur.prevDone = prev.done
+		}
+		if err := e.startChain(cur); err != nil {
+			return err
+		}
+	}
 	e.calls++
 	epoch := epochOf(e.calls)
 	e.maxEpoch.Store(epoch)
 	r := e.tr.Rank()
 	fence := e.calls > 1 && needsFenceAfter(e.prev, e.fenced, sched.Params)
+	links := lanesLinks{cur: cur, prev: prev}
+	if e.calls > 1 {
+		links.cross, links.prevEpoch = crossWaits(e.prev, sched.Params), epochOf(e.calls-1)
+	}
+	if cur != nil && e.trace == nil {
+		links.admit = admitOf(ctx)
+	}
 	e.prev, e.fenced = sched.Params, fence || e.calls == 1
 	if e.trace != nil {
 		e.trace.begin(sched.Params, sched.Steps[r], e.tr)
@@ -360,7 +392,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	direct := sched.Params.Algorithm == RingIPC && sched.Params.World > 1
 	err := e.enterDirect(ctx, direct, epoch)
 	if err == nil {
-		err = e.run(ctx, sched, call, epoch, fence)
+		err = e.run(ctx, sched, call, epoch, fence, links)
 	}
 	if e.trace != nil && err == nil {
 		e.trace.end(e.tr)
@@ -370,14 +402,20 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 		// (releaseWaits): work that got past them read no real input.
 		err = e.tr.Aborted()
 	}
+	if prev != nil {
+		// End-of-call flags go up in call order, and failures are handled
+		// one call after the other.
+		<-prev.done
+	}
 	if err == nil {
 		e.tr.Set(FlagOf(r, RoleFin), epoch|1)
 		err = e.leaveDirect(ctx, direct, epoch)
 	}
 	if err != nil {
-		return e.fail(sched, err)
+		err = e.failCall(cur, sched, err)
 	}
-	return nil
+	e.endChain(cur)
+	return err
 }
 
 // enterDirect and leaveDirect bracket a schedule whose steps read the
@@ -449,10 +487,10 @@ func (e *Executor) drain(scheds ...Schedule) {
 
 // needsFence reports whether a call must wait until every rank finished the
 // previous one. Not needed for a barrier (it touches no arena memory), nor
-// for a host-staged all-reduce after a host-staged all-reduce or a barrier:
-// a rank that finished an all-reduce has fetched every chunk, which every
-// rank's reduction had to complete first, and no reduction of the next call
-// writes a result slot before every rank has staged, i.e. finished.
+// for a host-staged all-reduce after a barrier, or after a host-staged
+// all-reduce: its first chunks wait for the previous call's flags of the
+// slots they reuse (crossWaits), and the slots the previous call did not
+// use are clear (see chain.go).
 //
 // A small-message all-reduce (HostStagedSmall) needs none after a barrier,
 // a host-staged all-reduce or another small one: it stages into the
@@ -525,7 +563,16 @@ func (e *Executor) fence(ctx context.Context, epoch uint64) error {
 	return nil
 }
 
-func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool) error {
+// lanesLinks tie a call's lanes to the calls around it (chain.go).
+type lanesLinks struct {
+	cross     [NumLanes][][]Cond // per lane and step: flags of the previous call to wait for first
+	prevEpoch uint64             // the previous call's epoch
+	prev      *chainCall         // the call this one overlaps: each lane starts after prev's (nil: none)
+	cur       *chainCall         // this call, when chainable: its lanes' ends are announced
+	admit     func()             // called once the copies out are done (nil: not)
+}
+
+func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool, links lanesLinks) error {
 	r := e.tr.Rank()
 	if fence {
 		if err := e.fence(ctx, epoch); err != nil {
@@ -543,7 +590,14 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			busy++
 		}
 	}
-	if busy == 1 {
+	if cur := links.cur; cur != nil {
+		for l := range lanes {
+			if len(lanes[l]) == 0 {
+				close(cur.laneDone[l])
+			}
+		}
+	}
+	if busy == 1 && links.cur == nil {
 		// One lane (the small-message all-reduce, barriers): run it here,
 		// its waits polling for SmallSpin.
 		for l := range lanes {
@@ -553,7 +607,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			if e.words != nil && deviceFlags(lanes[l]) {
 				return withCause(ctx, e.runDeviceLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
 			}
-			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin))
+			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin, nil, 0))
 		}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -569,10 +623,21 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0); err != nil {
+			err := e.afterLane(ctx, links.prev, Lane(l))
+			if err == nil {
+				err = e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0, links.cross[l], links.prevEpoch)
+			}
+			if links.cur != nil {
+				close(links.cur.laneDone[l])
+			}
+			if err != nil {
 				errs[l], order[l] = err, failed.Add(1)
 				e.tr.Abort()
 				cancel(err)
+				return
+			}
+			if Lane(l) == LaneOut && links.admit != nil {
+				links.admit()
 			}
 		}()
 	}
@@ -698,8 +763,25 @@ func (e *Executor) publish(sets []Cond, epoch uint64) {
 	}
 }
 
-// runLane runs one lane's steps; spin > 0 is how long its waits poll.
-func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int, spin time.Duration) error {
+// afterLane waits until lane of the call this one overlaps (prev, nil:
+// none) has run.
+func (e *Executor) afterLane(ctx context.Context, prev *chainCall, lane Lane) error {
+	if prev == nil {
+		return nil
+	}
+	select {
+	case <-prev.laneDone[lane]:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("lane %d waiting for the previous call's: %w", lane, context.Cause(ctx))
+	}
+}
+
+// runLane runs one lane's steps; spin > 0 is how long its waits poll. Step
+// i first waits for cross[i] at prevEpoch (the previous call's flags, see
+// crossWaits), when cross has it.
+func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int, spin time.Duration,
+	cross [][]Cond, prevEpoch uint64) error {
 	evSpin := e.opts.EventSpin
 	if spin > 0 {
 		evSpin = spin
@@ -741,6 +823,17 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 				return err
 			}
 			continue
+		}
+		if i < len(cross) && !e.ready(cross[i], prevEpoch) {
+			if len(q) > head {
+				if err := complete(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := e.wait(ctx, cross[i], prevEpoch, nil, spin); err != nil {
+				return err
+			}
 		}
 		if !e.ready(st.Wait, epoch) {
 			if len(q) > head {

@@ -72,6 +72,7 @@ func (e *Executor) CanOrder(sched Schedule) bool {
 // event. ctx's deadline bounds the call also after RunOrdered returned
 // (the watchdog enforces it).
 func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (comm.Event, error) {
+	e.waitChain() // a chained all-reduce still running ends first (chain.go)
 	// A broadcast that needs the fence waits for it here, on the CPU, and is
 	// queued after it (its own outstanding calls settled first: the fence
 	// waits for this rank's end-of-call flag too); an all-reduce that needs
@@ -80,7 +81,7 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	if !e.CanOrder(sched) || fence && sched.Params.Coll != Broadcast {
 		return nil, e.Run(ctx, sched, call)
 	}
-	if err := e.precheck(ctx, sched); err != nil {
+	if err := e.precheck(ctx, sched, true); err != nil {
 		return nil, err
 	}
 	// The caller's marks first, before anything is published: a mark the
@@ -205,14 +206,18 @@ next:
 	}
 }
 
-// precheck is what every call checks first.
-func (e *Executor) precheck(ctx context.Context, sched Schedule) error {
-	if e.broken != nil {
-		return fmt.Errorf("communicator unusable after an earlier failure: %w", e.broken)
+// precheck is what every call checks first. drain: whether the streams are
+// this goroutine's to drain on a failure (not while an earlier call runs
+// beside this one: chain.go).
+func (e *Executor) precheck(ctx context.Context, sched Schedule, drain bool) error {
+	if err := e.brokenErr(); err != nil {
+		return fmt.Errorf("communicator unusable after an earlier failure: %w", err)
 	}
 	if err := e.tr.Aborted(); err != nil {
-		e.broken = err
-		e.drain(e.releasePending()...)
+		e.setBroken(err, nil)
+		if drain {
+			e.drain(e.releasePending()...)
+		}
 		return err
 	}
 	if sched.Params.World != e.tr.World() {
@@ -255,8 +260,17 @@ func (e *Executor) settle(ctx context.Context, n int) error {
 // long as their work has not finished (the watchdog goes on after drain) —
 // and returns err.
 func (e *Executor) fail(sched Schedule, err error) error {
+	return e.failCall(nil, sched, err)
+}
+
+// failCall is fail for a call that may be chained (c, nil: not): when a
+// later call has started beside it, that one drains the streams once it
+// has failed too (the abort flag sees to it).
+func (e *Executor) failCall(c *chainCall, sched Schedule, err error) error {
 	e.tr.Abort()
-	e.broken = err
+	if e.setBroken(err, c) {
+		return err
+	}
 	scheds := e.releasePending()
 	if e.words != nil && sched.Params.SmallOnDevice {
 		// The failed call's own waits: followed until its lane has drained.
@@ -381,7 +395,7 @@ func (e *Executor) closeOrdered() error {
 	}
 	outstanding := len(e.ord.pending) > 0
 	e.ord.mu.Unlock()
-	if outstanding && e.broken == nil {
+	if outstanding && e.brokenErr() == nil {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		err = e.settle(ctx, -1)
 		cancel()

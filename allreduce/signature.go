@@ -122,7 +122,7 @@ var _ mismatchAborter = (*comm.ShmTransport)(nil)
 // other at its first wait, or at its next call if it had none.
 func (e *Executor) publishSignature(epoch uint64, s signature) error {
 	r, g := e.tr.Rank(), sigGen(epoch)
-	e.sig = s
+	e.sigs[g/3] = s
 	e.tr.Set(FlagOf(r, g+roleSigHi), epoch|s.hi)
 	e.tr.Set(FlagOf(r, g+roleSigLo), epoch|s.lo)
 	e.tr.Set(FlagOf(r, g+roleSig), epoch|s.kind)
@@ -140,24 +140,26 @@ func (e *Executor) publishSignature(epoch uint64, s signature) error {
 // not all of this call (it is past it, or its flags were released after a
 // failure) is not compared.
 func (e *Executor) checkPeer(q int, epoch uint64) error {
-	if q == e.tr.Rank() || q < 0 || q >= len(e.sigSeen) || e.sigSeen[q].Load() == epoch {
+	g := sigGen(epoch)
+	seen := e.sigSeen[g/3]
+	if q == e.tr.Rank() || q < 0 || q >= len(seen) || seen[q].Load() == epoch {
 		return nil
 	}
 	const mask = 1<<sigBits - 1
-	g := sigGen(epoch)
+	mine := e.sigs[g/3]
 	k, lo, hi := e.tr.Flag(FlagOf(q, g+roleSig)), e.tr.Flag(FlagOf(q, g+roleSigLo)), e.tr.Flag(FlagOf(q, g+roleSigHi))
 	if k&^mask != epoch || lo&^mask != epoch || hi&^mask != epoch {
 		return nil
 	}
 	peer := signature{kind: k & mask, lo: lo & mask, hi: hi & mask}
-	if peer == e.sig {
-		e.sigSeen[q].Store(epoch)
+	if peer == mine {
+		seen[q].Store(epoch)
 		return nil
 	}
 	if ma, ok := e.tr.(mismatchAborter); ok {
 		ma.AbortMismatch(q)
 	}
-	return &MismatchError{Rank: e.tr.Rank(), Peer: q, Call: epoch >> EpochShift, mine: e.sig, peer: peer}
+	return &MismatchError{Rank: e.tr.Rank(), Peer: q, Call: epoch >> EpochShift, mine: mine, peer: peer}
 }
 
 // sigGen is the offset of the call's signature words from roleSig: 0 for

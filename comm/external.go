@@ -180,3 +180,42 @@ type completeEvent struct{}
 
 func (completeEvent) Done() (bool, error)        { return true, nil }
 func (completeEvent) Wait(context.Context) error { return nil }
+
+// MayOverlap reports whether buffers a and b may share memory: false only
+// where both are nil or buffers of this package's devices (host memory, or
+// device memory, compared by address) and their ranges are apart. A nil
+// buffer overlaps nothing.
+func MayOverlap(a, b Buffer) bool {
+	span := func(x Buffer) (start, end uintptr, kind int, ok bool) {
+		switch v := x.(type) {
+		case *HostBuffer:
+			return uintptr(unsafe.Pointer(unsafe.SliceData(v.b))), uintptr(unsafe.Pointer(unsafe.SliceData(v.b))) + uintptr(len(v.b)), 1, true
+		case *CUDABuffer:
+			return uintptr(v.ptr), uintptr(v.ptr) + uintptr(v.n), 2, true
+		}
+		return 0, 0, 0, false
+	}
+	if a == nil || b == nil || isNilBuffer(a) || isNilBuffer(b) {
+		return false
+	}
+	as, ae, ak, aok := span(a)
+	bs, be, bk, bok := span(b)
+	if !aok || !bok {
+		return true
+	}
+	if ak != bk || as == ae || bs == be {
+		return false // host and device memory, or an empty buffer
+	}
+	return as < be && bs < ae
+}
+
+// isNilBuffer reports a typed nil pointer in a Buffer.
+func isNilBuffer(b Buffer) bool {
+	switch v := b.(type) {
+	case *HostBuffer:
+		return v == nil
+	case *CUDABuffer:
+		return v == nil
+	}
+	return false
+}

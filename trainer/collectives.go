@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 )
 
@@ -27,7 +28,7 @@ func (g *Group) allReduce(ctx context.Context, inline bool, send, recv Buffer, o
 	if op < Sum || op > Max {
 		return failed(name, fmt.Errorf("%s: op %d: %w", name, op, comm.ErrInvalid))
 	}
-	return g.issue(ctx, inline, name, "all_reduce", send.Bytes(), func(ctx context.Context) error {
+	w := &Work{name: name, op: "all_reduce", bytes: send.Bytes(), ctx: ctx, chains: g.chains(send, recv), run: func(ctx context.Context) error {
 		if g.transport == TransportIPC && n > 0 {
 			return g.allReduceIPC(ctx, send, recv, op)
 		}
@@ -37,7 +38,37 @@ func (g *Group) allReduce(ctx context.Context, inline bool, send, recv Buffer, o
 		return g.withOperands(ctx, send, recv, n, n, func(s, r comm.Buffer) error {
 			return g.cm.AllReduce(ctx, s, r, n, send.dtype, op)
 		})
-	}, send, recv)
+	}}
+	return g.submit(inline, w, send, recv)
+}
+
+// chains reports whether an all-reduce of send into recv may let the next
+// collective start before it has ended (Work.chains): the node's
+// communicator chains it (a host-staged all-reduce above the small-message
+// size), and both buffers are used where they are, not staged through the
+// group's scratch buffers (which the next call would use too).
+func (g *Group) chains(send, recv Buffer) bool {
+	if g.cfg.tuning.NoChain || g.transport == TransportIPC {
+		return false
+	}
+	cm, ok := g.cm.(*allreduce.Communicator)
+	if !ok || !cm.Chains(send.Bytes()) {
+		return false
+	}
+	return g.inPlaceOperand(send) && g.inPlaceOperand(recv)
+}
+
+// inPlaceOperand reports whether operand passes b to the collective as it
+// is (no staging through scratch memory).
+func (g *Group) inPlaceOperand(b Buffer) bool {
+	switch {
+	case b.own != nil:
+		return true
+	case b.OnDevice():
+		_, ok := g.dev.(comm.ExternalDevice)
+		return ok
+	}
+	return g.cfg.backend == BackendHost && comm.HostAligned(b.host, b.dtype.Size())
 }
 
 // ReduceScatter reduces every rank's send (Size()·recv.Count elements) with

@@ -79,6 +79,7 @@ type Group struct {
 
 	hold    *holdState
 	clock   *callClock   // the deadline of the worker's collectives
+	clock2  *callClock   // a second one, for a chained collective beside another (made by the worker on first use)
 	timeout atomic.Int64 // every collective's deadline, in nanoseconds (SetTimeout)
 	swap    *swapMember
 	daemon  *daemonLink
@@ -587,6 +588,9 @@ func (g *Group) Close() error {
 		<-g.stopped
 		g.inlined.Wait() // calls running inline on their callers' goroutines
 		g.clock.close()
+		if g.clock2 != nil {
+			g.clock2.close()
+		}
 		g.closeErr = errors.Join(append(errs, g.release())...)
 		if p := g.parent; p != nil { // a group of some ranks leaves its parent's list
 			p.mu.Lock()

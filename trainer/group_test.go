@@ -352,11 +352,17 @@ func TestParseTuning(t *testing.T) {
 	got, err = ParseTuning("bcast=device")
 	require.NoError(t, err)
 	require.Zero(t, got)
+	got, err = ParseTuning("chain=off")
+	require.NoError(t, err)
+	require.Equal(t, Tuning{NoChain: true}, got)
+	got, err = ParseTuning("chain=on")
+	require.NoError(t, err)
+	require.Zero(t, got)
 	got, err = ParseTuning(" ")
 	require.NoError(t, err)
 	require.Zero(t, got)
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}

@@ -166,6 +166,13 @@ type Tuning struct {
 	// flags (allreduce.Options.BroadcastOnDevice). A local choice: ranks
 	// may differ.
 	BroadcastOnCPU bool
+	// NoChain runs every asynchronous collective to its end before the next
+	// one starts. By default a host-staged all-reduce issued asynchronously
+	// on buffers of the device (DDP's gradient buckets) lets the next
+	// all-reduce start once its copies out are done, so that the next one's
+	// copies out (device to host) run while its copies back (host to
+	// device) do (allreduce.WithAdmit). A local choice: ranks may differ.
+	NoChain bool
 }
 
 // Option configures Init.

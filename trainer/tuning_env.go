@@ -14,7 +14,8 @@ import (
 // (Init without WithTuning: the C ABI, so PyTorch's migctl backend), as
 // comma-separated key=value pairs: chunk, small (sizes: 2MiB, 64KiB),
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
-// device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), chain (on or off:
+// Tuning.NoChain), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
 // the same chunk, slots and small (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
@@ -60,12 +61,14 @@ func ParseTuning(s string) (Tuning, error) {
 			t.BroadcastOnCPU, err = either(v, "device", "cpu")
 		case "recv":
 			t.RecvDirect, err = either(v, "staged", "direct")
+		case "chain":
+			t.NoChain, err = either(v, "on", "off")
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")
 			}
 		default:
-			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, bcast, recv, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
+			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, bcast, recv, chain, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
 		}
 		if err != nil {
 			return Tuning{}, fmt.Errorf("tuning %s=%q: %v: %w", k, v, err, comm.ErrInvalid)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 )
 
@@ -17,6 +18,9 @@ type Work struct {
 	bytes int
 	ctx   context.Context
 	run   func(ctx context.Context) error
+	// chains: the collective may let the next one start before it has
+	// ended (a host-staged all-reduce on buffers used in place, see work).
+	chains bool
 	// after are events recorded on the callers' streams when the call was
 	// made: the collective starts once they complete.
 	after []comm.Event
@@ -107,7 +111,12 @@ func failed(name string, err error) *Work {
 // per call that cost microseconds each on a busy host. Otherwise it is
 // queued like the others, so collectives keep the order of their calls.
 func (g *Group) issue(ctx context.Context, inline bool, name, op string, bytes int, run func(ctx context.Context) error, bufs ...Buffer) *Work {
-	w := &Work{name: name, op: op, bytes: bytes, ctx: ctx, run: run}
+	return g.submit(inline, &Work{name: name, op: op, bytes: bytes, ctx: ctx, run: run}, bufs...)
+}
+
+// submit is issue for a Work made by the caller.
+func (g *Group) submit(inline bool, w *Work, bufs ...Buffer) *Work {
+	name := w.name
 	after, err := g.recordStreams(bufs...)
 	if err != nil {
 		return failed(name, fmt.Errorf("%s: %w", name, err))
@@ -150,26 +159,74 @@ func (g *Group) runInline(w *Work) {
 	if d, ok := g.dev.(*comm.CUDADevice); ok {
 		defer d.KeepThreadContext()()
 	}
-	w.err = g.runWork(w)
+	w.err = g.runWork(w, g.clock, nil)
 	w.done = doneChan
 }
 
 // doneChan is the Done of work that finished before its call returned.
 var doneChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// work runs the queued collectives one at a time, in order.
+// work runs the queued collectives in order, one at a time, except that a
+// collective that chains (Work.chains: a host-staged all-reduce) runs on a
+// goroutine of its own, and the next one starts once it admits it (its
+// copies out are done: allreduce.WithAdmit) rather than once it has ended.
+// At most two run at once, each under a call clock of its own (g.clock and
+// g.clock2); they finish (Done, OnDone) in the order of their calls. A
+// collective that does not chain starts once every earlier one has ended.
 func (g *Group) work() {
 	defer close(g.stopped)
+	var inflight []chan struct{} // closed as each chained collective running has finished, oldest first
+	drain := func(keep int) {
+		for len(inflight) > keep {
+			<-inflight[0]
+			inflight = inflight[1:]
+		}
+	}
+	turn := 0
 	for w := range g.queue {
 		g.running.Lock()
-		err := g.runWork(w)
+		if !w.chains {
+			drain(0)
+			err := g.runWork(w, g.clock, nil)
+			g.running.Unlock()
+			g.pending.Add(-1) // before done: the caller's next call may run inline
+			w.finish(err)
+			continue
+		}
+		drain(1) // the clock this one takes is free, and the executor lets it overlap only the last one
+		if g.clock2 == nil {
+			g.clock2 = newCallClock(g.hold)
+		}
+		clock := [2]*callClock{g.clock, g.clock2}[turn]
+		turn ^= 1
+		admitted := make(chan struct{})
+		var once sync.Once
+		admit := func() { once.Do(func() { close(admitted) }) }
+		finished := make(chan struct{})
+		var prev chan struct{}
+		if len(inflight) > 0 {
+			prev = inflight[0]
+		}
+		go func() {
+			err := g.runWork(w, clock, admit)
+			admit()
+			if prev != nil {
+				<-prev // finish in call order
+			}
+			g.pending.Add(-1)
+			w.finish(err)
+			close(finished)
+		}()
+		<-admitted
 		g.running.Unlock()
-		g.pending.Add(-1) // before done: the caller's next call may run inline
-		w.finish(err)
+		inflight = append(inflight, finished)
 	}
+	drain(0)
 }
 
-func (g *Group) runWork(w *Work) error {
+// runWork runs w under clock; admit, when not nil, goes to the executor
+// with the call (allreduce.WithAdmit).
+func (g *Group) runWork(w *Work, clock *callClock, admit func()) error {
 	if err := w.ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", w.name, err)
 	}
@@ -177,8 +234,11 @@ func (g *Group) runWork(w *Work) error {
 	if err := g.hold.waitReleased(w.ctx); err != nil {
 		return fmt.Errorf("%s: %w", w.name, err)
 	}
-	ctx, stop := g.clock.begin(w.ctx, g.Timeout())
+	ctx, stop := clock.begin(w.ctx, g.Timeout())
 	defer stop()
+	if admit != nil {
+		ctx = allreduce.WithAdmit(ctx, admit)
+	}
 	for _, e := range w.after {
 		if err := e.Wait(ctx); err != nil {
 			return fmt.Errorf("%s on rank %d: waiting for the caller's stream: %w", w.name, g.rank, err)

@@ -297,6 +297,19 @@ func TestTorchCollectivesDoNotBlock(t *testing.T) {
 	}
 }
 
+// TestTorchChainedAllReduces: asynchronous all-reduces issued back to back
+// (a large one's successor starts before it has ended), an in-place chain
+// among them: every element right, with chaining and without.
+func TestTorchChainedAllReduces(t *testing.T) {
+	artifacts(t)
+	needTorch(t)
+	for _, env := range [][]string{nil, {"MIGCTL_TUNING=chain=off"}} {
+		for r, m := range runRanksEnv(t, env, 3, 3*time.Minute, "chain_check.py") {
+			require.Equal(t, 35.0, m["calls"], "rank %d (%v)", r, env)
+		}
+	}
+}
+
 // TestTorchKilledRank hosts the rendezvous itself (migctl run would stop the
 // survivors with SIGTERM): rank 1 SIGKILLs itself mid-loop, ranks 0 and 2
 // must raise within the collective deadline — from dist.all_reduce, from

@@ -1,0 +1,85 @@
+"""Asynchronous all-reduces issued back to back, as DDP issues its gradient
+buckets: the library lets a large host-staged all-reduce's successor start
+once its copies out are done (MIGCTL_TUNING=chain=off: not), so this checks
+every element of calls of many sizes (below the small-message limit up to
+several arena chunks) and dtypes, all issued before any is waited for, with
+a chain of in-place calls on one tensor among them (each must read what the
+one before wrote) and one whose input is the previous call's output. Run
+under `migctl run --np 2` or more; --device cuda for CUDA tensors. Prints
+one JSON line per rank; exits 1 on failure."""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import migctl_torch  # noqa: E402,F401  (registers the backend)
+
+SIZES = [1, 100, 16384, 65537, 300000, 1 << 20, 3 << 20 | 5]  # elements
+DTYPES = [torch.float32, torch.int32, torch.float64]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=5)
+    args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
+    dist.init_process_group("migctl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(args.device)
+    rng = random.Random(args.seed)  # the same calls on every rank
+    failures = []
+    plan, works, tensors = [], [], []
+    chain = torch.full((1 << 19,), float(rank + 1), device=dev)  # 2 MiB of float32
+    chain_calls = 0
+    t0 = time.perf_counter()
+    for k in range(args.calls):
+        n, dt = rng.choice(SIZES), rng.choice(DTYPES)
+        # exact in every dtype: integers below 2^24 after the sum
+        t = ((torch.arange(n, device=dev) % 1000) + rank * 7 + k).to(dt)
+        plan.append((k, n, dt))
+        tensors.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+        if k % 7 == 3 and chain_calls < 4:  # the in-place chain, two calls in a row (4 in all: exact in float32)
+            for _ in range(2):
+                works.append(dist.all_reduce(chain, async_op=True))
+                chain_calls += 1
+    # an input that is the previous call's output (issued before that one is done)
+    last = tensors[-1]
+    works.append(dist.all_reduce(last, async_op=True))
+    issued = time.perf_counter() - t0
+    for w in works:
+        w.wait()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    for (k, n, dt), t in zip(plan, tensors):
+        base = (torch.arange(n) % 1000).to(torch.float64) * world + sum(r * 7 + k for r in range(world))
+        if t is last:
+            base = base * world
+        got = t.cpu().to(torch.float64)
+        if not torch.equal(got, base):
+            bad = int((got != base).sum())
+            failures.append(f"call {k} ({n} x {dt}): {bad} wrong, e.g. {got[(got != base).nonzero()[0]].item()}")
+    want = world * (world + 1) / 2 * world ** (chain_calls - 1)
+    if not torch.all(chain.cpu() == want).item():
+        failures.append(f"in-place chain of {chain_calls} calls: {chain[:3].tolist()}, want {want}")
+    print(json.dumps({"rank": rank, "world": world, "device": str(dev), "calls": len(works),
+                      "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2),
+                      "failures": failures}), flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
