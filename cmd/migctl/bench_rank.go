@@ -24,6 +24,12 @@ func runRank(ctx context.Context, spec benchrank.Config, addr, token string, ran
 func newBenchReport(spec benchrank.Config, r *benchrank.Report) *benchReport {
 	rep := &benchReport{Coll: spec.Coll, NP: r.NP, Backend: r.Backend, Transport: r.Transport,
 		Algorithm: r.Algorithm, GPUShare: r.GPUShare, InPlace: spec.InPlace, Iters: spec.Iters, SmallH2D: r.SmallH2D}
+	if spec.Split > 1 {
+		rep.Split = spec.Split
+	}
+	if spec.Chain == "off" {
+		rep.Chain = "off"
+	}
 	if r.SmallOn != "cpu" {
 		rep.SmallOn = r.SmallOn
 	}

@@ -49,14 +49,18 @@ type benchLimits struct {
 
 // benchReport is what `migctl bench` prints.
 type benchReport struct {
-	Coll      string     `json:"coll" yaml:"coll"`
-	NP        int        `json:"np" yaml:"np"`
-	Backend   string     `json:"backend" yaml:"backend"`
-	Transport string     `json:"transport" yaml:"transport"`
-	Algorithm string     `json:"algorithm" yaml:"algorithm"`
-	InPlace   bool       `json:"inPlace" yaml:"inPlace"`
-	Iters     int        `json:"iters" yaml:"iters"`
-	Results   []benchRow `json:"rows" yaml:"rows"`
+	Coll      string `json:"coll" yaml:"coll"`
+	NP        int    `json:"np" yaml:"np"`
+	Backend   string `json:"backend" yaml:"backend"`
+	Transport string `json:"transport" yaml:"transport"`
+	Algorithm string `json:"algorithm" yaml:"algorithm"`
+	InPlace   bool   `json:"inPlace" yaml:"inPlace"`
+	Iters     int    `json:"iters" yaml:"iters"`
+	// Split is --split above 1 (each call as that many asynchronous
+	// all-reduces of parts), Chain --chain when off.
+	Split   int        `json:"split,omitempty" yaml:"split,omitempty"`
+	Chain   string     `json:"chain,omitempty" yaml:"chain,omitempty"`
+	Results []benchRow `json:"rows" yaml:"rows"`
 	// Limits is what the LIMIT(US) column assumes (nil: not computed).
 	Limits *benchLimits `json:"limits,omitempty" yaml:"limits,omitempty"`
 	// GPUShare is the thousandths of every chunk of a host-staged

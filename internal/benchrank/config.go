@@ -53,6 +53,13 @@ type Config struct {
 	Limits bool `json:"limits"`
 	// ReduceOn is where host-staged all-reduces reduce (trainer.WithReduceOn).
 	ReduceOn string `json:"reduceOn,omitempty"`
+	// Split (all-reduce, above 1) makes each timed call Split asynchronous
+	// all-reduces of consecutive parts of the message, issued back to back
+	// and then waited for, as DDP issues its gradient buckets.
+	Split int `json:"split,omitempty"`
+	// Chain "off" runs every asynchronous all-reduce to its end before the
+	// next starts (trainer.Tuning.NoChain); "" or "on": the default.
+	Chain string `json:"chain,omitempty"`
 }
 
 // ParseDType parses an element type name (float, half, bfloat16, double,
@@ -137,7 +144,8 @@ func groupOptions(c Config, rank int, trace io.Writer) []trainer.Option {
 		trainer.WithTransport(trainer.Transport(c.Transport)),
 		trainer.WithAlgorithm(trainer.Algorithm(c.Algorithm)),
 		trainer.WithTuning(trainer.Tuning{Chunk: c.Chunk, Slots: c.Slots, Depth: c.Depth,
-			ReduceWorkers: c.Workers, Spin: c.Spin, SmallBytes: smallBytes(c.Small), SmallOnDevice: c.SmallOn == "device"}),
+			ReduceWorkers: c.Workers, Spin: c.Spin, SmallBytes: smallBytes(c.Small), SmallOnDevice: c.SmallOn == "device",
+			NoChain: c.Chain == "off"}),
 		trainer.WithTimeout(c.Timeout),
 		trainer.WithShmRoot(c.ShmRoot),
 		trainer.WithJob(c.Job),
@@ -147,7 +155,7 @@ func groupOptions(c Config, rank int, trace io.Writer) []trainer.Option {
 			"bench.factor": strconv.Itoa(c.Factor), "bench.iters": strconv.Itoa(c.Iters),
 			"bench.warmup": strconv.Itoa(c.Warmup), "bench.check": strconv.FormatBool(c.Check),
 			"bench.inplace": strconv.FormatBool(c.InPlace), "bench.root": strconv.Itoa(c.Root),
-			"bench.backend": c.Backend,
+			"bench.backend": c.Backend, "bench.split": strconv.Itoa(max(c.Split, 1)),
 		}),
 	}
 	if c.Backend == "gpu" && len(c.GPUs) > 0 {

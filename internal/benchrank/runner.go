@@ -2,6 +2,7 @@ package benchrank
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -74,6 +75,9 @@ func (r *runner) call(ctx context.Context, count int) error {
 	send, recv := r.operands(count)
 	switch r.coll {
 	case allreduce.AllReduce:
+		if r.cfg.Split > 1 {
+			return r.splitAllReduce(ctx, send, recv, count)
+		}
 		return r.g.AllReduce(ctx, send, recv, r.op)
 	case allreduce.ReduceScatter:
 		return r.g.ReduceScatter(ctx, send, recv, r.op)
@@ -84,6 +88,27 @@ func (r *runner) call(ctx context.Context, count int) error {
 	default:
 		return r.g.Barrier(ctx)
 	}
+}
+
+// splitAllReduce all-reduces send into recv as Config.Split asynchronous
+// calls of consecutive parts, issued back to back, then waits for them all.
+func (r *runner) splitAllReduce(ctx context.Context, send, recv trainer.Buffer, count int) error {
+	k := r.cfg.Split
+	works := make([]*trainer.Work, 0, k)
+	for i := range k {
+		lo, hi := count*i/k, count*(i+1)/k
+		if hi == lo {
+			continue
+		}
+		works = append(works, r.g.AllReduceAsync(ctx, send.Offset(lo).Slice(hi-lo), recv.Offset(lo).Slice(hi-lo), r.op))
+	}
+	var errs []error
+	for _, w := range works {
+		if err := w.Wait(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // fill writes this rank's exactly predictable input (in place: where the

@@ -4,7 +4,7 @@
 # tensors (python/tests/chain_check.py, ops_check.py, gpu_checks.py), then DDP with chaining (default) against
 # MIGCTL_TUNING=chain=off, interleaved, twice: ResNet-18 b32 (with its lockstep bound), ResNet-18 b8 and GPT b4
 # (with gloo and their lockstep bounds), GPT b32; GPT b4's losses against gloo's. Build: make build lib; carry
-# ["bin/migctl", "bin/libmigctl.so"]. Output: $OUT/chain/{summary.txt,logs.tgz}. ~8 min.
+# ["bin/migctl", "bin/libmigctl.so"]. Output: $OUT/chain/{summary.txt,logs.tgz}. ~9 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
@@ -14,6 +14,19 @@ clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON li
   timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
   say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"checks": [0-9]*\|"total_ms": [0-9.]*' "$W/$tag.out" | head -1)"
 }
+# migctl bench: one message as K asynchronous all-reduces of its parts, back to back (DDP's buckets), chained or not
+for i in 1 2; do
+  for ch in on off; do
+    row "split4-64M-np7-$ch-$i" 7 64MiB 20 3 --split 4 --chain $ch
+    row "split10-256M-np7-$ch-$i" 7 256MiB 5 2 --split 10 --chain $ch
+    row "split4-64M-np2-$ch-$i" 2 64MiB 20 3 --split 4 --chain $ch
+  done
+done
+for ch in on off; do
+  timeout 100 $M bench allreduce --backend host --np 7 -b 64MiB -e 64MiB -n 10 -w 2 -c 1 --split 4 --chain $ch -o json \
+    >"$W/host-split-$ch.json" 2>&1
+  say "host-split4-64M-np7-$ch rc=$? $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["rows"][0]; print("us=%.1f wrong=%d" % (r["timeUs"], r["wrong"]))' "$W/host-split-$ch.json" 2>/dev/null)"
+done
 clean chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
 MIGCTL_TUNING=chain=off clean chain-cuda-7-off 7 120 python/tests/chain_check.py --device cuda
 clean chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
