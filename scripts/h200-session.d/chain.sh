@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Chained host-staged all-reduces (an all-reduce's successor starts once its copies out are done, so the next
-# bucket's copies out run while this one's copies back do), 7 ranks on GPU 0 under MPS: correctness on CUDA
-# tensors (python/tests/chain_check.py, ops_check.py, gpu_checks.py), then DDP with chaining (default) against
-# MIGCTL_TUNING=chain=off, interleaved, twice: ResNet-18 b32 (with its lockstep bound), ResNet-18 b8 and GPT b4
-# (with gloo and their lockstep bounds), GPT b32; GPT b4's losses against gloo's. Build: make build lib; carry
-# ["bin/migctl", "bin/libmigctl.so"]. Output: $OUT/chain/{summary.txt,logs.tgz}. ~9 min.
+# bucket's copies out run while this one's copies back do), ranks on GPU 0 under MPS: correctness on CUDA
+# tensors (python/tests/chain_check.py, gpu_checks.py), `migctl bench allreduce --split K` (a message as K
+# asynchronous all-reduces back to back) with --chain on and off, then DDP with chaining (default) against
+# MIGCTL_TUNING=chain=off, interleaved: ResNet-18 b32 twice (with its lockstep bound), ResNet-18 b8 and GPT b4
+# twice (with gloo and their lockstep bounds), GPT b32; GPT b4's losses against gloo's. Build: make build lib;
+# carry ["bin/migctl", "bin/libmigctl.so"]. Output: $OUT/chain/{summary.txt,logs.tgz}. ~9 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
@@ -14,42 +15,35 @@ clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON li
   timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
   say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"checks": [0-9]*\|"total_ms": [0-9.]*' "$W/$tag.out" | head -1)"
 }
+clean chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
+clean chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
 # migctl bench: one message as K asynchronous all-reduces of its parts, back to back (DDP's buckets), chained or not
 for i in 1 2; do
   for ch in on off; do
     row "split4-64M-np7-$ch-$i" 7 64MiB 20 3 --split 4 --chain $ch
-    row "split10-256M-np7-$ch-$i" 7 256MiB 5 2 --split 10 --chain $ch
-    row "split4-64M-np2-$ch-$i" 2 64MiB 20 3 --split 4 --chain $ch
   done
 done
 for ch in on off; do
+  row "split10-256M-np7-$ch" 7 256MiB 5 2 --split 10 --chain $ch
+  row "split4-64M-np2-$ch" 2 64MiB 20 3 --split 4 --chain $ch
   timeout 100 $M bench allreduce --backend host --np 7 -b 64MiB -e 64MiB -n 10 -w 2 -c 1 --split 4 --chain $ch -o json \
     >"$W/host-split-$ch.json" 2>&1
   say "host-split4-64M-np7-$ch rc=$? $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["rows"][0]; print("us=%.1f wrong=%d" % (r["timeUs"], r["wrong"]))' "$W/host-split-$ch.json" 2>/dev/null)"
 done
-clean chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
-MIGCTL_TUNING=chain=off clean chain-cuda-7-off 7 120 python/tests/chain_check.py --device cuda
-clean chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
-clean ops-cuda-7 7 180 python/tests/ops_check.py --device cuda --sizes 0,7,65539
-clean gpu-checks-7 7 80 python/tests/gpu_checks.py
-DDP_DEADLINE=${DDP_DEADLINE:-520}
+DDP_DEADLINE=${DDP_DEADLINE:-480}
 for i in 1 2; do
   ddp "resnet32-chain-$i" resnet 32 migctl
   MIGCTL_TUNING=chain=off ddp "resnet32-off-$i" resnet 32 migctl
 done
 ddp resnet32-lockstep resnet 32 none --lockstep
 for i in 1 2; do
-  ddp "resnet8-chain-$i" resnet 8 migctl
-  MIGCTL_TUNING=chain=off ddp "resnet8-off-$i" resnet 8 migctl
   ddp "gpt4-chain-$i" gpt 4 migctl
   MIGCTL_TUNING=chain=off ddp "gpt4-off-$i" gpt 4 migctl
+  ddp "resnet8-chain-$i" resnet 8 migctl
+  MIGCTL_TUNING=chain=off ddp "resnet8-off-$i" resnet 8 migctl
 done
-ddp resnet8-gloo resnet 8 gloo
 ddp gpt4-gloo gpt 4 gloo
-ddp resnet8-lockstep resnet 8 none --lockstep
-ddp gpt4-lockstep gpt 4 none --lockstep
-ddp gpt32-chain gpt 32 migctl
-MIGCTL_TUNING=chain=off ddp gpt32-off gpt 32 migctl
+ddp resnet8-gloo resnet 8 gloo
 say "gpt4 losses, max |migctl - gloo| (chain-1, off-1): $(python3 -c '
 import json, sys
 def l(p):
@@ -58,3 +52,8 @@ def l(p):
 g = l(sys.argv[1])
 print(" ".join("n/a" if (a := l(p)) is None or g is None else "%.3g" % max(abs(x - y) for x, y in zip(a, g)) for p in sys.argv[2:]))
 ' "$W/gpt4-gloo.json" "$W/gpt4-chain-1.json" "$W/gpt4-off-1.json")"
+ddp resnet8-lockstep resnet 8 none --lockstep
+ddp gpt4-lockstep gpt 4 none --lockstep
+[ "$SECONDS" -lt 520 ] && clean gpu-checks-7 7 60 python/tests/gpu_checks.py
+ddp gpt32-chain gpt 32 migctl
+MIGCTL_TUNING=chain=off ddp gpt32-off gpt 32 migctl
