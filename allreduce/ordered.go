@@ -72,15 +72,15 @@ func (e *Executor) CanOrder(sched Schedule) bool {
 // event. ctx's deadline bounds the call also after RunOrdered returned
 // (the watchdog enforces it).
 func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (comm.Event, error) {
-	e.waitChain() // a chained all-reduce still running ends first (chain.go)
 	// A broadcast that needs the fence waits for it here, on the CPU, and is
 	// queued after it (its own outstanding calls settled first: the fence
 	// waits for this rank's end-of-call flag too); an all-reduce that needs
 	// it runs to the end.
 	fence := e.calls > 0 && needsFenceAfter(e.prev, e.fenced, sched.Params)
 	if !e.CanOrder(sched) || fence && sched.Params.Coll != Broadcast {
-		return nil, e.Run(ctx, sched, call)
+		return nil, e.Run(ctx, sched, call) // a large all-reduce may chain there
 	}
+	e.waitChain() // a chained all-reduce still running ends first (chain.go)
 	if err := e.precheck(ctx, sched, true); err != nil {
 		return nil, err
 	}
