@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Chained all-reduces on an H200 in one call (ranks on GPU 0, the MIG path): issue 9's one-GPU rows at this
+# build (bench 256 MiB at 7 and 2 ranks, 8 KiB at 7; gloo's 7-rank 256 MiB in the same call), `--split 4`
+# with --chain on and off, then DDP with chaining (default) against MIGCTL_TUNING=chain=off, interleaved:
+# ResNet-18 b32 twice (and its lockstep bound), GPT b4 and ResNet-18 b8 (and gloo). Build: make build lib &&
+# cp ../shared/bench/gloo_allreduce.py bin/; carry ["bin/migctl", "bin/libmigctl.so", "bin/gloo_allreduce.py"].
+# Output: $OUT/h200-chain/{summary.txt,logs.tgz}. ~6 min.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/h200-session.d/lib.sh
+session_init h200-chain
+timeout 120 $M bench limits -o json >"$W/limits.json" 2>"$W/limits.err"
+say "limits rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:400])' "$W/limits.json" 2>/dev/null)"
+row np7-256M-1 7 256MiB 10 3
+row np2-256M 2 256MiB 10 3
+row np7-8K 7 8KiB 2000 200
+row np7-256M-2 7 256MiB 10 3
+timeout 150 python3 bin/gloo_allreduce.py --np 7 --sizes 256M --iters 5 >"$W/gloo.out" 2>&1
+say "gloo-np7-256M rc=$? $(grep -v '^#' "$W/gloo.out" | tail -2 | tr '\n' ' ')"
+for ch in on off; do
+  row "split4-64M-np7-$ch" 7 64MiB 20 3 --split 4 --chain $ch
+done
+DDP_DEADLINE=${DDP_DEADLINE:-400}
+for i in 1 2; do
+  ddp "resnet32-chain-$i" resnet 32 migctl
+  MIGCTL_TUNING=chain=off ddp "resnet32-off-$i" resnet 32 migctl
+done
+ddp resnet32-lockstep resnet 32 none --lockstep
+ddp gpt4-chain gpt 4 migctl
+MIGCTL_TUNING=chain=off ddp gpt4-off gpt 4 migctl
+ddp gpt4-gloo gpt 4 gloo
+ddp resnet8-chain resnet 8 migctl
+MIGCTL_TUNING=chain=off ddp resnet8-off resnet 8 migctl
+ddp resnet8-gloo resnet 8 gloo
