@@ -78,7 +78,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 13 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 14 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -98,7 +98,9 @@ extern "C" {
                                  thread);
                              12: migctl_run of a broadcast of device memory of at most one arena
                                  chunk returns in stream order (MIGCTL_TUNING=bcast=cpu: not);
-                             13: migctl_queued_broadcast_bytes */
+                             13: migctl_queued_broadcast_bytes;
+                             14: MIGCTL_STAT_CHAINED (a large asynchronous all-reduce lets the
+                                 collective issued after it start before it has finished) */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -289,7 +291,8 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_RUNS 9            /* collectives issued and waited for by migctl_run */
 #define MIGCTL_STAT_DIRECT 10         /* of those, run on the calling thread (nothing else in flight) */
 #define MIGCTL_STAT_DIRECT_TRANSFERS 11 /* transfers started on the issuing thread (nothing before them in flight) */
-#define MIGCTL_STAT_COUNT 12
+#define MIGCTL_STAT_CHAINED 12        /* all-reduces that let the next collective start before they finished */
+#define MIGCTL_STAT_COUNT 13
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Sets the deadline of every collective issued from now on (MIGCTL_TIMEOUT at

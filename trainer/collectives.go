@@ -42,6 +42,12 @@ func (g *Group) allReduce(ctx context.Context, inline bool, send, recv Buffer, o
 	return g.submit(inline, w, send, recv)
 }
 
+// Chains reports whether an asynchronous all-reduce of send into recv lets
+// the collective issued after it start before it has finished (once its
+// copies out are done; Tuning.NoChain: never). Results and the order in
+// which Works finish are those of one call after the other.
+func (g *Group) Chains(send, recv Buffer) bool { return g.chains(send, recv) }
+
 // chains reports whether an all-reduce of send into recv may let the next
 // collective start before it has ended (Work.chains): the node's
 // communicator chains it (a host-staged all-reduce above the small-message

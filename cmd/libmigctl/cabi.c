@@ -470,6 +470,14 @@ void migctl_hand_off(migctl_slot_t *s) {
 	run_unlock();
 }
 
+// migctl_hand_off_chained is migctl_hand_off for an all-reduce that lets the
+// collectives issued after it start before it has finished (the trainer
+// SDK chains it: trainer.Group.Chains), counted in MIGCTL_STAT_CHAINED.
+void migctl_hand_off_chained(migctl_slot_t *s) {
+	stat_add(MIGCTL_STAT_CHAINED, 1);
+	migctl_hand_off(s);
+}
+
 void migctl_complete_handed(migctl_slot_t *s, int code, const char *msg, size_t n) { finish(s, code, msg, n, 0); }
 
 // migctl_stop_dispatcher makes migctl_next return NULL once the ring is drained.

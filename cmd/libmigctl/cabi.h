@@ -27,6 +27,7 @@ void migctl_set_error(const char *msg, size_t n);
 migctl_slot_t *migctl_next(void);
 void migctl_complete(migctl_slot_t *s, int code, const char *msg, size_t n);
 void migctl_hand_off(migctl_slot_t *s);
+void migctl_hand_off_chained(migctl_slot_t *s);
 void migctl_complete_handed(migctl_slot_t *s, int code, const char *msg, size_t n);
 void migctl_stop_dispatcher(void);
 

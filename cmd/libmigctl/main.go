@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 13
+#if MIGCTL_ABI_VERSION != 14
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -209,8 +209,47 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 			C.migctl_hand_off(s)
 			continue
 		}
-		complete(s, runSlot(g, s, takeMark(uint64(s.order))), false)
+		mark := takeMark(uint64(s.order))
+		if s.kind == kindAllReduce && chainSlot(g, s, mark) {
+			// A large all-reduce the trainer lets the next collective
+			// start beside (once its copies out are done): the slots
+			// issued after it are taken now, its Work completes it.
+			C.migctl_hand_off_chained(s)
+			continue
+		}
+		complete(s, runSlot(g, s, mark), false)
 	}
+}
+
+// chainSlot issues the all-reduce of slot s asynchronously, its Work
+// completing the slot, where the group chains it (trainer.Group.Chains: a
+// host-staged all-reduce above the small-message size on buffers used in
+// place), and reports whether it did; the dispatcher then goes on to the
+// next slot, which the trainer starts once this one admits it.
+func chainSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) bool {
+	g, send, recv, op, err := slotAllReduce(g, s, mark)
+	if err != nil || !g.Chains(send, recv) {
+		return false // runSlot runs it (and reports the error)
+	}
+	g.AllReduceAsync(context.Background(), send, recv, op).OnDone(func(err error) { complete(s, err, true) })
+	return true
+}
+
+// slotAllReduce is the group and operands of the all-reduce of slot s (the
+// process's group is g), ordered after mark.
+func slotAllReduce(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) (*trainer.Group, trainer.Buffer, trainer.Buffer, trainer.Op, error) {
+	if s.group != 0 {
+		var err error
+		if g, err = groupOf(int(s.group)); err != nil {
+			return nil, trainer.Buffer{}, trainer.Buffer{}, 0, err
+		}
+	}
+	n, dt := int(s.count), trainer.DType(s.dtype)
+	onDev, st := s.device != 0, uintptr(s.stream)
+	ordered := onDev && g.Backend() == trainer.BackendGPU
+	streamed := s.streamed != 0
+	return g, buffer(s.send, n, dt, onDev, st, ordered, streamed, mark), buffer(s.recv, n, dt, onDev, st, ordered, streamed, mark),
+		trainer.Op(s.op), nil
 }
 
 // complete marks slot s finished with err (handed: migctl_hand_off let it

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import migctl_torch  # noqa: E402,F401  (registers the backend)
+from migctl_torch import _lib  # noqa: E402
 
 SIZES = [1, 100, 16384, 65537, 300000, 1 << 20, 3 << 20 | 5]  # elements
 DTYPES = [torch.float32, torch.int32, torch.float64]
@@ -31,6 +32,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--expect-chained", choices=["auto", "yes", "no"], default="auto",
+                    help="whether some all-reduces must have let the next call start early (the library's "
+                         "MIGCTL_STAT_CHAINED); auto: yes unless MIGCTL_TUNING has chain=off")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
@@ -42,6 +46,7 @@ def main():
     plan, works, tensors = [], [], []
     chain = torch.full((1 << 19,), float(rank + 1), device=dev)  # 2 MiB of float32
     chain_calls = 0
+    chained0 = _lib.load().stats().get("chained", 0)
     t0 = time.perf_counter()
     for k in range(args.calls):
         n, dt = rng.choice(SIZES), rng.choice(DTYPES)
@@ -71,11 +76,19 @@ def main():
         if not torch.equal(got, base):
             bad = int((got != base).sum())
             failures.append(f"call {k} ({n} x {dt}): {bad} wrong, e.g. {got[(got != base).nonzero()[0]].item()}")
+    chained = _lib.load().stats().get("chained", 0) - chained0
+    expect = args.expect_chained
+    if expect == "auto":
+        expect = "no" if "chain=off" in os.environ.get("MIGCTL_TUNING", "") else "yes"
+    if expect == "yes" and chained == 0:
+        failures.append("no all-reduce let the next call start early (MIGCTL_STAT_CHAINED did not move)")
+    if expect == "no" and chained != 0:
+        failures.append(f"{chained} all-reduces chained with chaining off")
     want = world * (world + 1) / 2 * world ** (chain_calls - 1)
     if not torch.all(chain.cpu() == want).item():
         failures.append(f"in-place chain of {chain_calls} calls: {chain[:3].tolist()}, want {want}")
     print(json.dumps({"rank": rank, "world": world, "device": str(dev), "calls": len(works),
-                      "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2),
+                      "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2), "chained": chained,
                       "failures": failures}), flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
