@@ -10,13 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init chain
-clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON lines with "failures": [] counted
-  local tag=$1 np=$2 t=$3; shift 3
-  timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
-  say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"checks": [0-9]*\|"total_ms": [0-9.]*' "$W/$tag.out" | head -1)"
-}
-clean chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
-clean chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
+check chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
+check chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
 # migctl bench: one message as K asynchronous all-reduces of its parts, back to back (DDP's buckets), chained or not
 for i in 1 2; do
   for ch in on off; do
@@ -44,16 +39,9 @@ for i in 1 2; do
 done
 ddp gpt4-gloo gpt 4 gloo
 ddp resnet8-gloo resnet 8 gloo
-say "gpt4 losses, max |migctl - gloo| (chain-1, off-1): $(python3 -c '
-import json, sys
-def l(p):
-    try: return json.loads(open(p).readline())["losses"]
-    except Exception: return None
-g = l(sys.argv[1])
-print(" ".join("n/a" if (a := l(p)) is None or g is None else "%.3g" % max(abs(x - y) for x, y in zip(a, g)) for p in sys.argv[2:]))
-' "$W/gpt4-gloo.json" "$W/gpt4-chain-1.json" "$W/gpt4-off-1.json")"
+losses "gpt4 (chain-1, off-1)" "$W/gpt4-gloo.json" "$W/gpt4-chain-1.json" "$W/gpt4-off-1.json"
 ddp resnet8-lockstep resnet 8 none --lockstep
 ddp gpt4-lockstep gpt 4 none --lockstep
-[ "$SECONDS" -lt 520 ] && clean gpu-checks-7 7 60 python/tests/gpu_checks.py
+[ "$SECONDS" -lt 520 ] && check gpu-checks-7 7 60 python/tests/gpu_checks.py
 ddp gpt32-chain gpt 32 migctl
 MIGCTL_TUNING=chain=off ddp gpt32-off gpt 32 migctl

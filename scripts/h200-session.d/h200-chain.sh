@@ -10,13 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init h200-chain
-clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON lines with "failures": [] counted
-  local tag=$1 np=$2 t=$3; shift 3
-  timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
-  say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"chained": [0-9]*\|"total_ms": [0-9.]*' "$W/$tag.out" | head -2 | tr '\n' ' ')"
-}
-clean chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
-clean chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
+check chain-cuda-7 7 120 python/tests/chain_check.py --device cuda
+check chain-cuda-2 2 120 python/tests/chain_check.py --device cuda --calls 60
 timeout 120 $M bench limits -o json >"$W/limits.json" 2>"$W/limits.err"
 say "limits rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:400])' "$W/limits.json" 2>/dev/null)"
 row np7-256M-1 7 256MiB 10 3
@@ -40,12 +35,5 @@ ddp gpt4-gloo gpt 4 gloo
 ddp resnet8-chain resnet 8 migctl
 MIGCTL_TUNING=chain=off ddp resnet8-off resnet 8 migctl
 ddp resnet8-gloo resnet 8 gloo
-say "gpt4 losses, max |migctl - gloo| (chain, off): $(python3 -c '
-import json, sys
-def l(p):
-    try: return json.loads(open(p).readline())["losses"]
-    except Exception: return None
-g = l(sys.argv[1])
-print(" ".join("n/a" if (a := l(p)) is None or g is None else "%.3g" % max(abs(x - y) for x, y in zip(a, g)) for p in sys.argv[2:]))
-' "$W/gpt4-gloo.json" "$W/gpt4-chain.json" "$W/gpt4-off.json")"
-[ "$SECONDS" -lt 500 ] && clean gpu-checks-7 7 60 python/tests/gpu_checks.py
+losses "gpt4 (chain, off)" "$W/gpt4-gloo.json" "$W/gpt4-chain.json" "$W/gpt4-off.json"
+[ "$SECONDS" -lt 500 ] && check gpu-checks-7 7 60 python/tests/gpu_checks.py

@@ -26,6 +26,23 @@ coll() { # tag binary np collective [bench args...]: one `migctl bench COLLECTIV
   timeout 100 $bin bench "$c" --backend gpu --transport shm --gpu 0 --np "$np" -c 1 -o json "$@" >"$W/$tag.json" 2>"$W/$tag.err"
   say "$tag rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join("%dB:%.1fus,%.0f%%lim,w%d" % (r["bytes"], r["timeUs"], r.get("pctLimit", 0), r["wrong"]) for r in d["rows"]))' "$W/$tag.json" 2>/dev/null || tail -c 300 "$W/$tag.err")"
 }
+check() { # tag np timeout args...: a Python check under migctl run, ranks on GPU 0; its ranks' JSON lines with
+  # "failures": [] counted, and rank 0's checks / chained / total_ms where it prints them
+  local tag=$1 np=$2 t=$3; shift 3
+  timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
+  say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"checks": [0-9]*\|"chained": [0-9]*\|"total_ms": [0-9.]*' "$W/$tag.out" | head -3 | tr '\n' ' ')"
+}
+losses() { # label gloo.json migctl.json...: max |migctl - gloo| over the first losses of DDP runs (ddp's JSON)
+  local label=$1; shift
+  say "$label losses, max |migctl - gloo|: $(python3 -c '
+import json, sys
+def l(p):
+    try: return json.loads(open(p).readline())["losses"]
+    except Exception: return None
+g = l(sys.argv[1])
+print(" ".join("n/a" if (a := l(p)) is None or g is None else "%.3g" % max(abs(x - y) for x, y in zip(a, g)) for p in sys.argv[2:]))
+' "$@")"
+}
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
   # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3;
   # TREE: where examples/ and python/ are (default: this checkout; another build's with its MIGCTL_LIB)

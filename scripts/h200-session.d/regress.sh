@@ -19,15 +19,10 @@ if [ -z "${NOGO:-}" ]; then # NOGO=1: the PyTorch checks alone (carry bin/migctl
   gotest go-comm bin/comm.test 'GPU'
   gotest go-nccl bin/nccl.test 'Real'
 fi
-clean() { # tag np timeout args...: a check under migctl run; its ranks' JSON lines with "failures": [] counted
-  local tag=$1 np=$2 t=$3; shift 3
-  timeout $((t + 20)) $M run --gpus 0 --np "$np" -q --timeout "${t}s" -- python3 "$@" >"$W/$tag.out" 2>&1
-  say "$tag rc=$? clean ranks: $(grep -c '"failures": \[\]' "$W/$tag.out") of $np $(grep -o '"checks": [0-9]*' "$W/$tag.out" | head -1)"
-}
-clean ops-cuda-7 7 180 python/tests/ops_check.py --device cuda --sizes 0,7,65539
-clean gpu-checks-7 7 80 python/tests/gpu_checks.py
+check ops-cuda-7 7 180 python/tests/ops_check.py --device cuda --sizes 0,7,65539
+check gpu-checks-7 7 80 python/tests/gpu_checks.py
 say "  broadcast root's call ms (sync, async, pair, third): $(sed -n 's/^\[0\]: \({.*}\)$/\1/p' "$W/gpu-checks-7.out" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline()).get("broadcast_root_call_ms"))' 2>/dev/null)"
-clean capture-2 2 30 python/tests/capture_check.py
+check capture-2 2 30 python/tests/capture_check.py
 timeout 150 $M run --gpus 0 --np 7 -q --timeout 120s -- python3 python/tests/fsdp_check.py >"$W/fsdp.out" 2>&1
 say "fsdp-7 rc=$? $(grep -h '^\[0\]: {' "$W/fsdp.out" | head -1 | cut -c1-300)"
 timeout 120 $M run --gpus 0 --np 4 -q --timeout 90s -- python3 python/tests/subgroup_check.py --device cuda >"$W/subgroup.out" 2>&1
