@@ -8,7 +8,12 @@
 // The collectives in flight (the handles of the ABI) live in a ring in C
 // (cabi.c): issuing one checks its arguments and fills a slot without
 // entering the Go runtime (~2 us); one dispatcher goroutine takes the slots
-// in order, runs each through the trainer and marks it done; migctl_wait
+// in order, runs each through the trainer and marks it done — except a large
+// all-reduce the trainer chains (trainer.Group.Chains), which it issues
+// asynchronously and hands off (migctl_hand_off_chained, MIGCTL_STAT_CHAINED),
+// its Work marking the slot done, so that the next slot's collective starts
+// once the all-reduce's copies out are done (docs/collectives.md, "Chained
+// host-staged all-reduces"); migctl_wait
 // polls the slot's word (20 us, or until the collective's expected end when
 // the CPUs allow), then sleeps on its futex. A cgo callback that blocked on a
 // channel instead (the first version) cost ~40 us per collective in
