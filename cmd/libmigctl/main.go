@@ -221,6 +221,58 @@ func dispatch(g *trainer.Group, done chan struct{}) {
 	}
 }
 
+// chained are the chained all-reduces handed off and perhaps still running
+// (chainSlot), all of one group: a collective of another group waits for
+// them first (await), so that the process's collectives of different groups
+// still run one at a time, as the header says; the group's own next ones are
+// ordered behind them by the trainer. Its callers (runSlot, chainSlot) run
+// one at a time: the dispatcher's under cabi.c's run lock, a direct run's
+// under it too.
+var chained chainedWorks
+
+type chainedWorks struct {
+	mu    sync.Mutex
+	g     *trainer.Group
+	works []*trainer.Work
+}
+
+// await waits until no chained all-reduce of a group other than g runs.
+func (c *chainedWorks) await(g *trainer.Group) {
+	c.mu.Lock()
+	if c.g == g {
+		c.mu.Unlock()
+		return
+	}
+	works := c.works
+	c.works, c.g = nil, nil
+	c.mu.Unlock()
+	for _, w := range works {
+		<-w.Done()
+	}
+}
+
+// add records w, an all-reduce of g handed off (after await(g)).
+func (c *chainedWorks) add(g *trainer.Group, w *trainer.Work) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	live := c.works[:0]
+	for _, x := range c.works {
+		if !isDone(x) {
+			live = append(live, x)
+		}
+	}
+	c.g, c.works = g, append(live, w)
+}
+
+func isDone(w *trainer.Work) bool {
+	select {
+	case <-w.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // chainSlot issues the all-reduce of slot s asynchronously, its Work
 // completing the slot, where the group chains it (trainer.Group.Chains: a
 // host-staged all-reduce above the small-message size on buffers used in
@@ -231,7 +283,10 @@ func chainSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) bool {
 	if err != nil || !g.Chains(send, recv) {
 		return false // runSlot runs it (and reports the error)
 	}
-	g.AllReduceAsync(context.Background(), send, recv, op).OnDone(func(err error) { complete(s, err, true) })
+	chained.await(g)
+	w := g.AllReduceAsync(context.Background(), send, recv, op)
+	chained.add(g, w)
+	w.OnDone(func(err error) { complete(s, err, true) })
 	return true
 }
 
@@ -465,6 +520,7 @@ func runSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
 			return err
 		}
 	}
+	chained.await(g)
 	send, recv := s.send, s.recv
 	n, size := int(s.count), g.Size()
 	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)

@@ -4,7 +4,8 @@ once its copies out are done (MIGCTL_TUNING=chain=off: not), so this checks
 every element of calls of many sizes (below the small-message limit up to
 several arena chunks) and dtypes, all issued before any is waited for, with
 a chain of in-place calls on one tensor among them (each must read what the
-one before wrote) and one whose input is the previous call's output. Run
+one before wrote), one whose input is the previous call's output, and one on
+a second group (which must not run beside the job's chained calls). Run
 under `migctl run --np 2` or more; --device cuda for CUDA tensors. Prints
 one JSON line per rank; exits 1 on failure."""
 
@@ -45,6 +46,9 @@ def main():
     failures = []
     plan, works, tensors = [], [], []
     chain = torch.full((1 << 19,), float(rank + 1), device=dev)  # 2 MiB of float32
+    # a group of all the ranks beside the job's: its calls must not run beside a chained one of the job's
+    sub = dist.new_group(list(range(world)))
+    sub_t = torch.full((1 << 20,), float(rank), device=dev)
     chain_calls = 0
     chained0 = _lib.load().stats().get("chained", 0)
     t0 = time.perf_counter()
@@ -55,6 +59,8 @@ def main():
         plan.append((k, n, dt))
         tensors.append(t)
         works.append(dist.all_reduce(t, async_op=True))
+        if k == 12:
+            works.append(dist.all_reduce(sub_t, group=sub, async_op=True))
         if k % 7 == 3 and chain_calls < 4:  # the in-place chain, two calls in a row (4 in all: exact in float32)
             for _ in range(2):
                 works.append(dist.all_reduce(chain, async_op=True))
@@ -84,6 +90,8 @@ def main():
         failures.append("no all-reduce let the next call start early (MIGCTL_STAT_CHAINED did not move)")
     if expect == "no" and chained != 0:
         failures.append(f"{chained} all-reduces chained with chaining off")
+    if args.calls > 12 and not torch.all(sub_t.cpu() == world * (world - 1) / 2).item():
+        failures.append(f"all-reduce on a second group: {sub_t[:3].tolist()}, want {world * (world - 1) / 2}")
     want = world * (world + 1) / 2 * world ** (chain_calls - 1)
     if not torch.all(chain.cpu() == want).item():
         failures.append(f"in-place chain of {chain_calls} calls: {chain[:3].tolist()}, want {want}")
