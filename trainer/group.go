@@ -402,7 +402,9 @@ func (g *Group) connect(ctx context.Context) error {
 	t := c.tuning
 	opts := allreduce.Options{Chunk: t.Chunk, Slots: t.Slots, Depth: t.Depth, ReduceWorkers: t.ReduceWorkers,
 		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice,
-		BroadcastOnDevice: !t.BroadcastOnCPU && !g.link && g.cfg.backend == BackendGPU}
+		// Not on the IPC transport, whose broadcasts are never queued (ordersStreams):
+		// the flag words would be registered with the device for nothing.
+		BroadcastOnDevice: !t.BroadcastOnCPU && !g.link && g.cfg.backend == BackendGPU && g.transport != TransportIPC}
 	if t.SmallBytes == 0 {
 		opts.SmallBytes = allreduce.DefaultSmallBytes
 	}

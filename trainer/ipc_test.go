@@ -32,6 +32,9 @@ func TestIPCRingOnFakeDriver(t *testing.T) {
 		if g.Algorithm() != "ring-ipc" {
 			return fmt.Errorf("algorithm %s, want ring-ipc", g.Algorithm())
 		}
+		if g.exec.Options().BroadcastOnDevice {
+			return errors.New("broadcasts on the device asked for on the IPC transport (which never queues them)")
+		}
 		r := g.Rank()
 		send := make([]float32, count)
 		for i := range send {
