@@ -47,12 +47,12 @@ func TestCrossWaits(t *testing.T) {
 	}
 }
 
-// jitterDevice delays every copy its streams queue by up to max, so that
+// jitterDevice delays every copy its streams queue by up to limit, so that
 // the lanes and ranks of chained calls interleave in many orders.
 type jitterDevice struct {
 	comm.Device
-	max time.Duration
-	rng *lockedRand
+	limit time.Duration
+	rng   *lockedRand
 }
 
 type lockedRand struct {
@@ -60,10 +60,10 @@ type lockedRand struct {
 	r  *rand.Rand
 }
 
-func (l *lockedRand) dur(max time.Duration) time.Duration {
+func (l *lockedRand) dur(limit time.Duration) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return time.Duration(l.r.Int64N(int64(max) + 1))
+	return time.Duration(l.r.Int64N(int64(limit) + 1))
 }
 
 func (d jitterDevice) NewStream() (comm.Stream, error) {
@@ -80,12 +80,12 @@ type jitterStream struct {
 }
 
 func (s jitterStream) CopyToHost(dst []byte, src comm.Buffer, off int) error {
-	time.Sleep(s.d.rng.dur(s.d.max))
+	time.Sleep(s.d.rng.dur(s.d.limit))
 	return s.Stream.CopyToHost(dst, src, off)
 }
 
 func (s jitterStream) CopyFromHost(dst comm.Buffer, off int, src []byte) error {
-	time.Sleep(s.d.rng.dur(4 * s.d.max)) // copies back lag the most: the next call's copies out may pass them
+	time.Sleep(s.d.rng.dur(4 * s.d.limit)) // copies back lag the most: the next call's copies out may pass them
 	return s.Stream.CopyFromHost(dst, off, src)
 }
 
