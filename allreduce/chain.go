@@ -11,10 +11,10 @@ import (
 //
 // A host-staged all-reduce ends with copies back of its last chunks'
 // results, which use the host-to-device direction of the link only, and
-// the next one begins with copies out, which use the other direction. DDP
-// issues its gradient buckets one after the other, and the last one, ready
-// only at the end of the backward pass, used to wait for the one before it
-// to have ended on this rank. So a caller that runs its calls one at a time
+// the next one begins with copies out, which use the other direction; yet a
+// call issued while the one before it still ran (DDP's gradient buckets, an
+// FSDP step's reduce-scatters) used to wait for it to end on this rank. So a
+// caller that runs its calls one at a time
 // may start the next call from another goroutine as soon as the running one
 // calls the admit function it passed in its context (WithAdmit): a
 // host-staged all-reduce does once its copies out are done. The next call,
@@ -43,7 +43,9 @@ import (
 // only once the call before the previous one had ended, and that one's
 // results were fetched by all, its inputs reduced by all). End-of-call flags
 // go up in call order: a call publishes its own only after the previous one
-// has ended.
+// has ended. Measured (H100, docs/results/shm-2026-12-06.md): all-reduces
+// issued back to back 5-34% faster; DDP's steps level (its buckets seldom
+// queue behind one another).
 
 // admitKey is the context key of WithAdmit.
 type admitKey struct{}
