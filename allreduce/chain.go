@@ -12,9 +12,9 @@ import (
 // A host-staged all-reduce ends with copies back of its last chunks'
 // results, which use the host-to-device direction of the link only, and
 // the next one begins with copies out, which use the other direction; yet a
-// call issued while the one before it still ran (DDP's gradient buckets, an
-// FSDP step's reduce-scatters) used to wait for it to end on this rank. So a
-// caller that runs its calls one at a time
+// call issued while the one before it still ran (DDP's gradient buckets,
+// all-reduces issued back to back) used to wait for it to end on this rank.
+// So a caller that runs its calls one at a time
 // may start the next call from another goroutine as soon as the running one
 // calls the admit function it passed in its context (WithAdmit): a
 // host-staged all-reduce does once its copies out are done. The next call,
