@@ -71,10 +71,17 @@ func chainable(p Params) bool {
 }
 
 // Chains reports whether an all-reduce of bytes per rank lets the next call
-// start before it has ended (WithAdmit).
+// start before it has ended (WithAdmit): whether the schedule allReduce
+// builds for it is chainable (and nothing traces).
 func (c *Communicator) Chains(bytes int) bool {
-	o := c.exec.opts
-	return c.exec.trace == nil && c.alg == HostStaged && o.GPUShare == 0 && c.World() > 1 && bytes > o.SmallBytes
+	if c.exec.trace != nil || bytes <= 0 || TakesSmallPath(c.alg, bytes, c.exec.opts.SmallBytes) {
+		return false
+	}
+	p := Params{Coll: AllReduce, Algorithm: c.alg, World: c.World(), Bytes: bytes}
+	if p.Algorithm == HostStaged {
+		p.GPUShare = c.gpuShare
+	}
+	return chainable(p)
 }
 
 // chainCall is a chainable call in progress, as the call after it sees it.

@@ -264,3 +264,18 @@ func TestChainedAllReduceFailure(t *testing.T) {
 	require.Equal(t, int64(2*4), failed.Load())
 	require.Less(t, time.Since(start), 15*time.Second)
 }
+
+// Chains says what Run does: a host-staged all-reduce above the small size
+// with the CPU reduction chains; a small one, one reduced on the devices in
+// part, or another algorithm's does not.
+func TestCommunicatorChains(t *testing.T) {
+	opts := Options{Chunk: 4 << 10, Slots: 2, SmallBytes: 1 << 10}
+	hs := newGroup(t, 2, HostStaged, opts).comms[0]
+	require.True(t, hs.Chains(4096))
+	require.False(t, hs.Chains(1<<10), "the small-message path")
+	require.False(t, hs.Chains(0))
+	require.NoError(t, hs.SetGPUShare(500))
+	require.False(t, hs.Chains(4096), "a device share")
+	require.False(t, newGroup(t, 2, Ring, opts).comms[0].Chains(4096))
+	require.False(t, newGroup(t, 1, HostStaged, opts).comms[0].Chains(4096), "one rank")
+}

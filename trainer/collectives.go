@@ -61,20 +61,7 @@ func (g *Group) chains(send, recv Buffer) bool {
 	if !ok || !cm.Chains(send.Bytes()) {
 		return false
 	}
-	return g.inPlaceOperand(send) && g.inPlaceOperand(recv)
-}
-
-// inPlaceOperand reports whether operand passes b to the collective as it
-// is (no staging through scratch memory).
-func (g *Group) inPlaceOperand(b Buffer) bool {
-	switch {
-	case b.own != nil:
-		return true
-	case b.OnDevice():
-		_, ok := g.dev.(comm.ExternalDevice)
-		return ok
-	}
-	return g.cfg.backend == BackendHost && comm.HostAligned(b.host, b.dtype.Size())
+	return !g.staged(send) && !g.staged(recv)
 }
 
 // ReduceScatter reduces every rank's send (Size()·recv.Count elements) with

@@ -124,6 +124,12 @@ func streamError(err error) error {
 	return fmt.Errorf("ordering after the caller's stream: %w", err)
 }
 
+// staged reports whether operand copies b through the group's scratch
+// memory: host memory on the gpu backend, or misaligned host memory.
+func (g *Group) staged(b Buffer) bool {
+	return b.own == nil && !b.OnDevice() && !(g.cfg.backend == BackendHost && comm.HostAligned(b.host, b.dtype.Size()))
+}
+
 // operand returns b as a buffer of the group's device of at least n bytes,
 // and whether it is a staged copy (load: copy the caller's contents in).
 func (g *Group) operand(ctx context.Context, role string, b Buffer, n int, load bool) (comm.Buffer, bool, error) {
@@ -137,11 +143,9 @@ func (g *Group) operand(ctx context.Context, role string, b Buffer, n int, load 
 		}
 		buf, err := ext.WrapPointer(b.ptr, b.Bytes())
 		return buf, false, err
-	}
-	if g.cfg.backend == BackendHost && comm.HostAligned(b.host, b.dtype.Size()) {
+	case !g.staged(b):
 		return comm.WrapHostBytes(b.host), false, nil
 	}
-	// Stage: host memory on the gpu backend, or misaligned host memory.
 	s, err := g.scratchBuf(role, n)
 	if err != nil {
 		return nil, false, err
