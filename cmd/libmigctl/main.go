@@ -279,32 +279,40 @@ func isDone(w *trainer.Work) bool {
 // place), and reports whether it did; the dispatcher then goes on to the
 // next slot, which the trainer starts once this one admits it.
 func chainSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) bool {
-	g, send, recv, op, err := slotAllReduce(g, s, mark)
-	if err != nil || !g.Chains(send, recv) {
+	g, buf, err := slotGroup(g, s, mark)
+	if err != nil {
 		return false // runSlot runs it (and reports the error)
 	}
+	n := int(s.count)
+	send, recv := buf(s.send, n), buf(s.recv, n)
+	if !g.Chains(send, recv) {
+		return false
+	}
 	chained.await(g)
-	w := g.AllReduceAsync(context.Background(), send, recv, op)
+	w := g.AllReduceAsync(context.Background(), send, recv, trainer.Op(s.op))
 	chained.add(g, w)
 	w.OnDone(func(err error) { complete(s, err, true) })
 	return true
 }
 
-// slotAllReduce is the group and operands of the all-reduce of slot s (the
-// process's group is g), ordered after mark.
-func slotAllReduce(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) (*trainer.Group, trainer.Buffer, trainer.Buffer, trainer.Op, error) {
+// slotGroup is the group of slot s (the process's group is g) and a maker
+// of the slot's buffers (count elements at p) ordered after mark.
+func slotGroup(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) (*trainer.Group, func(p unsafe.Pointer, count int) trainer.Buffer, error) {
 	if s.group != 0 {
 		var err error
 		if g, err = groupOf(int(s.group)); err != nil {
-			return nil, trainer.Buffer{}, trainer.Buffer{}, 0, err
+			return nil, nil, err
 		}
 	}
-	n, dt := int(s.count), trainer.DType(s.dtype)
+	dt := trainer.DType(s.dtype)
 	onDev, st := s.device != 0, uintptr(s.stream)
+	// On the gpu backend the issue marked the stream (cabi.c); on the host
+	// backend device memory fails in the trainer, as the header says.
 	ordered := onDev && g.Backend() == trainer.BackendGPU
-	streamed := s.streamed != 0
-	return g, buffer(s.send, n, dt, onDev, st, ordered, streamed, mark), buffer(s.recv, n, dt, onDev, st, ordered, streamed, mark),
-		trainer.Op(s.op), nil
+	streamed := s.streamed != 0 // migctl_run: the caller goes on on the stream
+	return g, func(p unsafe.Pointer, count int) trainer.Buffer {
+		return buffer(p, count, dt, onDev, st, ordered, streamed, mark)
+	}, nil
 }
 
 // complete marks slot s finished with err (handed: migctl_hand_off let it
@@ -514,24 +522,14 @@ func migctlGoDirect(id, kind C.int, send, recv unsafe.Pointer, count C.size_t, d
 // is g; its arguments were checked by cabi.c), ordered after mark (the
 // caller's stream's work at the issue; nil: none), and returns its error.
 func runSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) error {
-	if s.group != 0 {
-		var err error
-		if g, err = groupOf(int(s.group)); err != nil {
-			return err
-		}
+	g, buf, err := slotGroup(g, s, mark)
+	if err != nil {
+		return err
 	}
 	chained.await(g)
 	send, recv := s.send, s.recv
 	n, size := int(s.count), g.Size()
-	dt, o := trainer.DType(s.dtype), trainer.Op(s.op)
-	onDev, st := s.device != 0, uintptr(s.stream)
-	// On the gpu backend the issue marked the stream (cabi.c); on the host
-	// backend device memory fails in the trainer, as the header says.
-	ordered := onDev && g.Backend() == trainer.BackendGPU
-	streamed := s.streamed != 0 // migctl_run: the caller goes on on the stream
-	buf := func(p unsafe.Pointer, count int) trainer.Buffer {
-		return buffer(p, count, dt, onDev, st, ordered, streamed, mark)
-	}
+	o := trainer.Op(s.op)
 	inPlace := send == recv
 	ctx := context.Background()
 	switch s.kind {

@@ -26,22 +26,16 @@ for ch in on off; do
   say "host-split4-64M-np7-$ch rc=$? $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["rows"][0]; print("us=%.1f wrong=%d" % (r["timeUs"], r["wrong"]))' "$W/host-split-$ch.json" 2>/dev/null)"
 done
 DDP_DEADLINE=${DDP_DEADLINE:-480}
-for i in 1 2; do
-  ddp "resnet32-chain-$i" resnet 32 migctl
-  MIGCTL_TUNING=chain=off ddp "resnet32-off-$i" resnet 32 migctl
-done
+for i in 1 2; do chainab "resnet32-$i" resnet 32; done
 ddp resnet32-lockstep resnet 32 none --lockstep
 for i in 1 2; do
-  ddp "gpt4-chain-$i" gpt 4 migctl
-  MIGCTL_TUNING=chain=off ddp "gpt4-off-$i" gpt 4 migctl
-  ddp "resnet8-chain-$i" resnet 8 migctl
-  MIGCTL_TUNING=chain=off ddp "resnet8-off-$i" resnet 8 migctl
+  chainab "gpt4-$i" gpt 4
+  chainab "resnet8-$i" resnet 8
 done
 ddp gpt4-gloo gpt 4 gloo
 ddp resnet8-gloo resnet 8 gloo
-losses "gpt4 (chain-1, off-1)" "$W/gpt4-gloo.json" "$W/gpt4-chain-1.json" "$W/gpt4-off-1.json"
+losses "gpt4 (chain, off; round 1)" "$W/gpt4-gloo.json" "$W/gpt4-1-chain.json" "$W/gpt4-1-off.json"
 ddp resnet8-lockstep resnet 8 none --lockstep
 ddp gpt4-lockstep gpt 4 none --lockstep
 [ "$SECONDS" -lt 520 ] && check gpu-checks-7 7 60 python/tests/gpu_checks.py
-ddp gpt32-chain gpt 32 migctl
-MIGCTL_TUNING=chain=off ddp gpt32-off gpt 32 migctl
+chainab gpt32 gpt 32

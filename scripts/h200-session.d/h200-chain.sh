@@ -24,16 +24,11 @@ for ch in on off; do
   row "split4-64M-np7-$ch" 7 64MiB 20 3 --split 4 --chain $ch
 done
 DDP_DEADLINE=${DDP_DEADLINE:-400}
-for i in 1 2; do
-  ddp "resnet32-chain-$i" resnet 32 migctl
-  MIGCTL_TUNING=chain=off ddp "resnet32-off-$i" resnet 32 migctl
-done
+for i in 1 2; do chainab "resnet32-$i" resnet 32; done
 ddp resnet32-lockstep resnet 32 none --lockstep
-ddp gpt4-chain gpt 4 migctl
-MIGCTL_TUNING=chain=off ddp gpt4-off gpt 4 migctl
+chainab gpt4 gpt 4
 ddp gpt4-gloo gpt 4 gloo
-ddp resnet8-chain resnet 8 migctl
-MIGCTL_TUNING=chain=off ddp resnet8-off resnet 8 migctl
+chainab resnet8 resnet 8
 ddp resnet8-gloo resnet 8 gloo
 losses "gpt4 (chain, off)" "$W/gpt4-gloo.json" "$W/gpt4-chain.json" "$W/gpt4-off.json"
 [ "$SECONDS" -lt 500 ] && check gpu-checks-7 7 60 python/tests/gpu_checks.py

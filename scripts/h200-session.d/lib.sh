@@ -43,6 +43,12 @@ g = l(sys.argv[1])
 print(" ".join("n/a" if (a := l(p)) is None or g is None else "%.3g" % max(abs(x - y) for x, y in zip(a, g)) for p in sys.argv[2:]))
 ' "$@")"
 }
+chainab() { # tag model batch [args...]: ddp over migctl with chained all-reduces (TAG-chain), then without
+  # (MIGCTL_TUNING=chain=off, TAG-off)
+  local tag=$1; shift
+  ddp "$tag-chain" "$1" "$2" migctl "${@:3}"
+  MIGCTL_TUNING=chain=off ddp "$tag-off" "$1" "$2" migctl "${@:3}"
+}
 ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ranks on GPU 0, 25 steps; skipped
   # once the script has run DDP_DEADLINE seconds (default: never); PIN: a command put before python3;
   # TREE: where examples/ and python/ are (default: this checkout; another build's with its MIGCTL_LIB)
