@@ -57,6 +57,10 @@ def parser(description):
     ap.add_argument("--cuda-sched", choices=["auto", "spin", "yield", "blocking"], default="auto",
                     help="diagnosis: how this process's CPU threads wait for the GPU (the primary context's "
                          "CU_CTX_SCHED_* flag, set before torch creates it): blocking sleeps instead of spinning")
+    ap.add_argument("--time-ddp", action="store_true",
+                    help="diagnosis: time DDP's buffer broadcast before every forward pass (its CPU time, the "
+                         "process group's broadcast calls within it, and when the GPU got past it) and report "
+                         "the means per rank")
     return ap
 
 
@@ -130,7 +134,68 @@ def wrap(model, args, device):
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_mb, **kw)
     if getattr(args, "probe_hook", ""):
         ddp.register_comm_hook(None, _PROBE_HOOKS[args.probe_hook])
+    if getattr(args, "time_ddp", False):
+        _time_buffer_sync(ddp, device)
     return ddp
+
+
+class _BufferSyncTimes:
+    """Diagnosis (--time-ddp): per step, the CPU time of DDP's buffer sync
+    (_sync_buffers), the CPU time of the process group's broadcast calls in
+    it, and the GPU time from the step's start to the end of what the sync
+    queued (cuda events; the GPU is idle at the step's start)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.cpu, self.bcast, self.gpu = [], [], []
+        self.step_bcast, self.synced = 0.0, False
+        self.events = None
+
+    def start_step(self):
+        self.step_bcast, self.synced = 0.0, False
+        if self.cuda:
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+
+    def end_step(self):
+        """After the step's synchronize: this step's figures."""
+        self.bcast.append(self.step_bcast)
+        if self.events is not None and self.synced:
+            self.gpu.append(self.events[0].elapsed_time(self.events[1]) / 1e3)
+            self.events = None
+
+    def means_ms(self):
+        return [1e3 * sum(x) / max(len(x), 1) for x in (self.cpu, self.bcast, self.gpu)]
+
+
+def _time_buffer_sync(ddp, device):
+    times = _BufferSyncTimes(device)
+    sync_buffers = ddp._sync_buffers
+
+    def timed_sync(*a, **k):
+        t = time.perf_counter()
+        try:
+            return sync_buffers(*a, **k)
+        finally:
+            times.cpu.append(time.perf_counter() - t)
+            times.synced = True
+            if times.events is not None:
+                times.events[1].record()
+    ddp._sync_buffers = timed_sync
+    if dist.get_backend() == "migctl":
+        import migctl_torch.process_group as pg
+        cls = pg.ProcessGroupMigctl
+        if not getattr(cls, "_timed_broadcast", False):
+            broadcast = cls.broadcast
+
+            def timed_broadcast(self, *a, **k):
+                t = time.perf_counter()
+                try:
+                    return broadcast(self, *a, **k)
+                finally:
+                    times.step_bcast += time.perf_counter() - t
+            cls.broadcast, cls._timed_broadcast = timed_broadcast, True
+    ddp._diag_times = times
 
 
 # Diagnosis only (--probe-hook): DDP with its gradients left unreduced, to
@@ -204,6 +269,9 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
         sync(device)
         if step == args.warmup:
             cpu0 = time.process_time()
+        diag = getattr(model, "_diag_times", None)
+        if diag is not None:
+            diag.start_step()
         t0 = time.perf_counter()
         with _mark(prof, f"train_step_{step}"):
             opt.zero_grad(set_to_none=True)
@@ -214,6 +282,8 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             sync(device)
             if lockstep:
                 dist.barrier()
+        if diag is not None:
+            diag.end_step()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
             cpu1 = time.process_time()
@@ -225,12 +295,17 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             open(args.mark_file, "w").close()
     med = sorted(times)[len(times) // 2] if times else 0.0
     cpu_step = (cpu1 - cpu0) / max(len(times), 1)
-    mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step], dtype=torch.float64)
+    diag = getattr(model, "_diag_times", None)
+    if diag is not None:  # the timed steps' figures only
+        for x in (diag.cpu, diag.bcast, diag.gpu):
+            del x[:-len(times) or len(x)]
+    diag_ms = diag.means_ms() if diag is not None else [0.0, 0.0, 0.0]
+    mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step] + diag_ms, dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
     # the report goes over gloo on CPU tensors whatever the backend, so it measures nothing of it
     rep = dist.new_group(backend="gloo")
-    all_t = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
+    all_t = [torch.zeros(mine.numel(), dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_t, mine, group=rep)
     all_c = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(all_c, checksum, group=rep)
@@ -248,6 +323,9 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                "lockstep": lockstep, "barrier_backend": dist.get_backend() if lockstep else None,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
+        if diag is not None:  # --time-ddp: per rank, ms per step
+            out["buffer_sync"] = {k: [round(t[3 + i].item(), 3) for t in all_t]
+                                  for i, k in enumerate(("cpu_ms", "pg_broadcast_cpu_ms", "gpu_ms"))}
         out.update(extra or {})
         print(json.dumps(out), flush=True)
     dist.barrier(group=rep)

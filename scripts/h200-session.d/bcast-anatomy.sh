@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Where DDP ResNet-18 b32's time over its lockstep bound goes on one GPU (7 ranks on GPU 0, the MIG path),
+# with DDP's defaults: the buffer broadcast before every forward pass timed from inside the process
+# (--time-ddp: its CPU time, the process group's share, when the GPU got past it) for migctl (queued and
+# MIGCTL_TUNING=bcast=cpu) and gloo; the knobs one at a time (no buffer broadcast, bucket view, 10-MB
+# buckets); torch.profiler traces of migctl (ranks 0, 6) and of the lockstep bound (rank 0) with
+# profile_summary.py; and the 16-MiB all-reduce (the last bucket's size) with chunk and worker variants.
+# Build: make build lib; carry ["bin/migctl", "bin/libmigctl.so"]. Output: $OUT/bcast-anatomy/. ~8 min.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/h200-session.d/lib.sh
+session_init bcast-anatomy
+DDP_DEADLINE=${DDP_DEADLINE:-420}
+sums() { # tag: the --time-ddp figures of a DDP run
+  say "  $1 buffer sync (cpu, pg broadcast cpu, gpu ms per rank): $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(json.dumps(r.get("buffer_sync")))' "$W/$1.json" 2>/dev/null)"
+}
+ddp r32-migctl-1 resnet 32 migctl --time-ddp; sums r32-migctl-1
+ddp r32-lockstep resnet 32 none --lockstep
+ddp r32-nobcast resnet 32 migctl --no-broadcast-buffers
+MIGCTL_TUNING=bcast=cpu ddp r32-bcastcpu resnet 32 migctl --time-ddp; sums r32-bcastcpu
+ddp r32-gloo resnet 32 gloo --time-ddp; sums r32-gloo
+ddp r32-view resnet 32 migctl --bucket-view
+ddp r32-b10 resnet 32 migctl --bucket-mb 10
+ddp r32-migctl-2 resnet 32 migctl --time-ddp; sums r32-migctl-2
+MIGCTL_TRACE=1 ddp r32-prof resnet 32 migctl --profile "$O/r32-migctl" --profile-ranks 0,6
+ddp r32-lockstep-prof resnet 32 none --lockstep --profile "$O/r32-lockstep" --profile-ranks 0
+for f in "$O"/r32-migctl.rank0.json.gz "$O"/r32-migctl.rank6.json.gz "$O"/r32-lockstep.rank0.json.gz; do
+  [ -f "$f" ] && { echo "== $f"; python3 examples/pytorch/profile_summary.py "$f"; } >>"$W/profiles.txt" 2>&1
+done
+cp "$W/profiles.txt" "$O/" 2>/dev/null
+row n7-16M 7 16MiB 40 5
+row n7-16M-c1 7 16MiB 40 5 --chunk 1MiB
+row n7-16M-w3 7 16MiB 40 5 --reduce-workers 3
+row n7-16M-w4 7 16MiB 40 5 --reduce-workers 4
+row n7-16M-c512 7 16MiB 40 5 --chunk 512KiB
+row n7-256M 7 256MiB 10 3
