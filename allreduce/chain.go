@@ -63,6 +63,27 @@ func admitOf(ctx context.Context) func() {
 	return f
 }
 
+// afterKey is the context key of WithAfter.
+type afterKey struct{}
+
+// WithAfter returns ctx carrying events of the work that produces a call's
+// input, as Call.After does for the calls that take one: a chainable
+// all-reduce run under it orders its copies out after them on the device
+// (its out lane's stream waits for them), so they start as the work ends,
+// not once the CPU has seen it; any other call waits for them on the CPU.
+func WithAfter(ctx context.Context, after []comm.Event) context.Context {
+	return context.WithValue(ctx, afterKey{}, after)
+}
+
+// afterOf is call.After with the events ctx carries (WithAfter).
+func afterOf(ctx context.Context, call Call) []comm.Event {
+	evs, _ := ctx.Value(afterKey{}).([]comm.Event)
+	if len(evs) == 0 {
+		return call.After
+	}
+	return append(append([]comm.Event(nil), call.After...), evs...)
+}
+
 // chainable reports whether a call can overlap another like it: a
 // host-staged all-reduce with the CPU reduction (a device share reads the
 // peers' staged inputs from the in lane, which the slot waits do not cover).

@@ -335,8 +335,10 @@ type Call struct {
 	// IPC (RingIPC schedules only; with one rank, this rank's own).
 	PeerSend, PeerRecv comm.Buffer
 	// After are events of the work that produces Send (the caller's
-	// stream): a stream-ordered call's stream waits for them on the device
-	// (RunOrdered), any other call on the CPU before it starts.
+	// stream; WithAfter adds to them): a stream-ordered call's stream
+	// waits for them on the device (RunOrdered), and a chainable
+	// all-reduce's out lane; any other call waits on the CPU before it
+	// starts.
 	After []comm.Event
 }
 
@@ -353,18 +355,31 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	if err := e.precheck(ctx, sched, prev == nil); err != nil {
 		return err
 	}
-	for _, ev := range call.After {
-		if err := ev.Wait(ctx); err != nil {
-			return fmt.Errorf("waiting for the work that produces the input: %w", err)
-		}
-	}
+	// A chainable call reads its input only through its copies out (the in
+	// lane writes the receive buffer after every rank's copies out are
+	// done): the out lane's stream waits for the input's producer on the
+	// device. Any other call waits on the CPU.
+	after := afterOf(ctx, call)
 	call.After = nil
+	if !chainable(sched.Params) {
+		for _, ev := range after {
+			if err := ev.Wait(ctx); err != nil {
+				return fmt.Errorf("waiting for the work that produces the input: %w", err)
+			}
+		}
+		after = nil
+	}
 	// Stream-ordered calls still outstanding finish first (ordered.go).
 	if err := e.settle(ctx, -1); err != nil {
 		return err
 	}
 	var cur *chainCall
 	if chainable(sched.Params) {
+		// The previous call's copies out are done (awaitChain): only this
+		// call's wait behind the device wait.
+		if err := e.orderAfter(ctx, e.streams[LaneOut], after); err != nil {
+			return err
+		}
 		cur = newChainCall(sched.Params, call.Recv)
 		if prev != nil {
 			cur.prevDone = prev.done

@@ -87,7 +87,7 @@ func (e *Executor) RunOrdered(ctx context.Context, sched Schedule, call Call) (c
 	// The caller's marks first, before anything is published: a mark the
 	// lane cannot wait for on the device is waited for here, on the CPU,
 	// rather than failing the job after its signature went out.
-	if err := e.orderAfter(ctx, e.streams[LaneIn], call.After); err != nil {
+	if err := e.orderAfter(ctx, e.streams[LaneIn], afterOf(ctx, call)); err != nil {
 		return nil, err
 	}
 	call.After = nil

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -134,4 +135,108 @@ func TestRecordStreamOnHostBackend(t *testing.T) {
 	defer g.Close()
 	_, err = g.RecordStream(0)
 	require.ErrorIs(t, err, ErrUnsupported)
+}
+
+// A chainable all-reduce (host-staged, above the small-message size) of a
+// buffer whose producer is still queued on the caller's stream: its copies
+// out wait for the producer on the device (the out lane's stream waits for
+// the mark: StreamWaitEvent), not on the CPU, and it reduces what the
+// producer wrote, not what the buffer held at the call.
+func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
+	const n, count = 2, 40000 // 160 KB: 10 chunks of 16 KiB
+	fakes := make([]*cuda.Fake, n)
+	unblock := make(chan struct{})
+	released := false
+	defer func() {
+		if !released {
+			close(unblock)
+		}
+	}()
+	tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10}
+	fakeOpts := blockingFakes(fakes, map[string]chan struct{}{"test_block": unblock})
+	opts := func(r int) []Option {
+		return append(fakeOpts(r), WithTuning(tuning), WithAlgorithm(AlgorithmHostStaged))
+	}
+	var waits [n]int
+	errs := world(t, n, opts, func(g *Group) error {
+		ctx := context.Background()
+		f := fakes[g.Rank()]
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		_, mod, releaseCtx, err := fakePrimaryModule(f)
+		if err != nil {
+			return err
+		}
+		defer releaseCtx()
+		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			return err
+		}
+		buf, err := g.Alloc(count, Float32)
+		if err != nil {
+			return err
+		}
+		stale := make([]float32, count) // what the buffer holds at the call: zeros
+		if err := g.Write(ctx, buf, HostSlice(stale).Host()); err != nil {
+			return err
+		}
+		ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
+		if !g.Chains(DeviceBufferAfter(ptr, count, Float32, nil), DeviceBufferAfter(ptr, count, Float32, nil)) {
+			return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
+		}
+		// The producer: a kernel held until released, then the input written.
+		fn, err := f.ModuleGetFunction(mod, "test_block")
+		if err != nil {
+			return err
+		}
+		if err := f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{}); err != nil {
+			return err
+		}
+		in := make([]float32, count)
+		for j := range in {
+			in[j] = input(g.Rank(), j)
+		}
+		if err := f.MemcpyHtoDAsync(cuda.DevicePtr(ptr), unsafe.Pointer(&in[0]), uint64(4*count), stream); err != nil {
+			return err
+		}
+		mark, err := g.RecordStream(uintptr(stream))
+		if err != nil {
+			return err
+		}
+		before := f.Calls("StreamWaitEvent")
+		b := DeviceBufferAfter(ptr, count, Float32, mark)
+		w := g.AllReduceAsync(ctx, b, b, Sum)
+		select {
+		case <-w.Done():
+			return fmt.Errorf("the all-reduce finished before its input was written: %v", w.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+		waits[g.Rank()] = f.Calls("StreamWaitEvent") - before
+		if g.Rank() == 0 {
+			released = true
+			close(unblock)
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		got := make([]float32, count)
+		if err := g.Read(ctx, HostSlice(got).Host(), buf); err != nil {
+			return err
+		}
+		runtime.KeepAlive(in)
+		for j := range got {
+			var want float32
+			for q := range n {
+				want += input(q, j)
+			}
+			if got[j] != want {
+				return fmt.Errorf("element %d = %v, want %v (the input's producer not waited for)", j, got[j], want)
+			}
+		}
+		return nil
+	})
+	requireAll(t, errs)
+	for r, c := range waits {
+		require.Positive(t, c, "rank %d: the chained all-reduce's stream did not wait for the caller's mark on the device", r)
+	}
 }

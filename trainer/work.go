@@ -239,9 +239,16 @@ func (g *Group) runWork(w *Work, clock *callClock, admit func()) error {
 	if admit != nil {
 		ctx = allreduce.WithAdmit(ctx, admit)
 	}
-	for _, e := range w.after {
-		if err := e.Wait(ctx); err != nil {
-			return fmt.Errorf("%s on rank %d: waiting for the caller's stream: %w", w.name, g.rank, err)
+	if w.chains {
+		// The executor orders a chainable all-reduce's copies out after the
+		// caller's stream on the device (allreduce.WithAfter), so they
+		// start as its work ends, not once this thread has seen it.
+		ctx = allreduce.WithAfter(ctx, w.after)
+	} else {
+		for _, e := range w.after {
+			if err := e.Wait(ctx); err != nil {
+				return fmt.Errorf("%s on rank %d: waiting for the caller's stream: %w", w.name, g.rank, err)
+			}
 		}
 	}
 	w.after = nil
