@@ -24,12 +24,8 @@ ddp r32-lockstep resnet 32 none --lockstep
 ddp r32-nobcast resnet 32 migctl --no-broadcast-buffers
 MIGCTL_TUNING=bcast=cpu ddp r32-bcastcpu resnet 32 migctl --time-ddp; sums r32-bcastcpu
 ddp r32-gloo resnet 32 gloo --time-ddp; sums r32-gloo
-ddp r32-view resnet 32 migctl --bucket-view
-ddp r32-b10 resnet 32 migctl --bucket-mb 10
 ddp r32-migctl-2 resnet 32 migctl --time-ddp; sums r32-migctl-2
 MIGCTL_LIB=$OLD ddp r32-old-2 resnet 32 migctl --time-ddp; sums r32-old-2
-ddp r8-migctl resnet 8 migctl
-MIGCTL_LIB=$OLD ddp r8-old resnet 8 migctl
 MIGCTL_TRACE=1 ddp r32-prof resnet 32 migctl --profile "$O/r32-migctl" --profile-ranks 0,6
 ddp r32-lockstep-prof resnet 32 none --lockstep --profile "$O/r32-lockstep" --profile-ranks 0
 for f in "$O"/r32-migctl.rank0.json.gz "$O"/r32-migctl.rank6.json.gz "$O"/r32-lockstep.rank0.json.gz; do
@@ -37,6 +33,10 @@ for f in "$O"/r32-migctl.rank0.json.gz "$O"/r32-migctl.rank6.json.gz "$O"/r32-lo
 done
 cp "$W/profiles.txt" "$O/" 2>/dev/null
 row n7-16M 7 16MiB 40 5
+ddp r8-migctl resnet 8 migctl
+MIGCTL_LIB=$OLD ddp r8-old resnet 8 migctl
+ddp r32-view resnet 32 migctl --bucket-view
+ddp r32-b10 resnet 32 migctl --bucket-mb 10
 row n7-16M-c1 7 16MiB 40 5 --chunk 1MiB
 row n7-16M-w3 7 16MiB 40 5 --reduce-workers 3
 row n7-16M-w4 7 16MiB 40 5 --reduce-workers 4
