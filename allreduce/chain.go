@@ -210,7 +210,7 @@ func crossWaits(prev, next Params) (w [NumLanes][][]Cond) {
 		return w
 	}
 	K, n := next.Slots, next.World
-	np, nn := ceilDiv(prev.Bytes, prev.Chunk), ceilDiv(next.Bytes, next.Chunk)
+	np, nn := ceilDiv(prev.Bytes, prev.step()), ceilDiv(next.Bytes, next.step())
 	m := min(K, nn, np) // chunks of next whose slot prev used
 	if m <= 0 {
 		return w

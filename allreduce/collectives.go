@@ -101,6 +101,9 @@ func (c *Communicator) Algorithm() Algorithm { return c.alg }
 func (c *Communicator) schedule(p Params) (Schedule, error) {
 	o := c.exec.opts
 	p.World, p.Chunk, p.Slots = c.World(), o.Chunk, o.Slots
+	if p.Algorithm == HostStaged && p.Coll == AllReduce && p.GPUShare == 0 && !o.WholeChunks {
+		p.Piece = PieceFor(p.Bytes, p.World, p.ElemSize, p.Chunk, p.Slots)
+	}
 	if s, ok := c.cache[p]; ok {
 		return s, nil
 	}

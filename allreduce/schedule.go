@@ -215,6 +215,14 @@ type Params struct {
 	// (or per rank in the host-staged arena): the pipeline depth.
 	Chunk int
 	Slots int
+	// Piece is the bytes that each pipeline step of a host-staged
+	// all-reduce without a device share moves, each staged in a slot of
+	// its own (0: Chunk). Pieces smaller than the slots shorten a call of a
+	// few chunks (the pipeline fills and drains sooner); a long call runs
+	// in whole chunks. At most Chunk, a multiple of 64 and at least
+	// 64·world·elemsize; like Chunk, the same on every rank (PieceFor
+	// derives it from the call's size).
+	Piece int
 	// Parity picks which of the two input areas a HostStagedSmall call
 	// stages into; consecutive small calls must alternate it (the previous
 	// call's inputs may still be read by slower ranks). A broadcast's
@@ -276,11 +284,17 @@ func (p Params) Validate() error {
 	case p.GPUShare < 0 || p.GPUShare > GPUShareOne || p.GPUShare > 0 && (p.Algorithm != HostStaged || p.Coll != AllReduce):
 		return fmt.Errorf("GPU share %d/%d of a %s %s: want 0..%d, and only for a host-staged all-reduce: %w",
 			p.GPUShare, GPUShareOne, p.Algorithm, p.Coll, GPUShareOne, ErrUnsupported)
-	case p.Bytes/max(64, p.Chunk/p.World&^63)*p.World+16 > MaxCondValue:
+	case p.Bytes/max(64, p.step()/p.World&^63)*p.World+16 > MaxCondValue:
 		// Every schedule counts its pieces (at least chunk/world bytes each)
 		// in the flag values, which must stay below MaxCondValue.
 		return fmt.Errorf("%d bytes in chunks of %d: too many pieces for one call's flag values (at most %d): use larger chunks: %w",
 			p.Bytes, p.Chunk, MaxCondValue, ErrUnsupported)
+	case p.Piece != 0 && (p.Piece > p.Chunk || p.Piece < 64*p.World*p.ElemSize || p.Piece%64 != 0):
+		return fmt.Errorf("piece of %d bytes must be a multiple of 64, at least 64·world·elemsize and at most the chunk (%d): %w",
+			p.Piece, p.Chunk, ErrUnsupported)
+	case p.Piece != 0 && (p.Algorithm != HostStaged || p.Coll != AllReduce || p.GPUShare > 0):
+		return fmt.Errorf("pieces smaller than the chunk for a %s %s (GPU share %d): only a host-staged all-reduce on the CPU has them: %w",
+			p.Algorithm, p.Coll, p.GPUShare, ErrUnsupported)
 	case p.Algorithm == Hierarchical && p.Coll == AllReduce && len(p.Groups) != p.World:
 		return fmt.Errorf("hierarchical all-reduce of %d ranks with a grouping of %d: %w", p.World, len(p.Groups), ErrUnsupported)
 	}
@@ -383,11 +397,48 @@ func buildBarrier(s *Schedule) {
 func stagedIn(p Params, q, slot int) int { return (q*p.Slots + slot) * p.Chunk }
 func stagedOut(p Params, slot int) int   { return (p.World*p.Slots + slot) * p.Chunk }
 
+// PieceFor is the pipeline step (Params.Piece) of a host-staged all-reduce
+// of bytes through world ranks' arena of slots chunks: 0 (whole chunks)
+// for a call of at least pieceSteps·slots chunks, else the chunk halved
+// (down to a quarter of it, and never below what Validate accepts) until
+// the call takes that many steps. The pipeline of a call of a few chunks
+// fills and drains in whole chunks for much of its time: measured on an
+// H100 host, 7 ranks on one GPU, 16 MiB in 2-MiB chunks 4.85-4.98 ms,
+// in 1-MiB ones 4.38 (docs/results/shm-2026-12-06.md, "Sixth session").
+func PieceFor(bytes, world, elemSize, chunk, slots int) int {
+	least := max(chunk/4, 64*world*elemSize)
+	piece := chunk
+	for ceilDiv(max(bytes, 1), piece) < pieceSteps*slots {
+		half := piece / 2
+		if half < least || half%64 != 0 {
+			break
+		}
+		piece = half
+	}
+	if piece == chunk {
+		return 0
+	}
+	return piece
+}
+
+// pieceSteps·slots is the fewest pipeline steps a host-staged all-reduce
+// in smaller pieces than its chunks is cut into (PieceFor).
+const pieceSteps = 2
+
+// step is the bytes of one pipeline step of a host-staged all-reduce: the
+// piece, or the chunk.
+func (p Params) step() int {
+	if p.Piece > 0 && p.Piece < p.Chunk {
+		return p.Piece
+	}
+	return p.Chunk
+}
+
 func buildStagedAllReduce(s *Schedule) {
 	p := s.Params
-	n, K, C, es := p.World, p.Slots, p.Chunk, p.ElemSize
+	n, K, C, es := p.World, p.Slots, p.step(), p.ElemSize
 	nc := ceilDiv(p.Bytes, C)
-	s.HostBytes = ArenaBytes(n, C, K)
+	s.HostBytes = ArenaBytes(n, p.Chunk, K)
 	for r := range n {
 		var st []Step
 		for c := range nc {

@@ -441,6 +441,16 @@ func wantTag(p Params, ci, r, i int) (uint64, bool) {
 	return tag(ci, i, all), true
 }
 
+// randomPiece is a valid Params.Piece for p (0 half the time: whole
+// chunks): a multiple of 64 of at least 64·world·elemsize, at most the chunk.
+func randomPiece(rng *rand.Rand, p Params) int {
+	least := 64 * p.World * p.ElemSize
+	if rng.IntN(2) == 0 || p.Chunk/least < 2 {
+		return 0
+	}
+	return least * (1 + rng.IntN(p.Chunk/least-1))
+}
+
 func TestSchedulesAsData(t *testing.T) {
 	type build struct {
 		coll     Coll
@@ -455,12 +465,15 @@ func TestSchedulesAsData(t *testing.T) {
 		for world := 1; world <= 6; world++ {
 			for _, es := range []int{1, 2, 8} {
 				for _, slots := range []int{1, 3} {
-					chunk := 64 * world * es * (1 + rng.IntN(2))
+					chunk := 64 * world * es * (1 + rng.IntN(4))
 					chunk = (chunk + 63) &^ 63
 					for _, elems := range []int{0, 1, world - 1, world + 1, 3*chunk/es + 7, rng.IntN(5 * chunk / es)} {
 						for _, inPlace := range []bool{false, true} {
 							p := Params{Coll: b.coll, Algorithm: b.alg, World: world, Bytes: elems * es, ElemSize: es,
 								InPlace: inPlace, Root: rng.IntN(world), Chunk: chunk, Slots: slots}
+							if b.coll == AllReduce && b.alg == HostStaged {
+								p.Piece = randomPiece(rng, p)
+							}
 							if b.alg == HostStagedSmall {
 								if p.Bytes > SmallCapacity(world, chunk, slots) {
 									continue
@@ -468,7 +481,7 @@ func TestSchedulesAsData(t *testing.T) {
 								p.Parity = rng.IntN(2)
 								p.SmallOnDevice = b.onDevice
 							}
-							name := fmt.Sprintf("%s/%s/n%d/es%d/k%d/c%d/b%d/inplace=%v/ondevice=%v", b.coll, b.alg, world, es, slots, chunk, p.Bytes, inPlace, b.onDevice)
+							name := fmt.Sprintf("%s/%s/n%d/es%d/k%d/c%d/p%d/b%d/inplace=%v/ondevice=%v", b.coll, b.alg, world, es, slots, chunk, p.Piece, p.Bytes, inPlace, b.onDevice)
 							s, err := Build(p)
 							require.NoError(t, err, name)
 							require.LessOrEqual(t, s.HostBytes, ArenaBytes(world, chunk, slots), name)
@@ -512,7 +525,7 @@ func TestScheduleSequences(t *testing.T) {
 		onDevice = trial%2 == 1
 		groups := randomGrouping(rng, world)
 		es := []int{1, 2, 4}[rng.IntN(3)]
-		chunk := 64 * world * es * (1 + rng.IntN(2))
+		chunk := 64 * world * es * (1 + rng.IntN(4))
 		slots := 1 + rng.IntN(3)
 		var calls []Schedule
 		small, bcasts := 0, 0 // like the Communicator: small calls and broadcasts alternate parity
@@ -520,6 +533,9 @@ func TestScheduleSequences(t *testing.T) {
 			k := kinds[rng.IntN(len(kinds))]
 			p := Params{Coll: k.coll, Algorithm: k.alg, World: world, Bytes: es * rng.IntN(4*chunk/es), ElemSize: es,
 				InPlace: rng.IntN(2) == 0, Root: rng.IntN(world), Chunk: chunk, Slots: slots}
+			if k.coll == AllReduce && k.alg == HostStaged {
+				p.Piece = randomPiece(rng, p) // calls of other pieces in a row share the slots
+			}
 			if k.alg == HostStagedSmall {
 				p.Bytes = es * rng.IntN(SmallCapacity(world, chunk, slots)/es+1)
 				p.Parity = small & 1
@@ -706,6 +722,37 @@ func TestFlagValuesFit(t *testing.T) {
 	require.Less(t, uint64(MaxCondValue), epochOf(1), "values never reach into the epoch")
 }
 
+// PieceFor halves the chunk of an all-reduce of fewer than 2·slots chunks
+// until it takes that many steps, down to a quarter of the chunk and never
+// below 64·world·elemsize; 0 (whole chunks) otherwise. Every piece it gives
+// builds.
+func TestPieceFor(t *testing.T) {
+	const mib = 1 << 20
+	tests := []struct {
+		bytes, world, es, chunk, slots, want int
+	}{
+		{256 * mib, 7, 4, 2 * mib, 8, 0},      // 128 chunks
+		{32 * mib, 7, 4, 2 * mib, 8, 0},       // 16 chunks: 2·slots
+		{30 * mib, 7, 4, 2 * mib, 8, mib},     // 15 chunks: 30 steps of 1 MiB
+		{16 * mib, 7, 4, 2 * mib, 8, mib},     // DDP's last ResNet-18 bucket, about
+		{8 * mib, 7, 4, 2 * mib, 8, mib / 2},  // 4 chunks: 16 steps of 512 KiB
+		{mib, 7, 4, 2 * mib, 8, mib / 2},      // a quarter of the chunk at most
+		{0, 7, 4, 2 * mib, 8, mib / 2},        // an empty call: as one byte
+		{64 * mib, 2, 4, 8 * mib, 8, 4 * mib}, // 2 ranks' 8-MiB chunks, 8 of them
+		{16 * mib, 2, 4, 8 * mib, 8, 2 * mib}, // 2 chunks → 8 steps of 2 MiB
+		{2048, 2, 4, 1024, 2, 512},            // small test geometries too
+		{4096, 5, 8, 4096, 2, 0},              // a half would be under 64·world·elemsize
+		{10 * mib, 3, 4, 4*mib + 64, 4, 0},    // a half that is no multiple of 64
+	}
+	for _, tc := range tests {
+		got := PieceFor(tc.bytes, tc.world, tc.es, tc.chunk, tc.slots)
+		require.Equal(t, tc.want, got, "%+v", tc)
+		p := Params{Coll: AllReduce, Algorithm: HostStaged, World: tc.world, Bytes: tc.bytes, ElemSize: tc.es,
+			Chunk: tc.chunk, Slots: tc.slots, Piece: got}
+		require.NoError(t, p.Validate(), "%+v", tc)
+	}
+}
+
 func TestBuildRejects(t *testing.T) {
 	ok := Params{Coll: AllReduce, World: 2, Bytes: 64, ElemSize: 4, Chunk: 4096, Slots: 2}
 	tests := []struct {
@@ -723,6 +770,12 @@ func TestBuildRejects(t *testing.T) {
 		{"small all-reduce with parity 2", func(p *Params) { p.Algorithm = HostStagedSmall; p.Parity = 2 }},
 		{"small reduce-scatter", func(p *Params) { p.Coll = ReduceScatter; p.Algorithm = HostStagedSmall }},
 		{"more pieces than flag values count", func(p *Params) { p.Bytes = (MaxCondValue + 1) * 2048 }},
+		{"piece over the chunk", func(p *Params) { p.Piece = 8192 }},
+		{"piece not a multiple of 64", func(p *Params) { p.Piece = 1000 }},
+		{"piece too small for the world", func(p *Params) { p.Piece = 256 }},
+		{"piece of a ring", func(p *Params) { p.Algorithm = Ring; p.Piece = 2048 }},
+		{"piece of a broadcast", func(p *Params) { p.Coll = Broadcast; p.Piece = 2048 }},
+		{"piece with a device share", func(p *Params) { p.GPUShare = GPUShareOne / 2; p.Piece = 2048 }},
 	}
 	_, err := Build(ok)
 	require.NoError(t, err)

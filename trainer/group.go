@@ -225,6 +225,7 @@ func (g *Group) self() rendezvous.Peer {
 	p.Settings["trainer.slots"] = strconv.Itoa(t.Slots)
 	p.Settings["trainer.small"] = strconv.Itoa(t.SmallBytes)
 	p.Settings["trainer.smallon"] = map[bool]string{false: "cpu", true: "device"}[t.SmallOnDevice]
+	p.Settings["trainer.piece"] = map[bool]string{false: "auto", true: "chunk"}[t.WholeChunks]
 	return p
 }
 
@@ -401,7 +402,7 @@ func (g *Group) connect(ctx context.Context) error {
 	c := g.cfg
 	t := c.tuning
 	opts := allreduce.Options{Chunk: t.Chunk, Slots: t.Slots, Depth: t.Depth, ReduceWorkers: t.ReduceWorkers,
-		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice,
+		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice, WholeChunks: t.WholeChunks,
 		// Not on the IPC transport, whose broadcasts are never queued (ordersStreams):
 		// the flag words would be registered with the device for nothing.
 		BroadcastOnDevice: !t.BroadcastOnCPU && !g.link && g.cfg.backend == BackendGPU && g.transport != TransportIPC}

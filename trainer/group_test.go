@@ -358,11 +358,17 @@ func TestParseTuning(t *testing.T) {
 	got, err = ParseTuning("chain=on")
 	require.NoError(t, err)
 	require.Zero(t, got)
+	got, err = ParseTuning("piece=chunk")
+	require.NoError(t, err)
+	require.Equal(t, Tuning{WholeChunks: true}, got)
+	got, err = ParseTuning("piece=auto")
+	require.NoError(t, err)
+	require.Zero(t, got)
 	got, err = ParseTuning(" ")
 	require.NoError(t, err)
 	require.Zero(t, got)
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}

@@ -173,6 +173,11 @@ type Tuning struct {
 	// copies out (device to host) run while its copies back (host to
 	// device) do (allreduce.WithAdmit). A local choice: ranks may differ.
 	NoChain bool
+	// WholeChunks makes every host-staged all-reduce move whole chunks. By
+	// default one of a few chunks (DDP's buckets: tens of MB) moves pieces
+	// of half or a quarter of a chunk, so its pipeline fills and drains
+	// sooner (allreduce.PieceFor). Like Chunk, the same on every rank.
+	WholeChunks bool
 }
 
 // Option configures Init.

@@ -15,8 +15,8 @@ import (
 // comma-separated key=value pairs: chunk, small (sizes: 2MiB, 64KiB),
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
 // device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), chain (on or off:
-// Tuning.NoChain), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
-// the same chunk, slots and small (migctl run hands its environment to all).
+// Tuning.NoChain), piece (auto or chunk: Tuning.WholeChunks), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// the same chunk, slots, small and piece (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
 // ParseTuning reads EnvTuning's syntax; "" is the defaults.
@@ -63,6 +63,8 @@ func ParseTuning(s string) (Tuning, error) {
 			t.RecvDirect, err = either(v, "staged", "direct")
 		case "chain":
 			t.NoChain, err = either(v, "on", "off")
+		case "piece":
+			t.WholeChunks, err = either(v, "auto", "chunk")
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")

@@ -106,6 +106,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.BoolVar(&o.spec.InPlace, "inplace", false, "run in place (send buffer = receive buffer)")
 	f.IntVar(&o.spec.Split, "split", 1, "all-reduce: time each call as this many asynchronous all-reduces of consecutive parts of the message, issued back to back and then waited for (as DDP issues its gradient buckets)")
 	f.StringVar(&o.spec.Chain, "chain", "on", "on: an asynchronous host-staged all-reduce lets the next one start once its copies out are done (its copies back overlap the next one's copies out); off: one at a time (MIGCTL_TUNING=chain=off)")
+	f.StringVar(&o.spec.Piece, "piece", "auto", "auto: a host-staged all-reduce of fewer than 2·slots chunks moves pieces of a half or a quarter of a chunk (its pipeline fills and drains sooner); chunk: whole chunks always (MIGCTL_TUNING=piece=chunk)")
 	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
 	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
@@ -258,6 +259,8 @@ func (o *benchOptions) Validate() error {
 		return fmt.Errorf("--split %d: want 1, or more for allreduce", s.Split)
 	case s.Chain != "on" && s.Chain != "off":
 		return fmt.Errorf("--chain %q: want on or off", s.Chain)
+	case s.Piece != "auto" && s.Piece != "chunk":
+		return fmt.Errorf("--piece %q: want auto or chunk", s.Piece)
 	case s.Iters < 1 || s.Warmup < 0:
 		return fmt.Errorf("-n %d -w %d: want n >= 1 and w >= 0", s.Iters, s.Warmup)
 	case s.Root < 0 || s.Root >= s.NP:

@@ -30,6 +30,9 @@ func newBenchReport(spec benchrank.Config, r *benchrank.Report) *benchReport {
 	if spec.Chain == "off" {
 		rep.Chain = "off"
 	}
+	if spec.Piece == "chunk" {
+		rep.Piece = "chunk"
+	}
 	if r.SmallOn != "cpu" {
 		rep.SmallOn = r.SmallOn
 	}

@@ -57,9 +57,11 @@ type benchReport struct {
 	InPlace   bool   `json:"inPlace" yaml:"inPlace"`
 	Iters     int    `json:"iters" yaml:"iters"`
 	// Split is --split above 1 (each call as that many asynchronous
-	// all-reduces of parts), Chain --chain when off.
+	// all-reduces of parts), Chain --chain when off, Piece --piece when
+	// chunk.
 	Split   int        `json:"split,omitempty" yaml:"split,omitempty"`
 	Chain   string     `json:"chain,omitempty" yaml:"chain,omitempty"`
+	Piece   string     `json:"piece,omitempty" yaml:"piece,omitempty"`
 	Results []benchRow `json:"rows" yaml:"rows"`
 	// Limits is what the LIMIT(US) column assumes (nil: not computed).
 	Limits *benchLimits `json:"limits,omitempty" yaml:"limits,omitempty"`

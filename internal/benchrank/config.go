@@ -60,6 +60,9 @@ type Config struct {
 	// Chain "off" runs every asynchronous all-reduce to its end before the
 	// next starts (trainer.Tuning.NoChain); "" or "on": the default.
 	Chain string `json:"chain,omitempty"`
+	// Piece "chunk" makes every host-staged all-reduce move whole chunks
+	// (trainer.Tuning.WholeChunks); "" or "auto": the default.
+	Piece string `json:"piece,omitempty"`
 }
 
 // ParseDType parses an element type name (float, half, bfloat16, double,
@@ -145,7 +148,7 @@ func groupOptions(c Config, rank int, trace io.Writer) []trainer.Option {
 		trainer.WithAlgorithm(trainer.Algorithm(c.Algorithm)),
 		trainer.WithTuning(trainer.Tuning{Chunk: c.Chunk, Slots: c.Slots, Depth: c.Depth,
 			ReduceWorkers: c.Workers, Spin: c.Spin, SmallBytes: smallBytes(c.Small), SmallOnDevice: c.SmallOn == "device",
-			NoChain: c.Chain == "off"}),
+			NoChain: c.Chain == "off", WholeChunks: c.Piece == "chunk"}),
 		trainer.WithTimeout(c.Timeout),
 		trainer.WithShmRoot(c.ShmRoot),
 		trainer.WithJob(c.Job),
