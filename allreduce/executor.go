@@ -58,8 +58,8 @@ type Options struct {
 	// Like Chunk and Slots, it must be the same on every rank.
 	SmallBytes int
 	// WholeChunks makes every host-staged all-reduce move whole chunks
-	// (Params.Piece 0). By default one of a few chunks moves smaller
-	// pieces (PieceFor). Like Chunk, the same on every rank.
+	// (Params.Piece 0). By default one of at most Slots/4 chunks moves
+	// quarter chunks (PieceFor). Like Chunk, the same on every rank.
 	WholeChunks bool
 	// Trace, when set, receives a summary of per-step timings of every call
 	// at Close (see trace.go). Nil costs nothing.

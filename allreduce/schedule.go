@@ -217,9 +217,9 @@ type Params struct {
 	Slots int
 	// Piece is the bytes that each pipeline step of a host-staged
 	// all-reduce without a device share moves, each staged in a slot of
-	// its own (0: Chunk). Pieces smaller than the slots shorten a call of a
-	// few chunks (the pipeline fills and drains sooner); a long call runs
-	// in whole chunks. At most Chunk, a multiple of 64 and at least
+	// its own (0: Chunk). Pieces smaller than the slots shorten a call of
+	// one or two chunks (its copies out, reductions and copies back
+	// overlap); a longer call runs in whole chunks. At most Chunk, a multiple of 64 and at least
 	// 64·world·elemsize; like Chunk, the same on every rank (PieceFor
 	// derives it from the call's size).
 	Piece int
@@ -398,32 +398,29 @@ func stagedIn(p Params, q, slot int) int { return (q*p.Slots + slot) * p.Chunk }
 func stagedOut(p Params, slot int) int   { return (p.World*p.Slots + slot) * p.Chunk }
 
 // PieceFor is the pipeline step (Params.Piece) of a host-staged all-reduce
-// of bytes through world ranks' arena of slots chunks: 0 (whole chunks)
-// for a call of at least pieceSteps·slots chunks, else the chunk halved
-// (down to a quarter of it, and never below what Validate accepts) until
-// the call takes that many steps. The pipeline of a call of a few chunks
-// fills and drains in whole chunks for much of its time: measured on an
-// H100 host, 7 ranks on one GPU, 16 MiB in 2-MiB chunks 4.85-4.98 ms,
-// in 1-MiB ones 4.38 (docs/results/shm-2026-12-06.md, "Sixth session").
+// of bytes through world ranks' arena of slots chunks: a quarter of the
+// chunk (or a half, where a quarter is not a multiple of 64 or is below
+// 64·world·elemsize) for a call of at most slots/4 chunks, which whole
+// chunks would cut into one to a few steps, so that its copies out,
+// reductions and copies back overlap; else 0 (whole chunks). Measured on
+// an H100 host, 7 ranks on one GPU, 2-MiB chunks, 8 slots (two rounds,
+// docs/results/shm-2026-12-06.md, "Sixth session"): 2 MiB 0.76-0.82 ms in
+// quarters against 0.98-1.11 whole, 4 MiB 1.29-1.34 against 1.49-1.55; from
+// 8 MiB on level, and calls in pieces cost DDP's ranks CPU time (ResNet-18
+// b8 0.6-0.9 ms a step slower with every call of fewer than 16 chunks in
+// pieces).
 func PieceFor(bytes, world, elemSize, chunk, slots int) int {
-	least := max(chunk/4, 64*world*elemSize)
-	piece := chunk
-	for ceilDiv(max(bytes, 1), piece) < pieceSteps*slots {
-		half := piece / 2
-		if half < least || half%64 != 0 {
-			break
-		}
-		piece = half
-	}
-	if piece == chunk {
+	if ceilDiv(max(bytes, 1), chunk) > max(1, slots/4) {
 		return 0
 	}
-	return piece
+	least := 64 * world * elemSize
+	for _, piece := range []int{chunk / 4, chunk / 2} {
+		if piece >= least && piece%64 == 0 {
+			return piece
+		}
+	}
+	return 0
 }
-
-// pieceSteps·slots is the fewest pipeline steps a host-staged all-reduce
-// in smaller pieces than its chunks is cut into (PieceFor).
-const pieceSteps = 2
 
 // step is the bytes of one pipeline step of a host-staged all-reduce: the
 // piece, or the chunk.

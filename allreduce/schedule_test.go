@@ -722,27 +722,28 @@ func TestFlagValuesFit(t *testing.T) {
 	require.Less(t, uint64(MaxCondValue), epochOf(1), "values never reach into the epoch")
 }
 
-// PieceFor halves the chunk of an all-reduce of fewer than 2·slots chunks
-// until it takes that many steps, down to a quarter of the chunk and never
-// below 64·world·elemsize; 0 (whole chunks) otherwise. Every piece it gives
-// builds.
+// PieceFor cuts an all-reduce of at most slots/4 chunks into quarter
+// chunks (halves where a quarter is not a multiple of 64 or is below
+// 64·world·elemsize), and leaves longer ones whole (0). Every piece it
+// gives builds.
 func TestPieceFor(t *testing.T) {
 	const mib = 1 << 20
 	tests := []struct {
 		bytes, world, es, chunk, slots, want int
 	}{
-		{256 * mib, 7, 4, 2 * mib, 8, 0},      // 128 chunks
-		{32 * mib, 7, 4, 2 * mib, 8, 0},       // 16 chunks: 2·slots
-		{30 * mib, 7, 4, 2 * mib, 8, mib},     // 15 chunks: 30 steps of 1 MiB
-		{16 * mib, 7, 4, 2 * mib, 8, mib},     // DDP's last ResNet-18 bucket, about
-		{8 * mib, 7, 4, 2 * mib, 8, mib / 2},  // 4 chunks: 16 steps of 512 KiB
-		{mib, 7, 4, 2 * mib, 8, mib / 2},      // a quarter of the chunk at most
-		{0, 7, 4, 2 * mib, 8, mib / 2},        // an empty call: as one byte
-		{64 * mib, 2, 4, 8 * mib, 8, 4 * mib}, // 2 ranks' 8-MiB chunks, 8 of them
-		{16 * mib, 2, 4, 8 * mib, 8, 2 * mib}, // 2 chunks → 8 steps of 2 MiB
-		{2048, 2, 4, 1024, 2, 512},            // small test geometries too
-		{4096, 5, 8, 4096, 2, 0},              // a half would be under 64·world·elemsize
-		{10 * mib, 3, 4, 4*mib + 64, 4, 0},    // a half that is no multiple of 64
+		{256 * mib, 7, 4, 2 * mib, 8, 0},
+		{16 * mib, 7, 4, 2 * mib, 8, 0},        // DDP's last ResNet-18 bucket, about
+		{4*mib + 4, 7, 4, 2 * mib, 8, 0},       // 3 chunks: over slots/4
+		{4 * mib, 7, 4, 2 * mib, 8, mib / 2},   // 2 chunks
+		{mib, 7, 4, 2 * mib, 8, mib / 2},       // one chunk
+		{0, 7, 4, 2 * mib, 8, mib / 2},         // an empty call: as one chunk
+		{16 * mib, 2, 4, 8 * mib, 8, 2 * mib},  // 2 ranks' 8-MiB chunks
+		{64 * mib, 2, 4, 8 * mib, 2, 0},        // 2 slots: one chunk at most
+		{8 * mib, 2, 4, 8 * mib, 2, 2 * mib},   //
+		{1024, 2, 4, 1024, 8, 512},             // small test geometries: a quarter under 64·world·elemsize
+		{1024, 3, 4, 1024 + 512, 8, 768},       //
+		{4096, 5, 8, 4096, 8, 0},               // a half under it too
+		{1024, 1, 4, 2*mib + 128, 8, mib + 64}, // a quarter no multiple of 64: a half
 	}
 	for _, tc := range tests {
 		got := PieceFor(tc.bytes, tc.world, tc.es, tc.chunk, tc.slots)

@@ -174,9 +174,9 @@ type Tuning struct {
 	// device) do (allreduce.WithAdmit). A local choice: ranks may differ.
 	NoChain bool
 	// WholeChunks makes every host-staged all-reduce move whole chunks. By
-	// default one of a few chunks (DDP's buckets: tens of MB) moves pieces
-	// of half or a quarter of a chunk, so its pipeline fills and drains
-	// sooner (allreduce.PieceFor). Like Chunk, the same on every rank.
+	// default one of at most slots/4 chunks (4 MiB at 7 ranks) moves
+	// quarter chunks, so that its copies out, reductions and copies back
+	// overlap (allreduce.PieceFor). Like Chunk, the same on every rank.
 	WholeChunks bool
 }
 

@@ -106,7 +106,7 @@ func benchCollCmd(o *benchOptions, coll allreduce.Coll) *cobra.Command {
 	f.BoolVar(&o.spec.InPlace, "inplace", false, "run in place (send buffer = receive buffer)")
 	f.IntVar(&o.spec.Split, "split", 1, "all-reduce: time each call as this many asynchronous all-reduces of consecutive parts of the message, issued back to back and then waited for (as DDP issues its gradient buckets)")
 	f.StringVar(&o.spec.Chain, "chain", "on", "on: an asynchronous host-staged all-reduce lets the next one start once its copies out are done (its copies back overlap the next one's copies out); off: one at a time (MIGCTL_TUNING=chain=off)")
-	f.StringVar(&o.spec.Piece, "piece", "auto", "auto: a host-staged all-reduce of fewer than 2·slots chunks moves pieces of a half or a quarter of a chunk (its pipeline fills and drains sooner); chunk: whole chunks always (MIGCTL_TUNING=piece=chunk)")
+	f.StringVar(&o.spec.Piece, "piece", "auto", "auto: a host-staged all-reduce of at most slots/4 chunks moves quarter chunks (its copies out, reductions and copies back overlap); chunk: whole chunks always (MIGCTL_TUNING=piece=chunk)")
 	f.IntVar(&o.spec.Root, "root", 0, "root rank of broadcast")
 	f.StringVar(&o.gpus, "gpu", "0", "CUDA ordinals for the gpu backend, rank r uses entry r mod len (\"0\": every rank on device 0)")
 	f.DurationVar(&o.spec.Timeout, "timeout", 60*time.Second, "deadline of each collective call (a dead or stuck rank fails every rank within it)")
