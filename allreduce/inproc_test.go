@@ -399,3 +399,37 @@ func TestBroadcastPairsLeaveTheRootFree(t *testing.T) {
 		})
 	}
 }
+
+// Host-staged all-reduces of one or two chunks move quarter chunks
+// (PieceFor), longer ones whole chunks, in any order through one executor:
+// every element right, for every op and a few element types, in place and
+// not; Options.WholeChunks keeps every call whole.
+func TestInProcessPieces(t *testing.T) {
+	const world, chunk = 3, 16 << 10
+	opts := Options{Chunk: chunk, Slots: 8, SmallBytes: -1}
+	g := newGroup(t, world, HostStaged, opts)
+	for _, whole := range []bool{false, true} {
+		c := newGroup(t, world, HostStaged, Options{Chunk: chunk, Slots: 8, SmallBytes: -1, WholeChunks: whole}).comms[0]
+		for _, n := range []int{4, 8 << 10, chunk, 2 * chunk, 2*chunk + 4} {
+			s, err := c.schedule(Params{Coll: AllReduce, Algorithm: HostStaged, Bytes: n, ElemSize: 4})
+			require.NoError(t, err)
+			want := PieceFor(n, world, 4, chunk, 8)
+			if whole {
+				want = 0
+			}
+			require.Equal(t, want, s.Params.Piece, "%d bytes, whole chunks %v", n, whole)
+			require.Equal(t, !whole && n <= 2*chunk, s.Params.Piece > 0, "%d bytes, whole chunks %v", n, whole)
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range []comm.DType{comm.Float32, comm.Float16, comm.Float64, comm.Int32} {
+		es := dt.Size()
+		for _, op := range allOps {
+			// pieces and whole chunks alternate through the same slots
+			for _, bytes := range []int{2 * chunk, 5 * chunk, es, chunk + 64, 3 * chunk, chunk / 2} {
+				count := bytes / es
+				g.check(t, AllReduce, dt, op, count, rng.IntN(2) == 0, 0)
+			}
+		}
+	}
+}
