@@ -343,30 +343,14 @@ func TestParseTuning(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Tuning{Chunk: 2 << 20, SmallBytes: 16 << 10, Slots: 8, Depth: 4, ReduceWorkers: 3,
 		Spin: 300 * time.Microsecond, SmallOnDevice: true}, got)
-	got, err = ParseTuning("smallon=cpu")
-	require.NoError(t, err)
-	require.False(t, got.SmallOnDevice)
-	got, err = ParseTuning("bcast=cpu")
-	require.NoError(t, err)
-	require.Equal(t, Tuning{BroadcastOnCPU: true}, got)
-	got, err = ParseTuning("bcast=device")
-	require.NoError(t, err)
-	require.Zero(t, got)
-	got, err = ParseTuning("chain=off")
-	require.NoError(t, err)
-	require.Equal(t, Tuning{NoChain: true}, got)
-	got, err = ParseTuning("chain=on")
-	require.NoError(t, err)
-	require.Zero(t, got)
-	got, err = ParseTuning("piece=chunk")
-	require.NoError(t, err)
-	require.Equal(t, Tuning{WholeChunks: true}, got)
-	got, err = ParseTuning("piece=auto")
-	require.NoError(t, err)
-	require.Zero(t, got)
-	got, err = ParseTuning(" ")
-	require.NoError(t, err)
-	require.Zero(t, got)
+	for s, want := range map[string]Tuning{
+		"smallon=cpu": {}, "bcast=device": {}, "chain=on": {}, "piece=auto": {}, " ": {},
+		"bcast=cpu": {BroadcastOnCPU: true}, "chain=off": {NoChain: true}, "piece=chunk": {WholeChunks: true},
+	} {
+		got, err := ParseTuning(s)
+		require.NoError(t, err, s)
+		require.Equal(t, want, got, s)
+	}
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
 		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB"} {
 		_, err := ParseTuning(bad)

@@ -35,20 +35,15 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 	for i, ch := range unblock {
 		blocks[fmt.Sprintf("test_block%d", i)] = ch
 	}
+	checked := make(chan struct{}, n)
 	errs := world(t, n, blockingFakes(fakes, blocks), func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		c, mod, releaseCtx, err := fakePrimaryModule(f)
+		c, mod, stream, done, err := callerStream(f)
 		if err != nil {
 			return err
 		}
-		defer releaseCtx()
-		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
-		if err != nil {
-			return err
-		}
+		defer done()
 		block := func(i int) error {
 			fn, err := f.ModuleGetFunction(mod, fmt.Sprintf("test_block%d", i))
 			if err != nil {
@@ -93,7 +88,7 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 			return fmt.Errorf("the collective finished before the work before its mark: %v", w.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
-		if g.Rank() == 0 {
+		if checkedAll(checked, g.Rank(), n) {
 			release(0)
 		}
 		if err := w.Wait(ctx); err != nil {
@@ -158,20 +153,15 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 		return append(fakeOpts(r), WithTuning(tuning), WithAlgorithm(AlgorithmHostStaged))
 	}
 	var waits [n]int
+	checked := make(chan struct{}, n)
 	errs := world(t, n, opts, func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		_, mod, releaseCtx, err := fakePrimaryModule(f)
+		_, mod, stream, done, err := callerStream(f)
 		if err != nil {
 			return err
 		}
-		defer releaseCtx()
-		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
-		if err != nil {
-			return err
-		}
+		defer done()
 		buf, err := g.Alloc(count, Float32)
 		if err != nil {
 			return err
@@ -212,7 +202,7 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 		case <-time.After(200 * time.Millisecond):
 		}
 		waits[g.Rank()] = f.Calls("StreamWaitEvent") - before
-		if g.Rank() == 0 {
+		if checkedAll(checked, g.Rank(), n) {
 			released = true
 			close(unblock)
 		}
@@ -239,4 +229,43 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 	for r, c := range waits {
 		require.Positive(t, c, "rank %d: the chained all-reduce's stream did not wait for the caller's mark on the device", r)
 	}
+}
+
+// callerStream sets up a fake caller of the collectives (libmigctl, torch)
+// on this goroutine: its thread locked, the primary context current with
+// the test kernels' module loaded, and a stream of its own; done undoes it.
+func callerStream(f *cuda.Fake) (cuda.Context, cuda.Module, cuda.Stream, func(), error) {
+	runtime.LockOSThread()
+	c, mod, release, err := fakePrimaryModule(f)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return 0, 0, 0, nil, err
+	}
+	done := func() { release(); runtime.UnlockOSThread() }
+	s, err := f.StreamCreate(cuda.StreamNonBlocking)
+	if err != nil {
+		done()
+		return 0, 0, 0, nil, err
+	}
+	return c, mod, s, done, nil
+}
+
+// checkedAll records that rank has checked its collective is still waiting
+// and reports whether it is rank 0 and every rank has (rank 0 then
+// releases the producers: released earlier, a slower rank's collective
+// could finish before that rank looked). A rank that failed before it
+// checked holds rank 0 up for 10 s at most.
+func checkedAll(checked chan struct{}, rank, n int) bool {
+	checked <- struct{}{}
+	if rank != 0 {
+		return false
+	}
+	for range n {
+		select {
+		case <-checked:
+		case <-time.After(10 * time.Second):
+			return true
+		}
+	}
+	return true
 }
