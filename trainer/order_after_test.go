@@ -39,11 +39,17 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 	errs := world(t, n, blockingFakes(fakes, blocks), func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
-		c, mod, stream, done, err := callerStream(f)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		c, mod, releaseCtx, err := fakePrimaryModule(f)
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer releaseCtx()
+		stream, err := f.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			return err
+		}
 		block := func(i int) error {
 			fn, err := f.ModuleGetFunction(mod, fmt.Sprintf("test_block%d", i))
 			if err != nil {
@@ -109,16 +115,7 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 		if err := g.Read(ctx, HostSlice(got).Host(), buf); err != nil {
 			return err
 		}
-		for j := range got {
-			var want float32
-			for q := range n {
-				want += input(q, j)
-			}
-			if got[j] != want*n {
-				return fmt.Errorf("element %d = %v, want %v", j, got[j], want*n)
-			}
-		}
-		return nil
+		return checkInputSums(got, n, n)
 	})
 	release(1)
 	requireAll(t, errs)
@@ -157,7 +154,7 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 	errs := world(t, n, opts, func(g *Group) error {
 		ctx := context.Background()
 		f := fakes[g.Rank()]
-		_, mod, stream, done, err := callerStream(f)
+		stream, launch, done, err := fakeKernelStream(f)
 		if err != nil {
 			return err
 		}
@@ -175,11 +172,7 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 			return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
 		}
 		// The producer: a kernel held until released, then the input written.
-		fn, err := f.ModuleGetFunction(mod, "test_block")
-		if err != nil {
-			return err
-		}
-		if err := f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{}); err != nil {
+		if err := launch("test_block"); err != nil {
 			return err
 		}
 		in := make([]float32, count)
@@ -214,14 +207,8 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 			return err
 		}
 		runtime.KeepAlive(in)
-		for j := range got {
-			var want float32
-			for q := range n {
-				want += input(q, j)
-			}
-			if got[j] != want {
-				return fmt.Errorf("element %d = %v, want %v (the input's producer not waited for)", j, got[j], want)
-			}
+		if err := checkInputSums(got, n, 1); err != nil {
+			return fmt.Errorf("the input's producer not waited for: %w", err)
 		}
 		return nil
 	})
@@ -229,25 +216,6 @@ func TestChainedAllReduceWaitsForTheMarkOnTheDevice(t *testing.T) {
 	for r, c := range waits {
 		require.Positive(t, c, "rank %d: the chained all-reduce's stream did not wait for the caller's mark on the device", r)
 	}
-}
-
-// callerStream sets up a fake caller of the collectives (libmigctl, torch)
-// on this goroutine: its thread locked, the primary context current with
-// the test kernels' module loaded, and a stream of its own; done undoes it.
-func callerStream(f *cuda.Fake) (cuda.Context, cuda.Module, cuda.Stream, func(), error) {
-	runtime.LockOSThread()
-	c, mod, release, err := fakePrimaryModule(f)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return 0, 0, 0, nil, err
-	}
-	done := func() { release(); runtime.UnlockOSThread() }
-	s, err := f.StreamCreate(cuda.StreamNonBlocking)
-	if err != nil {
-		done()
-		return 0, 0, 0, nil, err
-	}
-	return c, mod, s, done, nil
 }
 
 // checkedAll records that rank has checked its collective is still waiting
@@ -268,4 +236,20 @@ func checkedAll(checked chan struct{}, rank, n int) bool {
 		}
 	}
 	return true
+}
+
+// checkInputSums checks that got[j] is times the sum over n ranks of
+// input(q, j): an all-reduce of the inputs (times 1), or of that result
+// again (times n).
+func checkInputSums(got []float32, n int, times float32) error {
+	for j := range got {
+		var want float32
+		for q := range n {
+			want += input(q, j)
+		}
+		if got[j] != want*times {
+			return fmt.Errorf("element %d = %v, want %v", j, got[j], want*times)
+		}
+	}
+	return nil
 }

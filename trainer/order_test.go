@@ -80,16 +80,7 @@ func TestDeviceCollectiveOrderedAtCall(t *testing.T) {
 		if err := g.Read(ctx, HostSlice(got).Host(), bufs[0]); err != nil {
 			return err
 		}
-		for j := range got {
-			var want float32
-			for q := range n {
-				want += input(q, j)
-			}
-			if got[j] != want {
-				return fmt.Errorf("element %d = %v, want %v", j, got[j], want)
-			}
-		}
-		return nil
+		return checkInputSums(got, n, 1)
 	})
 	close(unblock)
 	requireAll(t, errs)
