@@ -931,3 +931,12 @@ func onFakeDrivers(t *testing.T, n int, tuning Tuning, body func(g *Group, f *cu
 		return body(g, f)
 	})
 }
+
+// Ranks whose tunings cut all-reduces differently (whole chunks on one,
+// pieces on the other) would stage into each other's slots at other
+// offsets: they fail at the rendezvous, naming the setting.
+func TestWholeChunksMustAgree(t *testing.T) {
+	errs := world(t, 2, func(r int) []Option { return []Option{WithTuning(Tuning{WholeChunks: r == 1})} },
+		func(*Group) error { return nil })
+	require.ErrorContains(t, errs, "trainer.piece")
+}
