@@ -216,12 +216,12 @@ type Params struct {
 	Chunk int
 	Slots int
 	// Piece is the bytes that each pipeline step of a host-staged
-	// all-reduce without a device share moves, each staged in a slot of
-	// its own (0: Chunk). Pieces smaller than the slots shorten a call of
-	// one or two chunks (its copies out, reductions and copies back
-	// overlap); a longer call runs in whole chunks. At most Chunk, a multiple of 64 and at least
-	// 64·world·elemsize; like Chunk, the same on every rank (PieceFor
-	// derives it from the call's size).
+	// all-reduce without a device share moves, each staged at the start of
+	// a slot of its own (0: Chunk). Pieces smaller than the slots shorten a
+	// call of one or two chunks (its copies out, reductions and copies
+	// back overlap); a longer call runs in whole chunks. At most Chunk, a
+	// multiple of 64 and at least 64·world·elemsize; like Chunk, the same
+	// on every rank (PieceFor derives it from the call's size).
 	Piece int
 	// Parity picks which of the two input areas a HostStagedSmall call
 	// stages into; consecutive small calls must alternate it (the previous

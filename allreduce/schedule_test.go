@@ -739,9 +739,9 @@ func TestPieceFor(t *testing.T) {
 		{0, 7, 4, 2 * mib, 8, mib / 2},         // an empty call: as one chunk
 		{16 * mib, 2, 4, 8 * mib, 8, 2 * mib},  // 2 ranks' 8-MiB chunks
 		{64 * mib, 2, 4, 8 * mib, 2, 0},        // 2 slots: one chunk at most
-		{8 * mib, 2, 4, 8 * mib, 2, 2 * mib},   //
+		{8 * mib, 2, 4, 8 * mib, 2, 2 * mib},   // one chunk in quarters
 		{1024, 2, 4, 1024, 8, 512},             // small test geometries: a quarter under 64·world·elemsize
-		{1024, 3, 4, 1024 + 512, 8, 768},       //
+		{1024, 3, 4, 1024 + 512, 8, 768},       // the same at 3 ranks
 		{4096, 5, 8, 4096, 8, 0},               // a half under it too
 		{1024, 1, 4, 2*mib + 128, 8, mib + 64}, // a quarter no multiple of 64: a half
 	}
