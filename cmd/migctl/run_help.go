@@ -50,7 +50,13 @@ LD_PRELOAD=libmigswap.so, MIGSWAP_JOB (the job: the daemon swaps it as a gang),
 MIGSWAP_PRIORITY and MIGSWAP_SOCKET. With several workers and no
 OMP_NUM_THREADS in migctl's environment, OMP_NUM_THREADS=1 (as torchrun does: 7 workers each
 starting one OpenMP thread per core starve each other and the collectives); set it yourself
-(OMP_NUM_THREADS=4 migctl run ...) to choose another value.
+(OMP_NUM_THREADS=4 migctl run ...) to choose another value. The rest of migctl's environment
+reaches every worker too, among it the collectives' knobs: MIGCTL_TUNING=key=value,... with
+chunk and small (sizes), slots, depth, workers, spin, smallon (cpu|device), chain (on|off) and
+piece (auto|chunk) — what ` + "`migctl bench`" + `'s --chunk, --small-bytes, --slots, --depth,
+--reduce-workers, --spin, --small-on, --chain and --piece set there — and bcast (device|cpu) and
+recv (staged|direct); the workers must agree on chunk, slots, small, smallon and piece (the
+rendezvous refuses a worker that does not).
 
 Workers run in their own process groups and never outlive migctl. When one fails, the others
 get SIGTERM, then SIGKILL after --grace, and all are restarted, up to --max-restarts times.
