@@ -362,23 +362,21 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	// A chainable call reads its input only through its copies out (the in
 	// lane writes the receive buffer after every rank's copies out are
 	// done): the out lane's stream waits for the input's producer on the
-	// device. Any other call waits on the CPU.
+	// device. Any other call waits on the CPU (no stream), first.
+	chain := chainable(sched.Params)
 	after := afterOf(ctx, call)
 	call.After = nil
-	if !chainable(sched.Params) {
-		for _, ev := range after {
-			if err := ev.Wait(ctx); err != nil {
-				return fmt.Errorf("waiting for the work that produces the input: %w", err)
-			}
+	if !chain {
+		if err := e.orderAfter(ctx, nil, after); err != nil {
+			return err
 		}
-		after = nil
 	}
 	// Stream-ordered calls still outstanding finish first (ordered.go).
 	if err := e.settle(ctx, -1); err != nil {
 		return err
 	}
 	var cur *chainCall
-	if chainable(sched.Params) {
+	if chain {
 		// The previous call's copies out are done (awaitChain): only this
 		// call's wait behind the device wait.
 		if err := e.orderAfter(ctx, e.streams[LaneOut], after); err != nil {

@@ -144,7 +144,8 @@ func queuedName(c Coll) string {
 
 // orderAfter makes work queued on s from now on wait for the caller's
 // events: on the device where s can (comm.EventStream), on the CPU for an
-// event it cannot take (another device's, or not a device event at all);
+// event it cannot take (another device's, or not a device event at all)
+// and for every event when s is nil;
 // an event that has completed (comm.Idle: the caller's stream was idle)
 // needs neither.
 func (e *Executor) orderAfter(ctx context.Context, s comm.Stream, after []comm.Event) error {

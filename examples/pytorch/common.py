@@ -164,8 +164,10 @@ class _BufferSyncTimes:
             self.gpu.append(self.events[0].elapsed_time(self.events[1]) / 1e3)
             self.events = None
 
-    def means_ms(self):
-        return [1e3 * sum(x) / max(len(x), 1) for x in (self.cpu, self.bcast, self.gpu)]
+    def means_ms(self, last):
+        """Each figure's mean over the last `last` steps (the timed ones), in ms."""
+        tail = [x[max(0, len(x) - last):] if last else [] for x in (self.cpu, self.bcast, self.gpu)]
+        return [1e3 * sum(x) / max(len(x), 1) for x in tail]
 
 
 def _time_buffer_sync(ddp, device):
@@ -296,10 +298,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     med = sorted(times)[len(times) // 2] if times else 0.0
     cpu_step = (cpu1 - cpu0) / max(len(times), 1)
     diag = getattr(model, "_diag_times", None)
-    if diag is not None:  # the timed steps' figures only
-        for x in (diag.cpu, diag.bcast, diag.gpu):
-            del x[:-len(times) or len(x)]
-    diag_ms = diag.means_ms() if diag is not None else [0.0, 0.0, 0.0]
+    diag_ms = diag.means_ms(len(times)) if diag is not None else [0.0, 0.0, 0.0]
     mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step] + diag_ms, dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
