@@ -63,6 +63,31 @@ func admitOf(ctx context.Context) func() {
 	return f
 }
 
+// readyKey is the context key of WithReady.
+type readyKey struct{}
+
+// WithReady returns ctx carrying ready: a chainable all-reduce run under it
+// (one that Chains accepts) calls ready once, from a goroutine of its own,
+// when its result is determined and queued on the device — every rank's
+// reduction of the last chunk is done and this rank's last copy back is
+// queued — with an event recorded after those copies on their stream. What
+// is left of the call then is local: the copies back to complete, and its
+// flags for the peers. A caller that orders its own stream after the event
+// (comm.StreamOrderer) has the result in stream order without waiting for
+// the call to end, as NCCL's callers do; the call still ends (Run returns)
+// later, and a failure after ready fails it, and every later call, like
+// any other. Without a call to ready (a call that failed before it, or one
+// not chainable), the result is there when Run returns. A nil ready
+// removes one that ctx carries.
+func WithReady(ctx context.Context, ready func(comm.Event)) context.Context {
+	return context.WithValue(ctx, readyKey{}, ready)
+}
+
+func readyOf(ctx context.Context) func(comm.Event) {
+	f, _ := ctx.Value(readyKey{}).(func(comm.Event))
+	return f
+}
+
 // afterKey is the context key of WithAfter.
 type afterKey struct{}
 

@@ -401,6 +401,7 @@ func (e *Executor) Run(ctx context.Context, sched Schedule, call Call) error {
 	}
 	if cur != nil && e.trace == nil {
 		links.admit = admitOf(ctx)
+		links.ready = readyOf(ctx)
 	}
 	e.prev, e.fenced = sched.Params, fence || e.calls == 1
 	if e.trace != nil {
@@ -587,6 +588,7 @@ type lanesLinks struct {
 	prev      *chainCall         // the call this one overlaps: each lane starts after prev's (nil: none)
 	cur       *chainCall         // this call, when chainable: its lanes' ends are announced
 	admit     func()             // called once the copies out are done (nil: not)
+	ready     func(comm.Event)   // called once the copies back are queued (nil: not; WithReady)
 }
 
 func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool, links lanesLinks) error {
@@ -624,7 +626,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			if e.words != nil && deviceFlags(lanes[l]) {
 				return withCause(ctx, e.runDeviceLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
 			}
-			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin, nil, 0))
+			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin, nil, 0, nil))
 		}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -642,7 +644,11 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			defer wg.Done()
 			err := e.afterLane(ctx, links.prev, Lane(l))
 			if err == nil {
-				err = e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0, links.cross[l], links.prevEpoch)
+				var ready func(comm.Event)
+				if Lane(l) == LaneIn {
+					ready = links.ready
+				}
+				err = e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0, links.cross[l], links.prevEpoch, ready)
 			}
 			if links.cur != nil {
 				close(links.cur.laneDone[l])
@@ -796,9 +802,11 @@ func (e *Executor) afterLane(ctx context.Context, prev *chainCall, lane Lane) er
 
 // runLane runs one lane's steps; spin > 0 is how long its waits poll. Step
 // i first waits for cross[i] at prevEpoch (the previous call's flags, see
-// crossWaits), when cross has it.
+// crossWaits), when cross has it. ready, when not nil, is called once every
+// step is queued, before the lane waits for the last ones, with an event
+// recorded after them on the lane's stream (WithReady).
 func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int, spin time.Duration,
-	cross [][]Cond, prevEpoch uint64) error {
+	cross [][]Cond, prevEpoch uint64, ready func(comm.Event)) error {
 	evSpin := e.opts.EventSpin
 	if spin > 0 {
 		evSpin = spin
@@ -900,6 +908,16 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			q, head = q[:copy(q, q[head:])], 0
 		}
 		q = append(q, inflight{st, i - 1, ev})
+	}
+	if ready != nil {
+		// A fresh event, not one of the lane's reused ones: the caller may
+		// order a stream after it later, when the lane may have recorded
+		// those again behind work that waits for other ranks.
+		ev, err := e.streams[lane].Record()
+		if err != nil {
+			return fmt.Errorf("lane %d: recording the end of the copies back: %w", lane, err)
+		}
+		ready(ev)
 	}
 	for len(q) > head {
 		if err := complete(); err != nil {

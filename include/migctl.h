@@ -78,7 +78,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 14 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 15 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -100,7 +100,8 @@ extern "C" {
                                  chunk returns in stream order (MIGCTL_TUNING=bcast=cpu: not);
                              13: migctl_queued_broadcast_bytes;
                              14: MIGCTL_STAT_CHAINED (a large asynchronous all-reduce lets the
-                                 collective issued after it start before it has finished) */
+                                 collective issued after it start before it has finished);
+                             15: migctl_wait_stream, MIGCTL_STAT_EARLY */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -275,6 +276,25 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms);
  * for it to free it). */
 int migctl_test(migctl_work_t work);
 
+/* migctl_wait for a caller that orders its own CUDA stream after the
+ * collective instead of waiting for it to end, as NCCL's callers do. It
+ * waits up to timeout_ms (negative: no limit) until the collective's result
+ * is determined and returns with the work queued on stream from now on
+ * ordered after it on the device (cuStreamWaitEvent), and frees work. An
+ * asynchronous all-reduce of device memory that the library stages through
+ * host memory (one that MIGCTL_STAT_CHAINED counts) is determined once every
+ * rank's reduction is done and this rank's last copies back are queued:
+ * the call returns then, while those copies still run (counted in
+ * MIGCTL_STAT_EARLY), and the CPU may go on queueing work behind them. A
+ * failure of the collective after that (a local CUDA error, its deadline)
+ * is reported by the next call on the group. Any other collective is
+ * waited for as by migctl_wait (stream is then not used). The device memory
+ * must stay allocated until the work on stream has passed this point.
+ * Returns MIGCTL_OK, MIGCTL_PENDING (work still valid) when the timeout
+ * passes first, or the collective's error. MIGCTL_TUNING=complete=cpu: always
+ * as migctl_wait. */
+int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms);
+
 /* Counters of the library's work since it was loaded, for diagnosis
  * (times in nanoseconds, summed over the collectives): migctl_stats copies
  * the first n of them (MIGCTL_STAT_COUNT in this version) to out and returns
@@ -292,7 +312,8 @@ int migctl_test(migctl_work_t work);
 #define MIGCTL_STAT_DIRECT 10         /* of those, run on the calling thread (nothing else in flight) */
 #define MIGCTL_STAT_DIRECT_TRANSFERS 11 /* transfers started on the issuing thread (nothing before them in flight) */
 #define MIGCTL_STAT_CHAINED 12        /* all-reduces that let the next collective start before they finished */
-#define MIGCTL_STAT_COUNT 13
+#define MIGCTL_STAT_EARLY 13          /* migctl_wait_stream calls that returned before the collective finished */
+#define MIGCTL_STAT_COUNT 14
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Sets the deadline of every collective issued from now on (MIGCTL_TIMEOUT at

@@ -253,3 +253,101 @@ func checkInputSums(got []float32, n int, times float32) error {
 	}
 	return nil
 }
+
+// A chained all-reduce of device buffers hands its result over on the
+// device before it ends (Work.OnReady): the event comes while copies back
+// still run (the Work not done), and a stream ordered after it
+// (Group.OrderStream) reads the whole result, its last chunk included. With
+// Tuning.CompleteOnCPU no event comes, before the end or after.
+func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
+	const n, count = 2, 40000 // 160 KB: 10 chunks of 16 KiB
+	for _, onCPU := range []bool{false, true} {
+		t.Run(fmt.Sprintf("complete_on_cpu=%v", onCPU), func(t *testing.T) {
+			fakes := make([]*cuda.Fake, n)
+			tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10, CompleteOnCPU: onCPU}
+			fakeOpts := blockingFakes(fakes, nil)
+			opts := func(r int) []Option {
+				return append(fakeOpts(r), WithTuning(tuning), WithAlgorithm(AlgorithmHostStaged))
+			}
+			errs := world(t, n, opts, func(g *Group) error {
+				ctx := context.Background()
+				f := fakes[g.Rank()]
+				stream, _, done, err := fakeKernelStream(f)
+				if err != nil {
+					return err
+				}
+				defer done()
+				buf, err := g.Alloc(count, Float32)
+				if err != nil {
+					return err
+				}
+				in := make([]float32, count)
+				for j := range in {
+					in[j] = input(g.Rank(), j)
+				}
+				if err := g.Write(ctx, buf, HostSlice(in).Host()); err != nil {
+					return err
+				}
+				ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
+				b := DeviceBufferAfter(ptr, count, Float32, nil)
+				if !g.Chains(b, b) {
+					return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
+				}
+				f.SetCopyToDeviceTime(3 * time.Millisecond) // the copies back: 30 ms in all
+				type readied struct {
+					ev   comm.Event
+					done bool
+				}
+				got := make(chan readied, 2)
+				w := g.AllReduceAsync(ctx, b, b, Sum)
+				w.OnReady(func(ev comm.Event) { got <- readied{ev, isDone(w)} })
+				if onCPU {
+					if err := w.Wait(ctx); err != nil {
+						return err
+					}
+					w.OnReady(func(ev comm.Event) { got <- readied{ev, true} })
+					if len(got) != 0 {
+						return fmt.Errorf("the all-reduce readied early with Tuning.CompleteOnCPU")
+					}
+					return nil
+				}
+				var r readied
+				select {
+				case r = <-got:
+				case <-w.Done():
+					return fmt.Errorf("the all-reduce ended without readying early: %v", w.Err())
+				}
+				if r.done {
+					return fmt.Errorf("the all-reduce readied once it had ended, not before")
+				}
+				// What the caller's stream reads after the event: the result,
+				// though copies back may still run.
+				if err := g.OrderStream(uintptr(stream), r.ev); err != nil {
+					return err
+				}
+				out := make([]float32, count)
+				if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cuda.DevicePtr(ptr), uint64(4*count), stream); err != nil {
+					return err
+				}
+				if err := f.StreamSynchronize(stream); err != nil {
+					return err
+				}
+				runtime.KeepAlive(out)
+				if err := checkInputSums(out, n, 1); err != nil {
+					return fmt.Errorf("read after the ready event: %w", err)
+				}
+				return w.Wait(ctx)
+			})
+			requireAll(t, errs)
+		})
+	}
+}
+
+func isDone(w *Work) bool {
+	select {
+	case <-w.Done():
+		return true
+	default:
+		return false
+	}
+}

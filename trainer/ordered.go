@@ -68,6 +68,23 @@ func (g *Group) ordersStreams() bool {
 	return ok
 }
 
+// readiesEarly says whether a chained all-reduce of this group hands its
+// caller the result on the device before it has finished (Work.OnReady).
+func (g *Group) readiesEarly() bool {
+	return !g.cfg.tuning.CompleteOnCPU && g.ordersStreams()
+}
+
+// OrderStream makes the work queued on the caller's CUDA stream from now on
+// wait for ev (from Work.OnReady) on the device, without blocking the
+// calling thread; callable from any thread, as RecordStream.
+func (g *Group) OrderStream(stream uintptr, ev comm.Event) error {
+	so, ok := g.dev.(comm.StreamOrderer)
+	if !ok {
+		return fmt.Errorf("ordering a stream: the %s device orders no streams: %w", g.cfg.backend, comm.ErrInvalid)
+	}
+	return so.OrderStream(stream, ev)
+}
+
 // orderedBroadcaster is the communicator's stream-ordered broadcast
 // (allreduce.Communicator).
 type orderedBroadcaster interface {

@@ -15,7 +15,8 @@ import (
 // comma-separated key=value pairs: chunk, small (sizes: 2MiB, 64KiB),
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
 // device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), chain (on or off:
-// Tuning.NoChain), piece (auto or chunk: Tuning.WholeChunks), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// Tuning.NoChain), piece (auto or chunk: Tuning.WholeChunks), complete
+// (device or cpu: Tuning.CompleteOnCPU), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
 // the same chunk, slots, small and piece (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
@@ -65,12 +66,14 @@ func ParseTuning(s string) (Tuning, error) {
 			t.NoChain, err = either(v, "on", "off")
 		case "piece":
 			t.WholeChunks, err = either(v, "auto", "chunk")
+		case "complete":
+			t.CompleteOnCPU, err = either(v, "device", "cpu")
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")
 			}
 		default:
-			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, bcast, recv, chain, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
+			return Tuning{}, fmt.Errorf("tuning key %q: want chunk, small, smallon, bcast, recv, chain, piece, complete, slots, depth, workers or spin: %w", k, comm.ErrInvalid)
 		}
 		if err != nil {
 			return Tuning{}, fmt.Errorf("tuning %s=%q: %v: %w", k, v, err, comm.ErrInvalid)

@@ -28,8 +28,48 @@ type Work struct {
 	err   error
 
 	mu       sync.Mutex
-	finished bool        // finish ran (under mu)
-	then     func(error) // OnDone's, called by finish
+	finished bool             // finish ran (under mu)
+	then     func(error)      // OnDone's, called by finish
+	onReady  func(comm.Event) // OnReady's, called by setReady
+	readyEv  comm.Event       // what setReady got (nil: not yet, or never)
+}
+
+// setReady is the executor's call (allreduce.WithReady): w's result is
+// queued on the device behind ev.
+func (w *Work) setReady(ev comm.Event) {
+	w.mu.Lock()
+	w.readyEv = ev
+	f := w.onReady
+	w.onReady = nil
+	w.mu.Unlock()
+	if f != nil {
+		f(ev)
+	}
+}
+
+// OnReady has f called, once, when the collective's result is determined
+// and queued on the device before the collective has finished: with an
+// event that completes once the result is in the receive buffer. Then only
+// this rank's copies back remain (no peer is waited for any more), and a
+// caller that orders its stream after the event (Group.OrderStream) may go
+// on without waiting for Done, as NCCL's callers do; a failure after that
+// still fails the Work, and every later collective of the group. Only an
+// asynchronous all-reduce that chains (Group.Chains) on a group that orders
+// streams (device buffers, no swap daemon) readies early, unless
+// Tuning.CompleteOnCPU; for any other collective, or one that failed first,
+// f is never called and Done says when the result is there. f runs on the
+// collective's goroutine, or at once on the caller's if the result is
+// queued already; it must not block. One function per Work.
+func (w *Work) OnReady(f func(ev comm.Event)) {
+	w.mu.Lock()
+	ev := w.readyEv
+	if ev == nil && !w.finished {
+		w.onReady = f
+	}
+	w.mu.Unlock()
+	if ev != nil {
+		f(ev)
+	}
 }
 
 // finish records err as w's result, closes Done and calls the function
@@ -252,6 +292,9 @@ func (g *Group) runWork(w *Work, clock *callClock, admit func()) error {
 		}
 	}
 	w.after = nil
+	if w.chains && g.readiesEarly() {
+		ctx = allreduce.WithReady(ctx, w.setReady)
+	}
 	start := time.Now()
 	err := w.run(ctx)
 	if err == nil {

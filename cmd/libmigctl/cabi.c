@@ -362,6 +362,8 @@ static int64_t issue(int group, int kind, void *send, void *recv, size_t count, 
 	s->code = 0;
 	s->err = NULL;
 	s->word = 0;
+	s->rword = 0;
+	s->ready = 0;
 	// A transfer with nothing queued or running before it is started here,
 	// on the calling thread, which takes its slot as the dispatcher would
 	// (holding the run lock: the dispatcher, which takes slots only under
@@ -451,11 +453,30 @@ static void finish(migctl_slot_t *s, int code, const char *msg, size_t n, int ra
 	stat_add(MIGCTL_STAT_DONE, 1);
 	stat_add(MIGCTL_STAT_QUEUE_NS, (uint64_t)(s->t_take - s->t_issue));
 	stat_add(MIGCTL_STAT_RUN_NS, (uint64_t)run);
+	// A migctl_wait_stream asleep until the result is ready wakes (and then
+	// waits for the word below, the result not queued early).
+	if (__atomic_exchange_n(&s->rword, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->rword, FUTEX_WAKE, INT_MAX, NULL);
 	// Done before the run lock goes: a direct migctl_run that takes it next
 	// returns with this collective done, as one after it in the ring does.
 	uint32_t was = __atomic_exchange_n(&s->word, 1, __ATOMIC_ACQ_REL);
 	if (ran) run_unlock();
-	if (was == 2) futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
+	if (was == 2) {
+		futex(&s->word, FUTEX_WAKE, INT_MAX, NULL);
+	} else if (was == 3) {
+		// Its waiter returned when the result was ready (migctl_wait_stream)
+		// and left the slot to this: nobody reads its result.
+		free(s->err);
+		s->err = NULL;
+		__atomic_store_n(&s->id, 0, __ATOMIC_RELEASE);
+	}
+}
+
+// migctl_ready is the Go side's: s's result is determined and queued on the
+// device (its event is the Go side's, migctlGoOrderReady); a
+// migctl_wait_stream may return before s is done.
+void migctl_ready(migctl_slot_t *s) {
+	__atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
+	if (__atomic_exchange_n(&s->rword, 1, __ATOMIC_ACQ_REL) == 2) futex(&s->rword, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 // migctl_complete is the dispatcher's: s finished with code (and its text).
@@ -505,8 +526,15 @@ static int hopeless(const migctl_slot_t *s, int64_t now) {
 // wait_word waits until s is done, up to timeout_ms (negative: no limit);
 // 0 when the time ran out first. It polls first (spin_end, at most
 // spin_max_ns).
+static int wait_u32(migctl_slot_t *s, uint32_t *w, int64_t timeout_ms, int64_t spin_max_ns);
+
 static int wait_word(migctl_slot_t *s, int64_t timeout_ms, int64_t spin_max_ns) {
-	uint32_t *w = &s->word;
+	return wait_u32(s, &s->word, timeout_ms, spin_max_ns);
+}
+
+// wait_u32 is wait_word for a word of s that goes from 0 to 1 (2: 0 with a
+// sleeper on it): word or rword.
+static int wait_u32(migctl_slot_t *s, uint32_t *w, int64_t timeout_ms, int64_t spin_max_ns) {
 	struct timespec end = {0, 0}, now, rel;
 	if (__atomic_load_n(w, __ATOMIC_ACQUIRE) == 1) return 1;
 	int64_t t = spin_ns > 0 && timeout_ms != 0 ? mono_ns() : 0;
@@ -713,6 +741,38 @@ int migctl_wait(migctl_work_t work, int64_t timeout_ms) {
 	migctl_slot_t *s = lookup(work);
 	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
 	return wait_for(s, work, timeout_ms, adaptive ? spin_max_ns : 0);
+}
+
+// A slot whose waiter returned before it finished (migctl_wait_stream) has
+// this bit in its id: its handle is unknown, and the slot stays taken until
+// finish frees it.
+#define DETACHED (UINT64_C(1) << 63)
+
+int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms) {
+	GUARD_FAST(MIGCTL_ERR_FORKED);
+	migctl_slot_t *s = lookup(work);
+	if (s == NULL) return MIGCTL_ERR_BAD_HANDLE;
+	int64_t max_spin = adaptive ? spin_max_ns : 0;
+	int64_t start = timeout_ms > 0 ? mono_ns() : 0;
+	if (!wait_u32(s, &s->rword, timeout_ms, max_spin)) return MIGCTL_PENDING;
+	if (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) && __atomic_load_n(&s->word, __ATOMIC_ACQUIRE) == 0 &&
+	    migctlGoOrderReady(work, stream) == MIGCTL_OK) {
+		// The stream waits for the result on the device: leave the slot to
+		// finish (word 3), unless it has finished meanwhile. The id changes
+		// first, so that finish, which frees a slot left to it, comes after.
+		__atomic_store_n(&s->id, work | DETACHED, __ATOMIC_RELEASE);
+		uint32_t v = 0;
+		if (__atomic_compare_exchange_n(&s->word, &v, 3, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			stat_add(MIGCTL_STAT_EARLY, 1);
+			return MIGCTL_OK;
+		}
+		__atomic_store_n(&s->id, work, __ATOMIC_RELEASE);
+	}
+	if (timeout_ms > 0) {
+		int64_t left = timeout_ms - (mono_ns() - start) / 1000000;
+		timeout_ms = left > 0 ? left : 0;
+	}
+	return wait_for(s, work, timeout_ms, max_spin);
 }
 
 // direct runs a synchronous collective on the calling thread when nothing

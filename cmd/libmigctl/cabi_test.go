@@ -12,7 +12,9 @@ import (
 // TestCompleteOrder builds cabi.c alone with the Go side stubbed
 // (testdata/complete_order.c): a migctl_run that runs on the calling thread
 // as soon as the dispatcher lets the run lock go finds the collective the
-// dispatcher just completed done, as it would through the ring.
+// dispatcher just completed done, as it would through the ring; transfers
+// start where they should; migctl_wait_stream returns early only for a
+// readied collective, whose slot the completion then frees.
 func TestCompleteOrder(t *testing.T) {
 	cc, err := exec.LookPath("gcc")
 	if err != nil {

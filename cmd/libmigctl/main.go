@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 14
+#if MIGCTL_ABI_VERSION != 15
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -291,8 +291,48 @@ func chainSlot(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) bool {
 	chained.await(g)
 	w := g.AllReduceAsync(context.Background(), send, recv, trainer.Op(s.op))
 	chained.add(g, w)
-	w.OnDone(func(err error) { complete(s, err, true) })
+	id := uint64(s.id)
+	if s.device != 0 {
+		w.OnReady(func(ev comm.Event) {
+			readyWorks.Store(id, readyWork{g, ev})
+			C.migctl_ready(s)
+		})
+	}
+	w.OnDone(func(err error) {
+		readyWorks.Delete(id)
+		complete(s, err, true)
+	})
 	return true
+}
+
+// readyWorks are the chained all-reduces whose result is queued on the
+// device (trainer.Work.OnReady) and not yet claimed by a migctl_wait_stream:
+// handle -> readyWork. The entry goes when the waiter takes it or when the
+// all-reduce finishes, whichever comes first.
+var readyWorks sync.Map
+
+type readyWork struct {
+	g  *trainer.Group
+	ev comm.Event
+}
+
+// migctlGoOrderReady orders the caller's stream after the result of the
+// all-reduce of handle id (migctl_wait_stream, after migctl_ready):
+// MIGCTL_OK, or MIGCTL_PENDING when there is nothing to order after (it has
+// finished meanwhile, or never readied early), or an error code when the
+// stream could not be ordered; then the caller waits on the CPU.
+//
+//export migctlGoOrderReady
+func migctlGoOrderReady(id C.uint64_t, stream C.uintptr_t) C.int {
+	v, ok := readyWorks.LoadAndDelete(uint64(id))
+	if !ok {
+		return C.MIGCTL_PENDING
+	}
+	r := v.(readyWork)
+	if err := r.g.OrderStream(uintptr(stream), r.ev); err != nil {
+		return C.MIGCTL_ERR_INTERNAL
+	}
+	return C.MIGCTL_OK
 }
 
 // slotGroup is the group of slot s (the process's group is g) and a maker

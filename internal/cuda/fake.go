@@ -69,6 +69,7 @@ type Fake struct {
 	kernels   map[string]FakeKernel
 	peerEvs   map[Event]fakePeerEvent // opened IPC events
 	calls     map[string]int
+	toDevice  atomic.Int64 // how long an asynchronous copy to the device takes, ns (SetCopyToDeviceTime)
 }
 
 type fakeHostReg struct {
@@ -154,6 +155,18 @@ func (f *Fake) Release() {
 	defer f.mu.Unlock()
 	f.held = false
 	f.cond.Broadcast()
+}
+
+// SetCopyToDeviceTime makes every asynchronous copy from host to device
+// memory take d on its stream, as over a slow link, so that tests can see
+// copies queued and not done; 0 (the default): at once.
+func (f *Fake) SetCopyToDeviceTime(d time.Duration) { f.toDevice.Store(int64(d)) }
+
+// linkTime is the time an asynchronous copy to the device takes.
+func (f *Fake) linkTime() {
+	if d := time.Duration(f.toDevice.Load()); d > 0 {
+		time.Sleep(d)
+	}
 }
 
 // Calls is how many times the named method (e.g. "MemAlloc") was called.
@@ -575,6 +588,7 @@ func (f *Fake) MemcpyHtoDAsync(dst DevicePtr, src unsafe.Pointer, n uint64, s St
 		return err
 	}
 	return f.enqueue("MemcpyHtoDAsync", s, func() error {
+		f.linkTime()
 		d, err := f.Memory(dst, n)
 		if err != nil {
 			return err
@@ -608,6 +622,7 @@ func (f *Fake) Memcpy2DHtoDAsync(dst DevicePtr, dpitch uint64, src unsafe.Pointe
 		return err
 	}
 	return f.enqueue("Memcpy2DHtoDAsync", s, func() error {
+		f.linkTime()
 		d, err := f.Memory(dst, dpitch*(height-1)+width)
 		if err != nil {
 			return err

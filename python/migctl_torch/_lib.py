@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 OK = 0
 PENDING = 1
@@ -28,7 +28,7 @@ KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRI
 
 # migctl_stats's counters, in order (include/migctl.h, MIGCTL_STAT_*).
 STATS = ("done", "queue_ns", "run_ns", "waits", "wake_ns", "wait_sleeps", "dispatch_sleeps", "marks",
-         "idle_marks", "runs", "direct", "direct_transfers", "chained")
+         "idle_marks", "runs", "direct", "direct_transfers", "chained", "early")
 
 _NAMES = {
     ERR_INVALID: "invalid argument",
@@ -96,6 +96,8 @@ class Library:
             # issue and wait in one call (synchronous callers): the result
             "migctl_run": ([c_int, c_vp, c_vp, c_size, c_int, c_int, c_int, c_int, c_uptr], c_int),
             "migctl_wait": ([ctypes.c_uint64, ctypes.c_int64], c_int),
+            # wait with a CUDA stream ordered after the result, which may be queued only (ABI 15)
+            "migctl_wait_stream": ([ctypes.c_uint64, c_uptr, ctypes.c_int64], c_int),
             "migctl_test": ([ctypes.c_uint64], c_int),
             "migctl_abort": ([ctypes.c_char_p], c_int),
             "migctl_set_timeout": ([ctypes.c_int64], c_int),

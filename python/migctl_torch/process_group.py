@@ -69,6 +69,20 @@ _OP_BY_HASH = _op_hashes()
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _record_on_current(keep, device):
+    """Records the CUDA tensors of keep (a tensor, or several) on device's
+    current stream (Tensor.record_stream)."""
+    if keep is None:
+        return
+    ts = (keep,) if isinstance(keep, torch.Tensor) else keep
+    stream = None
+    for t in ts:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            if stream is None:
+                stream = torch.cuda.current_stream(device)
+            t.record_stream(stream)
+
+
 def _current_stream(device):
     if _raw_stream is not None:
         return _raw_stream(device.index)
@@ -201,12 +215,15 @@ _ISSUED, _CLAIMED, _DONE = 0, 1, 2
 
 
 class Work(dist._Work):
-    """A collective in flight: wait() blocks until it has finished (the result
-    is then in the output tensors, for CUDA tensors too; only a synchronous
-    dist.all_reduce of CUDA tensors, with MIGCTL_TUNING=smallon=device and
-    small, returns once queued on the GPU, in stream order, as NCCL's do: the
-    current stream sees the result) and raises its error; get_future() is a
-    torch Future completed with the output tensors.
+    """A collective in flight: wait() blocks until its result is determined
+    and raises its error; get_future() is a torch Future completed with the
+    output tensors. On CPU tensors the result is then in them. On CUDA
+    tensors the current stream is ordered after the result, as NCCL's
+    Works do: a large all-reduce staged through host memory completes once
+    its last copies back are queued, while they still run (C ABI
+    migctl_wait_stream; MIGCTL_TUNING=complete=cpu: once they are done), and
+    a synchronous dist.all_reduce of small CUDA tensors with
+    MIGCTL_TUNING=smallon=device returns once queued on the GPU.
 
     Issuing never waits: the library queues the collective and returns a
     handle. The first thread to need the result claims the handles and waits
@@ -234,6 +251,7 @@ class Work(dist._Work):
         self._post = post
         self._devices = devices
         self._exc = None
+        self._waited_on = None  # the CUDA stream _run ordered after the result (None: the host waited)
         self._state = _ISSUED
         self._consumed = False
         self._future = None  # what get_future handed out (_futures.pair's outer)
@@ -241,13 +259,30 @@ class Work(dist._Work):
         comm._hold(self)
 
     def _run(self):
-        """Waits for the handles in the library and finishes (the claimer only)."""
+        """Waits for the handles in the library and finishes (the claimer only).
+
+        On CUDA tensors the wait returns once the result is queued on the
+        GPU, with this thread's current stream ordered after it
+        (migctl_wait_stream; a large all-reduce staged through host memory
+        returns while its last copies back still run), and the tensors the
+        library writes are recorded on that stream, so that the caching
+        allocator does not hand their memory out before the copies are done.
+        What comes after (the post step's copies, the Future's events, the
+        waiter's use of the result) is ordered on that stream as well."""
         c = self._comm
         err = None
+        dev = self._devices[0] if self._devices and c.on_gpu and len(self._devices) == 1 else None
+        stream = _current_stream(dev) if dev is not None else None  # 0: the legacy default stream
         for h in self._handles:
-            code = c.cwait(h, -1)  # ctypes releases the GIL while it blocks
+            if stream is not None:
+                code = c.cwait_stream(h, stream, -1)  # ctypes releases the GIL while it blocks
+            else:
+                code = c.cwait(h, -1)
             if code != _lib.OK and err is None:
                 err = c.lib.error(code, self._name)
+        if stream is not None and err is None:
+            _record_on_current(self._keep, dev)
+            self._waited_on = stream
         if err is None and self._post is not None:
             try:
                 self._post()
@@ -284,7 +319,21 @@ class Work(dist._Work):
             c._live.pop(id(self), None)
         if self._exc is not None:
             raise self._exc
+        if self._waited_on is not None:
+            self._order_caller()
         return True
+
+    def _order_caller(self):
+        """Orders the caller's current stream after the result when another
+        thread's stream was (the completion thread's, which claimed the Work):
+        the result may still be on its way there."""
+        dev = self._devices[0]
+        if _current_stream(dev) == self._waited_on:
+            return
+        ev = torch.cuda.Event()
+        s = self._waited_on
+        ev.record(torch.cuda.default_stream(dev) if s == 0 else torch.cuda.ExternalStream(s, device=dev))
+        torch.cuda.current_stream(dev).wait_event(ev)
 
     def _await(self, timeout):
         """Waits for the thread that claimed the handles to finish."""
@@ -453,6 +502,7 @@ class _Comm:
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
         self.cissue = self.lib.lib.migctl_issue
         self.cwait = self.lib.lib.migctl_wait
+        self.cwait_stream = self.lib.lib.migctl_wait_stream
         self.crun = self.lib.lib.migctl_run
         self.completer = _Completer()
         self._subs = []  # the groups of some of the ranks formed in this process (_SubComm)
@@ -861,6 +911,7 @@ class _SubComm(_Comm):
         self.cissue = functools.partial(lib.migctl_issue_on, gid)
         self.crun = functools.partial(lib.migctl_run_on, gid)
         self.cwait = world.cwait
+        self.cwait_stream = world.cwait_stream
         self.completer = world.completer
         self._init_works()
         self.world = world

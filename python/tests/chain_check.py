@@ -5,9 +5,13 @@ every element of calls of many sizes (below the small-message limit up to
 several arena chunks) and dtypes, all issued before any is waited for, with
 a chain of in-place calls on one tensor among them (each must read what the
 one before wrote), one whose input is the previous call's output, and one on
-a second group (which must not run beside the job's chained calls). Run
-under `migctl run --np 2` or more; --device cuda for CUDA tensors. Prints
-one JSON line per rank; exits 1 on failure."""
+a second group (which must not run beside the job's chained calls). Some
+calls are waited for through their Future (DDP's way). On CUDA tensors the
+waits may return while a call's last copies back still run, the current
+stream ordered after them (migctl_wait_stream, MIGCTL_STAT_EARLY): the
+results are read through that stream only, never after a device-wide
+synchronize. Run under `migctl run --np 2` or more; --device cuda for CUDA
+tensors. Prints one JSON line per rank; exits 1 on failure."""
 
 import argparse
 import json
@@ -36,6 +40,10 @@ def main():
     ap.add_argument("--expect-chained", choices=["auto", "yes", "no"], default="auto",
                     help="whether some all-reduces must have let the next call start early (the library's "
                          "MIGCTL_STAT_CHAINED); auto: yes unless MIGCTL_TUNING has chain=off")
+    ap.add_argument("--expect-early", choices=["auto", "yes", "no"], default="auto",
+                    help="whether some waits must have returned before their all-reduce ended (the library's "
+                         "MIGCTL_STAT_EARLY); auto: yes on CUDA tensors unless MIGCTL_TUNING has chain=off or "
+                         "complete=cpu, no on CPU tensors")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
@@ -50,7 +58,7 @@ def main():
     sub = dist.new_group(list(range(world)))
     sub_t = torch.full((1 << 20,), float(rank), device=dev)
     chain_calls = 0
-    chained0 = _lib.load().stats().get("chained", 0)
+    stats0 = _lib.load().stats()
     t0 = time.perf_counter()
     for k in range(args.calls):
         n, dt = rng.choice(SIZES), rng.choice(DTYPES)
@@ -58,7 +66,8 @@ def main():
         t = ((torch.arange(n, device=dev) % 1000) + rank * 7 + k).to(dt)
         plan.append((k, n, dt))
         tensors.append(t)
-        works.append(dist.all_reduce(t, async_op=True))
+        w = dist.all_reduce(t, async_op=True)
+        works.append(w.get_future() if k % 4 == 1 else w)  # DDP waits for its buckets' Futures
         if k == 12:
             works.append(dist.all_reduce(sub_t, group=sub, async_op=True))
         if k % 7 == 3 and chain_calls < 4:  # the in-place chain, two calls in a row (4 in all: exact in float32)
@@ -72,7 +81,7 @@ def main():
     for w in works:
         w.wait()
     if dev.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()  # the results are ordered on this stream, not device-wide
     took = time.perf_counter() - t0
     for (k, n, dt), t in zip(plan, tensors):
         base = (torch.arange(n) % 1000).to(torch.float64) * world + sum(r * 7 + k for r in range(world))
@@ -82,7 +91,17 @@ def main():
         if not torch.equal(got, base):
             bad = int((got != base).sum())
             failures.append(f"call {k} ({n} x {dt}): {bad} wrong, e.g. {got[(got != base).nonzero()[0]].item()}")
-    chained = _lib.load().stats().get("chained", 0) - chained0
+    stats = _lib.load().stats()
+    chained = stats.get("chained", 0) - stats0.get("chained", 0)
+    early = stats.get("early", 0) - stats0.get("early", 0)
+    tuning = os.environ.get("MIGCTL_TUNING", "")
+    want_early = args.expect_early
+    if want_early == "auto":
+        want_early = "yes" if dev.type == "cuda" and "chain=off" not in tuning and "complete=cpu" not in tuning else "no"
+    if want_early == "yes" and early == 0:
+        failures.append("no wait returned before its all-reduce ended (MIGCTL_STAT_EARLY did not move)")
+    if want_early == "no" and early != 0:
+        failures.append(f"{early} waits returned before their all-reduce ended")
     expect = args.expect_chained
     if expect == "auto":
         expect = "no" if "chain=off" in os.environ.get("MIGCTL_TUNING", "") else "yes"
@@ -96,7 +115,7 @@ def main():
     if not torch.all(chain.cpu() == want).item():
         failures.append(f"in-place chain of {chain_calls} calls: {chain[:3].tolist()}, want {want}")
     print(json.dumps({"rank": rank, "world": world, "device": str(dev), "calls": len(works),
-                      "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2), "chained": chained,
+                      "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2), "chained": chained, "early": early,
                       "failures": failures}), flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)

@@ -8,7 +8,11 @@
  * the issuing thread and never reaches the dispatcher; one issued behind a
  * collective still running waits in the ring and reaches the dispatcher
  * after it; the dispatcher takes what is issued after a transfer started
- * by its caller, each slot once. Prints "ok". */
+ * by its caller, each slot once. Last, migctl_wait_stream: it returns while
+ * a readied collective still runs, having ordered the stream (the Go side's
+ * migctlGoOrderReady), and leaves the slot to the dispatcher's completion,
+ * which frees it, a failure too; it waits as migctl_wait for one not
+ * readied (its timeout too) and for one the Go side declines. Prints "ok". */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
@@ -32,6 +36,7 @@ int migctlGoAbort(char *reason);
 int migctlGoSetTimeout(int group, int64_t ms);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
+int migctlGoOrderReady(uint64_t id, uintptr_t stream);
 
 static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void *t, void *u, int v3);
 #define syscall hooked_syscall
@@ -64,6 +69,18 @@ int migctlGoSetTimeout(int group, int64_t ms) { return MIGCTL_OK; }
 int migctlGoNewGroup(int *ranks, int n, char *name) { return MIGCTL_ERR_UNSUPPORTED; }
 int migctlGoFreeGroup(int group) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
+
+// migctl_wait_stream's calls to order a stream: the last handle and stream,
+// how many, and what they return.
+static uint64_t ordered_id;
+static uintptr_t ordered_stream;
+static int ordered_n, order_rc = MIGCTL_OK;
+int migctlGoOrderReady(uint64_t id, uintptr_t stream) {
+	ordered_id = id;
+	ordered_stream = stream;
+	ordered_n++;
+	return order_rc;
+}
 
 // Transfers started by their callers (issue): the handle and whether the
 // call came on the main thread. They finish at once.
@@ -102,6 +119,9 @@ static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void 
 static uint64_t taken_ids[64];
 static int taken_kinds[64], taken_n, hold;
 static sem_t gate;
+// ready_first: a held collective is readied (migctl_ready) before it waits
+// for gate; it then completes with done_code; completed counts completions.
+static int ready_first, done_code = MIGCTL_OK, completed;
 
 static void *dispatcher(void *arg) {
 	migctl_slot_t *s;
@@ -115,10 +135,22 @@ static void *dispatcher(void *arg) {
 			migctl_complete_handed(s, MIGCTL_OK, NULL, 0);
 			continue;
 		}
-		if (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) sem_wait(&gate);
+		if (__atomic_load_n(&hold, __ATOMIC_SEQ_CST)) {
+			if (__atomic_load_n(&ready_first, __ATOMIC_SEQ_CST)) migctl_ready(s);
+			sem_wait(&gate);
+		}
 		if (__atomic_load_n(&armed, __ATOMIC_SEQ_CST)) __atomic_store_n(&run_word, 2, __ATOMIC_SEQ_CST);
-		migctl_complete(s, MIGCTL_OK, NULL, 0);
+		__atomic_add_fetch(&completed, 1, __ATOMIC_SEQ_CST);
+		int code = __atomic_load_n(&done_code, __ATOMIC_SEQ_CST);
+		migctl_complete(s, code, code == MIGCTL_OK ? NULL : "failed late", code == MIGCTL_OK ? 0 : 11);
 	}
+	return NULL;
+}
+
+// open_gate_later lets the held collective go after 30 ms.
+static void *open_gate_later(void *arg) {
+	usleep(30000);
+	sem_post(&gate);
 	return NULL;
 }
 
@@ -195,6 +227,57 @@ int main(void) {
 			return 1;
 		}
 	CHECK(taken_kinds[before + 1] == MIGCTL_KIND_RECV, "the transfer behind the barrier reached the dispatcher");
+
+	// migctl_wait_stream of a collective readied while it runs: it returns
+	// with the stream ordered, the collective still running, its handle
+	// gone; the completion frees the slot (a failure's text too).
+	while (sem_trywait(&gate) == 0) { // a post for b1 that the dispatcher took after hold went back to 0
+	}
+	for (int fail = 0; fail < 2; fail++) {
+		__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&ready_first, 1, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&done_code, fail ? MIGCTL_ERR_TIMEOUT : MIGCTL_OK, __ATOMIC_SEQ_CST);
+		int done_before = __atomic_load_n(&completed, __ATOMIC_SEQ_CST), n_before = ordered_n;
+		int64_t r = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+		CHECK(r > 0, "issue a collective to ready");
+		CHECK(migctl_wait_stream(r, 0x5eed, -1) == MIGCTL_OK, "wait_stream of a readied collective");
+		CHECK(__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == done_before, "wait_stream returned before the end");
+		CHECK(ordered_n == n_before + 1 && ordered_id == (uint64_t)r && ordered_stream == 0x5eed,
+		      "wait_stream ordered the caller's stream after the readied collective");
+		CHECK(migctl_test(r) == MIGCTL_ERR_BAD_HANDLE, "the handle is gone after wait_stream");
+		migctl_slot_t *slot = &ring[r % MIGCTL_SLOTS];
+		CHECK(__atomic_load_n(&slot->id, __ATOMIC_SEQ_CST) != 0, "the slot stays taken while it runs");
+		__atomic_store_n(&hold, 0, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&ready_first, 0, __ATOMIC_SEQ_CST);
+		sem_post(&gate);
+		for (int i = 0; i < 5000 && __atomic_load_n(&slot->id, __ATOMIC_SEQ_CST) != 0; i++) usleep(1000);
+		CHECK(__atomic_load_n(&slot->id, __ATOMIC_SEQ_CST) == 0 && slot->err == NULL, "the completion freed the slot");
+	}
+	__atomic_store_n(&done_code, MIGCTL_OK, __ATOMIC_SEQ_CST);
+	CHECK(migctl_stats(st, MIGCTL_STAT_COUNT) == MIGCTL_STAT_COUNT && st[MIGCTL_STAT_EARLY] == 2,
+	      "stats count the early returns");
+	// Not readied: the timeout passes (the handle stays), then it waits for the end.
+	__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
+	int n_before = ordered_n;
+	int64_t r2 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+	CHECK(migctl_wait_stream(r2, 0x5eed, 20) == MIGCTL_PENDING, "wait_stream times out on a collective not ready");
+	__atomic_store_n(&hold, 0, __ATOMIC_SEQ_CST);
+	sem_post(&gate);
+	CHECK(migctl_wait_stream(r2, 0x5eed, -1) == MIGCTL_OK && ordered_n == n_before,
+	      "wait_stream of a collective never readied: its end, no stream ordered");
+	// Readied, but the Go side has nothing to order after: it waits for the end.
+	__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&ready_first, 1, __ATOMIC_SEQ_CST);
+	order_rc = MIGCTL_PENDING;
+	int done_before = __atomic_load_n(&completed, __ATOMIC_SEQ_CST);
+	int64_t r3 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
+	pthread_t opener;
+	CHECK(pthread_create(&opener, NULL, open_gate_later, NULL) == 0, "gate opener");
+	CHECK(migctl_wait_stream(r3, 0x5eed, -1) == MIGCTL_OK, "wait_stream declined by the Go side");
+	CHECK(__atomic_load_n(&completed, __ATOMIC_SEQ_CST) == done_before + 1, "it returned only after the end");
+	pthread_join(opener, NULL);
+	__atomic_store_n(&hold, 0, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&ready_first, 0, __ATOMIC_SEQ_CST);
 
 	CHECK(migctl_finalize() == MIGCTL_OK, "finalize");
 	printf("ok\n");
