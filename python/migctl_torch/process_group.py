@@ -204,8 +204,18 @@ class _Completer:
 
     def _run(self):
         get = self.q.get
+        streams = set()  # devices whose current stream in this thread is a private one
         while True:
             w = get()
+            if w._devices and len(w._devices) == 1 and w._devices[0] not in streams:
+                # Works ready early order this thread's current stream after
+                # their result (Work._run): a stream of its own, not the
+                # default one, where the training's kernels would wait for
+                # every bucket's copies back as soon as they are queued. The
+                # Future's events go on it, and its waiter's stream waits
+                # for them when it waits (as NCCL's Futures).
+                torch.cuda.set_stream(torch.cuda.Stream(device=w._devices[0]))
+                streams.add(w._devices[0])
             w._run()
             w = None  # no reference left in this thread's frame
 
