@@ -16,10 +16,16 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init early
-check chain-cuda-7 7 90 python/tests/chain_check.py --device cuda
-grep -o '"early": [0-9]*' "$W/chain-cuda-7.out" | tr '\n' ' ' | tee -a "$S"; echo | tee -a "$S"
-check chain-cuda-2 2 90 python/tests/chain_check.py --device cuda --calls 60
-MIGCTL_TUNING=complete=cpu check chain-cuda-7-cpu 7 90 python/tests/chain_check.py --device cuda
+check chain-cuda-7 7 60 python/tests/chain_check.py --device cuda
+say "early per rank: $(grep -o '"early": [0-9]*' "$W/chain-cuda-7.out" | cut -d' ' -f2 | tr '\n' ' ')"
+if [ "$(grep -c '"failures": \[\]' "$W/chain-cuda-7.out")" != 7 ]; then
+  # the early path is wrong or hangs here: measure the rows only, on the CPU path
+  say "chain_check failed with results early: the rest with MIGCTL_TUNING=complete=cpu"
+  export MIGCTL_TUNING=complete=cpu
+  SKIP_AB=1
+fi
+check chain-cuda-2 2 60 python/tests/chain_check.py --device cuda --calls 60
+MIGCTL_TUNING=complete=cpu check chain-cuda-7-cpu 7 60 python/tests/chain_check.py --device cuda
 check gpu-checks-7 7 60 python/tests/gpu_checks.py
 timeout 120 $M bench limits -o json >"$W/limits.json" 2>"$W/limits.err"
 say "limits rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:400])' "$W/limits.json" 2>/dev/null)"
@@ -29,6 +35,7 @@ earlyab() { # tag model batch [args...]: DDP over migctl, results early (TAG-ear
   ddp "$tag-early" "$1" "$2" migctl "${@:3}"
   MIGCTL_TUNING=complete=cpu ddp "$tag-cpu" "$1" "$2" migctl "${@:3}"
 }
+[ -n "${SKIP_AB:-}" ] && DDP_DEADLINE=0
 earlyab resnet32-1 resnet 32
 ddp resnet32-lockstep resnet 32 none --lockstep
 earlyab gpt4-1 gpt 4
