@@ -57,18 +57,10 @@ func TestDeviceBufferAfterWaitsForTheMarkOnly(t *testing.T) {
 			}
 			return f.LaunchKernel(fn, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, stream, &cuda.Args{})
 		}
-		buf, err := g.Alloc(count, Float32)
+		buf, ptr, err := deviceInput(ctx, g, count)
 		if err != nil {
 			return err
 		}
-		in := make([]float32, count)
-		for j := range in {
-			in[j] = input(g.Rank(), j)
-		}
-		if err := g.Write(ctx, buf, HostSlice(in).Host()); err != nil {
-			return err
-		}
-		ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
 		// An idle stream: the mark is complete.
 		idle, err := g.RecordStream(uintptr(stream))
 		if err != nil {
@@ -277,18 +269,10 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 					return err
 				}
 				defer done()
-				buf, err := g.Alloc(count, Float32)
+				_, ptr, err := deviceInput(ctx, g, count)
 				if err != nil {
 					return err
 				}
-				in := make([]float32, count)
-				for j := range in {
-					in[j] = input(g.Rank(), j)
-				}
-				if err := g.Write(ctx, buf, HostSlice(in).Host()); err != nil {
-					return err
-				}
-				ptr := uintptr(buf.own.(*comm.CUDABuffer).Ptr())
 				b := DeviceBufferAfter(ptr, count, Float32, nil)
 				if !g.Chains(b, b) {
 					return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
@@ -341,6 +325,23 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 			requireAll(t, errs)
 		})
 	}
+}
+
+// deviceInput allocates count floats on g's device holding input(rank, j)
+// and returns the buffer and its device pointer.
+func deviceInput(ctx context.Context, g *Group, count int) (Buffer, uintptr, error) {
+	buf, err := g.Alloc(count, Float32)
+	if err != nil {
+		return Buffer{}, 0, err
+	}
+	in := make([]float32, count)
+	for j := range in {
+		in[j] = input(g.Rank(), j)
+	}
+	if err := g.Write(ctx, buf, HostSlice(in).Host()); err != nil {
+		return Buffer{}, 0, err
+	}
+	return buf, uintptr(buf.own.(*comm.CUDABuffer).Ptr()), nil
 }
 
 func isDone(w *Work) bool {
