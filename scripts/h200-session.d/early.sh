@@ -11,7 +11,7 @@
 #  3. issue 9's one-GPU rows: bench 256 MiB at 7 and 2 ranks, 8 KiB at 7, gloo's 7-rank 256 MiB; the piece rule
 #     (auto) against whole chunks at 1-16 MiB; the per-call cost.
 # Build: make build lib && cp ../shared/bench/gloo_allreduce.py bin/; carry ["bin/migctl", "bin/libmigctl.so",
-# "bin/gloo_allreduce.py"]. Output: $OUT/early/{summary.txt,logs.tgz}. ~9 min.
+# "bin/gloo_allreduce.py"]. Output: $OUT/early/{summary.txt,logs.tgz}. 7-9 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
@@ -29,7 +29,7 @@ MIGCTL_TUNING=complete=cpu check chain-cuda-7-cpu 7 60 python/tests/chain_check.
 check gpu-checks-7 7 60 python/tests/gpu_checks.py
 timeout 120 $M bench limits -o json >"$W/limits.json" 2>"$W/limits.err"
 say "limits rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:400])' "$W/limits.json" 2>/dev/null)"
-DDP_DEADLINE=${DDP_DEADLINE:-400}
+DDP_DEADLINE=${DDP_DEADLINE:-330}
 earlyab() { # tag model batch [args...]: DDP over migctl, results early (TAG-early), then not (TAG-cpu)
   local tag=$1; shift
   ddp "$tag-early" "$1" "$2" migctl "${@:3}"
@@ -47,11 +47,11 @@ earlyab gpt4-2 gpt 4
 earlyab resnet8-2 resnet 8
 losses "gpt4 (early, cpu)" "$W/gpt4-gloo.json" "$W/gpt4-1-early.json" "$W/gpt4-1-cpu.json"
 row np7-256M-1 7 256MiB 10 3
-row np2-256M 2 256MiB 10 3
 row np7-8K 7 8KiB 2000 200
-row np7-256M-2 7 256MiB 10 3
-timeout 150 python3 bin/gloo_allreduce.py --np 7 --sizes 256M --iters 5 >"$W/gloo.out" 2>&1
+row np2-256M 2 256MiB 10 3
+timeout 100 python3 bin/gloo_allreduce.py --np 7 --sizes 256M --iters 3 >"$W/gloo.out" 2>&1
 say "gloo-np7-256M rc=$? $(grep -v '^#' "$W/gloo.out" | tail -2 | tr '\n' ' ')"
 coll piece-auto bin/migctl 7 allreduce -b 1MiB -e 16MiB -f 2 -n 30 -w 5
 coll piece-chunk bin/migctl 7 allreduce -b 1MiB -e 16MiB -f 2 -n 30 -w 5 --piece chunk
-[ "$SECONDS" -lt 540 ] && ovh default
+[ "$SECONDS" -lt 500 ] && row np7-256M-2 7 256MiB 10 3
+[ "$SECONDS" -lt 520 ] && ovh default
