@@ -322,6 +322,12 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                "lockstep": lockstep, "barrier_backend": dist.get_backend() if lockstep else None,
                "losses": losses, "param_checksum": checksum.tolist(),
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
+        if args.backend == "migctl":
+            # rank 0's library counters over the whole run: collectives done, all-reduces chained
+            # (the next one started before they ended), waits that returned early (results on the GPU)
+            from migctl_torch import _lib  # noqa: PLC0415
+            st = _lib.load().stats()
+            out["library"] = {k: st.get(k, 0) for k in ("done", "chained", "early")}
         if diag is not None:  # --time-ddp: per rank, ms per step
             out["buffer_sync"] = {k: [round(t[3 + i].item(), 3) for t in all_t]
                                   for i, k in enumerate(("cpu_ms", "pg_broadcast_cpu_ms", "gpu_ms"))}

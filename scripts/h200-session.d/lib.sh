@@ -55,7 +55,7 @@ ddp() { # tag model batch backend [args...]: a DDP run of examples/pytorch, 7 ra
   [ "$SECONDS" -lt "${DDP_DEADLINE:-1000000}" ] || { say "$1 skipped (time)"; return; }
   timeout 80 $M run --gpus 0 --np 7 -q -- ${PIN:-} python3 "${TREE:-.}/examples/pytorch/ddp_$2.py" --backend "$4" --batch "$3" --steps 25 "${@:5}" \
     2>"$W/$1.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$W/$1.json"
-  say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); c=r.get("cpu_ms_per_step") or [0]; print("ms/step=%.1f identical=%s cpu_ms/step(mean,max)=%.1f,%.1f" % (r["step_ms_median_slowest_rank"], r["ranks_identical"], sum(c)/len(c), max(c)))' "$W/$1.json" 2>/dev/null)"
+  say "$1 rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); c=r.get("cpu_ms_per_step") or [0]; print("ms/step=%.1f identical=%s cpu_ms/step(mean,max)=%.1f,%.1f%s" % (r["step_ms_median_slowest_rank"], r["ranks_identical"], sum(c)/len(c), max(c), "".join(" %s=%d" % kv for kv in r.get("library", {}).items())))' "$W/$1.json" 2>/dev/null)"
 }
 ovh() { # label [VAR=value...]: the PyTorch per-call probe (python/tests/overhead_check.py), NP ranks
   # (default 7), CUDA tensors, the slowest rank's figures
