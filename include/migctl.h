@@ -291,8 +291,9 @@ int migctl_test(migctl_work_t work);
  * waited for as by migctl_wait (stream is then not used). The device memory
  * must stay allocated until the work on stream has passed this point.
  * Returns MIGCTL_OK, MIGCTL_PENDING (work still valid) when the timeout
- * passes first, or the collective's error. MIGCTL_TUNING=complete=cpu: always
- * as migctl_wait. */
+ * passes first, or the collective's error. It returns early only with
+ * MIGCTL_TUNING=complete=device (built 2026-12-07, not yet measured on a
+ * GPU, so off by default); without, it waits as migctl_wait. */
 int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms);
 
 /* Counters of the library's work since it was loaded, for diagnosis

@@ -344,15 +344,16 @@ func TestParseTuning(t *testing.T) {
 	require.Equal(t, Tuning{Chunk: 2 << 20, SmallBytes: 16 << 10, Slots: 8, Depth: 4, ReduceWorkers: 3,
 		Spin: 300 * time.Microsecond, SmallOnDevice: true}, got)
 	for s, want := range map[string]Tuning{
-		"smallon=cpu": {}, "bcast=device": {}, "chain=on": {}, "piece=auto": {}, " ": {},
+		"smallon=cpu": {}, "bcast=device": {}, "chain=on": {}, "piece=auto": {}, "complete=cpu": {}, " ": {},
 		"bcast=cpu": {BroadcastOnCPU: true}, "chain=off": {NoChain: true}, "piece=chunk": {WholeChunks: true},
+		"complete=device": {CompleteOnDevice: true},
 	} {
 		got, err := ParseTuning(s)
 		require.NoError(t, err, s)
 		require.Equal(t, want, got, s)
 	}
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB", "complete=gpu"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}

@@ -178,15 +178,17 @@ type Tuning struct {
 	// quarter chunks, so that its copies out, reductions and copies back
 	// overlap (allreduce.PieceFor). Like Chunk, the same on every rank.
 	WholeChunks bool
-	// CompleteOnCPU makes Work.OnReady never fire: a caller learns that an
-	// all-reduce is done only when its copies back have completed. By
-	// default a chained all-reduce (see NoChain) on a group that orders
-	// streams hands its caller an event once its result is determined and
-	// its last copies back are queued (allreduce.WithReady), so that the
-	// caller's stream can wait for those copies on the device while its
-	// CPU goes on (the C ABI's migctl_wait_stream: DDP's last bucket). A
-	// local choice: ranks may differ.
-	CompleteOnCPU bool
+	// CompleteOnDevice lets a chained all-reduce (see NoChain) on a group
+	// that orders streams hand its caller an event once its result is
+	// determined and its last copies back are queued (Work.OnReady,
+	// allreduce.WithReady), so that the caller's stream can wait for those
+	// copies on the device while its CPU goes on (the C ABI's
+	// migctl_wait_stream: DDP's last bucket), as NCCL's callers do. Off by
+	// default until measured on a GPU (docs/collectives.md, "Completion of
+	// collectives on device buffers"): a caller learns that an all-reduce is
+	// done once its copies back have completed. A local choice: ranks may
+	// differ.
+	CompleteOnDevice bool
 }
 
 // Option configures Init.

@@ -250,13 +250,14 @@ func checkInputSums(got []float32, n int, times float32) error {
 // device before it ends (Work.OnReady): the event comes while copies back
 // still run (the Work not done), and a stream ordered after it
 // (Group.OrderStream) reads the whole result, its last chunk included. With
-// Tuning.CompleteOnCPU no event comes, before the end or after.
+// Tuning.CompleteOnDevice off (the default) no event comes, before the end
+// or after.
 func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 	const n, count = 2, 40000 // 160 KB: 10 chunks of 16 KiB
 	for _, onCPU := range []bool{false, true} {
 		t.Run(fmt.Sprintf("complete_on_cpu=%v", onCPU), func(t *testing.T) {
 			fakes := make([]*cuda.Fake, n)
-			tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10, CompleteOnCPU: onCPU}
+			tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10, CompleteOnDevice: !onCPU}
 			fakeOpts := blockingFakes(fakes, nil)
 			opts := func(r int) []Option {
 				return append(fakeOpts(r), WithTuning(tuning), WithAlgorithm(AlgorithmHostStaged))
@@ -291,7 +292,7 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 					}
 					w.OnReady(func(ev comm.Event) { got <- readied{ev, true} })
 					if len(got) != 0 {
-						return fmt.Errorf("the all-reduce readied early with Tuning.CompleteOnCPU")
+						return fmt.Errorf("the all-reduce readied early without Tuning.CompleteOnDevice")
 					}
 					return nil
 				}

@@ -71,7 +71,7 @@ func (g *Group) ordersStreams() bool {
 // readiesEarly says whether a chained all-reduce of this group hands its
 // caller the result on the device before it has finished (Work.OnReady).
 func (g *Group) readiesEarly() bool {
-	return !g.cfg.tuning.CompleteOnCPU && g.ordersStreams()
+	return g.cfg.tuning.CompleteOnDevice && g.ordersStreams()
 }
 
 // OrderStream makes the work queued on the caller's CUDA stream from now on

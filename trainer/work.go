@@ -55,8 +55,8 @@ func (w *Work) setReady(ev comm.Event) {
 // on without waiting for Done, as NCCL's callers do; a failure after that
 // still fails the Work, and every later collective of the group. Only an
 // asynchronous all-reduce that chains (Group.Chains) on a group that orders
-// streams (device buffers, no swap daemon) readies early, unless
-// Tuning.CompleteOnCPU; for any other collective, or one that failed first,
+// streams (device buffers, no swap daemon) readies early, and only with
+// Tuning.CompleteOnDevice; for any other collective, or one that failed first,
 // f is never called and Done says when the result is there. f runs on the
 // collective's goroutine, or at once on the caller's if the result is
 // queued already; it must not block. One function per Work.

@@ -231,7 +231,8 @@ class Work(dist._Work):
     tensors the current stream is ordered after the result, as NCCL's
     Works do: a large all-reduce staged through host memory completes once
     its last copies back are queued, while they still run (C ABI
-    migctl_wait_stream; MIGCTL_TUNING=complete=cpu: once they are done), and
+    migctl_wait_stream, with MIGCTL_TUNING=complete=device; by default once
+    they are done), and
     a synchronous dist.all_reduce of small CUDA tensors with
     MIGCTL_TUNING=smallon=device returns once queued on the GPU.
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Results early on the device (C ABI 15, migctl_wait_stream; MIGCTL_TUNING=complete=cpu turns it off): the Work
+# Results early on the device (C ABI 15, migctl_wait_stream; MIGCTL_TUNING=complete=device, off by default): the Work
 # of a chained all-reduce of CUDA tensors completes once every rank's reduction is done and this rank's last
 # copies back are queued, the waiter's stream ordered after them, as NCCL's Works do. One call, ranks on GPU 0
 # (the MIG path: shm, host-staged, under MPS):
 #  1. checks first (a stream waiting for the wrong thing would hang or read stale data): chain_check.py on CUDA
 #     tensors at 7 and 2 ranks (every element read through the current stream only; the library's early counter
-#     must move), the same with complete=cpu (it must not), gpu_checks.py at 7 ranks;
-#  2. DDP, early (default) against complete=cpu, interleaved, two rounds: ResNet-18 b32 (with its lockstep
+#     must move), the same without complete=device (it must not), gpu_checks.py at 7 ranks with it;
+#  2. DDP, early (complete=device) against the default, interleaved, two rounds: ResNet-18 b32 (with its lockstep
 #     bound), ResNet-18 b8, GPT b4; gloo at b8 and b4 (the ratios), losses against gloo;
 #  3. issue 9's one-GPU rows: bench 256 MiB at 7 and 2 ranks, 8 KiB at 7, gloo's 7-rank 256 MiB; the piece rule
 #     (auto) against whole chunks at 1-16 MiB; the per-call cost.
@@ -16,24 +16,23 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh
 session_init early
-check chain-cuda-7 7 60 python/tests/chain_check.py --device cuda
+MIGCTL_TUNING=complete=device check chain-cuda-7 7 60 python/tests/chain_check.py --device cuda
 say "early per rank: $(grep -o '"early": [0-9]*' "$W/chain-cuda-7.out" | cut -d' ' -f2 | tr '\n' ' ')"
 if [ "$(grep -c '"failures": \[\]' "$W/chain-cuda-7.out")" != 7 ]; then
-  # the early path is wrong or hangs here: measure the rows only, on the CPU path
-  say "chain_check failed with results early: the rest with MIGCTL_TUNING=complete=cpu"
-  export MIGCTL_TUNING=complete=cpu
+  # the early path is wrong or hangs here: measure the rows only, on the default path
+  say "chain_check failed with results early: no DDP A/B"
   SKIP_AB=1
 fi
-check chain-cuda-2 2 60 python/tests/chain_check.py --device cuda --calls 60
-MIGCTL_TUNING=complete=cpu check chain-cuda-7-cpu 7 60 python/tests/chain_check.py --device cuda
-check gpu-checks-7 7 60 python/tests/gpu_checks.py
+MIGCTL_TUNING=complete=device check chain-cuda-2 2 60 python/tests/chain_check.py --device cuda --calls 60
+check chain-cuda-7-cpu 7 60 python/tests/chain_check.py --device cuda
+MIGCTL_TUNING=complete=device check gpu-checks-7 7 60 python/tests/gpu_checks.py
 timeout 120 $M bench limits -o json >"$W/limits.json" 2>"$W/limits.err"
 say "limits rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:400])' "$W/limits.json" 2>/dev/null)"
 DDP_DEADLINE=${DDP_DEADLINE:-330}
 earlyab() { # tag model batch [args...]: DDP over migctl, results early (TAG-early), then not (TAG-cpu)
   local tag=$1; shift
-  ddp "$tag-early" "$1" "$2" migctl "${@:3}"
-  MIGCTL_TUNING=complete=cpu ddp "$tag-cpu" "$1" "$2" migctl "${@:3}"
+  MIGCTL_TUNING=complete=device ddp "$tag-early" "$1" "$2" migctl "${@:3}"
+  ddp "$tag-cpu" "$1" "$2" migctl "${@:3}"
 }
 [ -n "${SKIP_AB:-}" ] && DDP_DEADLINE=0
 earlyab resnet32-1 resnet 32
