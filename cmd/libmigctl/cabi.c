@@ -523,11 +523,11 @@ static int hopeless(const migctl_slot_t *s, int64_t now) {
 	return !spin_fixed && ewma > 0 && s->t_issue + ewma - now > 2 * spin_ns;
 }
 
+static int wait_u32(migctl_slot_t *s, uint32_t *w, int64_t timeout_ms, int64_t spin_max_ns);
+
 // wait_word waits until s is done, up to timeout_ms (negative: no limit);
 // 0 when the time ran out first. It polls first (spin_end, at most
 // spin_max_ns).
-static int wait_u32(migctl_slot_t *s, uint32_t *w, int64_t timeout_ms, int64_t spin_max_ns);
-
 static int wait_word(migctl_slot_t *s, int64_t timeout_ms, int64_t spin_max_ns) {
 	return wait_u32(s, &s->word, timeout_ms, spin_max_ns);
 }
