@@ -207,7 +207,7 @@ class _Completer:
         streams = set()  # devices whose current stream in this thread is a private one
         while True:
             w = get()
-            if w._devices and len(w._devices) == 1 and w._devices[0] not in streams:
+            if w._early and w._devices[0] not in streams:
                 # Works ready early order this thread's current stream after
                 # their result (Work._run): a stream of its own, not the
                 # default one, where the training's kernels would wait for
@@ -261,6 +261,8 @@ class Work(dist._Work):
         self._keep = keep  # tensors the library reads or writes until the end
         self._post = post
         self._devices = devices
+        # may complete early on the GPU (migctl_wait_stream): one CUDA device, the library told to
+        self._early = comm.early and devices is not None and len(devices) == 1
         self._exc = None
         self._waited_on = None  # the CUDA stream _run ordered after the result (None: the host waited)
         self._state = _ISSUED
@@ -272,8 +274,9 @@ class Work(dist._Work):
     def _run(self):
         """Waits for the handles in the library and finishes (the claimer only).
 
-        On CUDA tensors the wait returns once the result is queued on the
-        GPU, with this thread's current stream ordered after it
+        With MIGCTL_TUNING=complete=device, on CUDA tensors of one device the
+        wait returns once the result is queued on the GPU, with this thread's
+        current stream ordered after it
         (migctl_wait_stream; a large all-reduce staged through host memory
         returns while its last copies back still run), and the tensors the
         library writes are recorded on that stream, so that the caching
@@ -282,7 +285,7 @@ class Work(dist._Work):
         waiter's use of the result) is ordered on that stream as well."""
         c = self._comm
         err = None
-        dev = self._devices[0] if self._devices and c.on_gpu and len(self._devices) == 1 else None
+        dev = self._devices[0] if self._early else None
         stream = _current_stream(dev) if dev is not None else None  # 0: the legacy default stream
         for h in self._handles:
             if stream is not None:
@@ -511,6 +514,10 @@ class _Comm:
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
+        # large all-reduces of CUDA tensors complete once queued (C ABI 15): the library does so only
+        # with this tuning key, which it reads from the same environment at init; without it the
+        # Works wait as before, with no stream bookkeeping
+        self.early = self.on_gpu and "complete=device" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "")
         self.cissue = self.lib.lib.migctl_issue
         self.cwait = self.lib.lib.migctl_wait
         self.cwait_stream = self.lib.lib.migctl_wait_stream
@@ -919,6 +926,7 @@ class _SubComm(_Comm):
         self.gid = gid
         self.rank, self.size = lib.migctl_group_rank(gid), lib.migctl_group_size(gid)
         self.on_gpu = world.on_gpu
+        self.early = world.early
         self.cissue = functools.partial(lib.migctl_issue_on, gid)
         self.crun = functools.partial(lib.migctl_run_on, gid)
         self.cwait = world.cwait
