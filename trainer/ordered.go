@@ -161,7 +161,7 @@ func (g *Group) runOrdered(ctx context.Context, stream uintptr, what string, sen
 	if err != nil || ev == nil {
 		return err
 	}
-	if err := g.dev.(comm.StreamOrderer).OrderStream(stream, ev); err != nil {
+	if err := g.OrderStream(stream, ev); err != nil {
 		// The caller's stream is not ordered after the call: wait for it
 		// here, so that a caller who handles the error does not find the
 		// call still writing its receive buffer later.
