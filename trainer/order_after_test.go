@@ -254,10 +254,10 @@ func checkInputSums(got []float32, n int, times float32) error {
 // or after.
 func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 	const n, count = 2, 40000 // 160 KB: 10 chunks of 16 KiB
-	for _, onCPU := range []bool{false, true} {
-		t.Run(fmt.Sprintf("complete_on_cpu=%v", onCPU), func(t *testing.T) {
+	for _, onDevice := range []bool{true, false} {
+		t.Run(fmt.Sprintf("complete_on_device=%v", onDevice), func(t *testing.T) {
 			fakes := make([]*cuda.Fake, n)
-			tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10, CompleteOnDevice: !onCPU}
+			tuning := Tuning{Chunk: 16 << 10, Slots: 4, SmallBytes: 1 << 10, CompleteOnDevice: onDevice}
 			fakeOpts := blockingFakes(fakes, nil)
 			opts := func(r int) []Option {
 				return append(fakeOpts(r), WithTuning(tuning), WithAlgorithm(AlgorithmHostStaged))
@@ -286,7 +286,7 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 				got := make(chan readied, 2)
 				w := g.AllReduceAsync(ctx, b, b, Sum)
 				w.OnReady(func(ev comm.Event) { got <- readied{ev, isDone(w)} })
-				if onCPU {
+				if !onDevice {
 					if err := w.Wait(ctx); err != nil {
 						return err
 					}
