@@ -504,6 +504,7 @@ static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUstream cap_stream;
 static int cap_mode, cap_invalid;
 static pthread_t cap_thread;
+static CUstream cap_used[16]; /* streams some capture has used (records_after_capture) */
 
 static int is_legacy(CUstream s);
 /* capture_check: CUDA_SUCCESS, or the error a call touching s (NULL with
@@ -572,6 +573,11 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
+	pthread_mutex_lock(&cap_mu);
+	for (int i = 0; i < 16; i++)
+		if (cap_used[i] == s)
+			cap_used[i] = NULL;
+	pthread_mutex_unlock(&cap_mu);
 	if (!is_legacy(s))
 		free(s);
 	return CUDA_SUCCESS;
@@ -606,6 +612,11 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 	CUresult cr = capture_check(s);
 	if (cr != CUDA_SUCCESS)
 		return cr;
+	pthread_mutex_lock(&cap_mu);
+	for (int i = 0; s && i < 16; i++)
+		if (cap_used[i] == s)
+			__atomic_add_fetch(&st->records_after_capture, 1, __ATOMIC_SEQ_CST);
+	pthread_mutex_unlock(&cap_mu);
 	pthread_mutex_lock(&mu);
 	((struct event_obj *)e)->t = stream_done_at(s);
 	__atomic_add_fetch(&st->event_records, 1, __ATOMIC_SEQ_CST);
@@ -641,6 +652,14 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 		r = 905; /* one capture at a time in this fake (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) */
 	else
 		cap_stream = s, cap_mode = mode, cap_thread = pthread_self(), cap_invalid = 0;
+	for (int i = 0; r == CUDA_SUCCESS && i < 16; i++) {
+		if (cap_used[i] == s)
+			break;
+		if (!cap_used[i]) {
+			cap_used[i] = s;
+			break;
+		}
+	}
 	pthread_mutex_unlock(&cap_mu);
 	return r;
 }

@@ -39,6 +39,7 @@ struct fakecuda_stats {
 	uint64_t device_done_ns; /* FAKECUDA_SHARED_DEVICE=1: CLOCK_MONOTONIC ns when the device's
 				  * queued timed kernels (every process's) end */
 	uint64_t captures_invalidated; /* stream captures another thread's call invalidated */
+	uint64_t records_after_capture; /* cuEventRecord calls on a stream some capture has used */
 };
 
 uint64_t fakecuda_bytes_in_use(void);

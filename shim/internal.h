@@ -147,6 +147,7 @@ MS_HIDDEN int ms_prio_depth(CUstream s); /* keeps at most depth launches in flig
 MS_HIDDEN extern atomic_int ms_pg_depth;
 MS_HIDDEN void ms_prio_set_busy(void);
 MS_HIDDEN void ms_prio_note(CUstream s);
+MS_HIDDEN void ms_prio_capture_seen(CUstream s); /* a capture begins on s: its captured launches are not counted */
 MS_HIDDEN void ms_prio_budget_record(CUstream s, int tok);
 MS_HIDDEN void ms_prio_stream_destroyed(CUstream s);
 

@@ -1137,6 +1137,8 @@ static CUresult begincap_common(CUresult (*real)(CUstream, int), CUstream s, int
 	CUresult r = real ? real(s, mode) : CUDA_ERROR_NOT_FOUND;
 	if (r != CUDA_SUCCESS)
 		atomic_fetch_sub(&ms_captures, 1);
+	else
+		ms_prio_capture_seen(s);
 	ms_log("capture: begin on stream %p mode %d: %s", (void *)s, mode, ms_errstr(r));
 	gate_exit();
 	return r;

@@ -86,6 +86,7 @@ struct strm {
 	_Atomic uintptr_t key; /* 0 empty */
 	atomic_ullong seq;     /* launches that returned */
 	atomic_int dead;       /* the program destroyed the stream */
+	atomic_int capt;       /* a capture was seen on it: launches into a capture are not counted */
 	/* watcher only (under tbl_mu): */
 	CUcontext ctx;
 	CUevent ev;
@@ -135,6 +136,7 @@ static struct strm *strm_insert(uintptr_t k)
 			e->recorded = e->covered = atomic_load(&e->seq);
 			e->waiting = 0;
 			atomic_store(&e->dead, 0);
+			atomic_store(&e->capt, 0);
 			atomic_store_explicit(&e->key, k, memory_order_release);
 			out = e;
 			break;
@@ -146,6 +148,19 @@ static struct strm *strm_insert(uintptr_t k)
 	return out;
 }
 
+/* in_capture: the driver says s is being captured now. Asked only for streams
+ * that have seen a capture (one driver call on their launches). */
+static int in_capture(CUstream s)
+{
+	int st = 0;
+	return drv.cuStreamIsCapturing && drv.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st != 0;
+}
+
+/* A launch into a capture runs nothing until its graph is launched (which is
+ * counted on the graph's stream), so it is not counted: the watcher then has
+ * no reason to record an event on a stream that only captures, which closes,
+ * for such streams, the window between its capture check and its record in
+ * which a capture begun past the shim's hooks could start. */
 void ms_prio_note(CUstream s)
 {
 	uintptr_t k = key_of(s);
@@ -159,9 +174,12 @@ void ms_prio_note(CUstream s)
 				CUcontext ctx = NULL;
 				drv.cuCtxGetCurrent(&ctx);
 				e->ctx = ctx;
+				atomic_store(&e->capt, 0);
 				atomic_store(&e->dead, 0);
 				pthread_mutex_unlock(&tbl_mu);
 			}
+			if (__builtin_expect(atomic_load_explicit(&e->capt, memory_order_relaxed), 0) && in_capture(s))
+				return;
 			atomic_fetch_add(&e->seq, 1);
 			return;
 		}
@@ -173,6 +191,17 @@ void ms_prio_note(CUstream s)
 		atomic_fetch_add(&e->seq, 1);
 	else
 		atomic_fetch_add(&ovf_seq, 1);
+}
+
+/* ms_prio_capture_seen: a capture begins on s (the shim's hook saw it). */
+void ms_prio_capture_seen(CUstream s)
+{
+	uintptr_t k = key_of(s);
+	if (k == LEGACY_KEY || !atomic_load_explicit(&ms_pg_signal, memory_order_relaxed))
+		return;
+	struct strm *e = strm_insert(k);
+	if (e)
+		atomic_store(&e->capt, 1);
 }
 
 void ms_prio_stream_destroyed(CUstream s)
@@ -288,6 +317,8 @@ static int poll_streams_locked(void)
 			CUstream h = k == LEGACY_KEY ? NULL : (CUstream)k;
 			CUresult rr = CUDA_ERROR_NOT_READY;
 			if (e->ev && capturing(h)) {
+				if (k != LEGACY_KEY)
+					atomic_store(&e->capt, 1);
 				pending = 1; /* look again once the capture is over */
 				continue;
 			}

@@ -25,7 +25,8 @@
  *                                     "sync" waits for them; "capture N [direct]": N stream
  *                                     captures (global mode) while its stream is busy, begun
  *                                     and ended through the shim or past it, prints CAPTURED
- *                                     with how many the driver invalidated; "stats" (answered
+ *                                     with how many the driver invalidated and how many
+ *                                     events were recorded on streams captures used; "stats" (answered
  *                                     at once, even while a launch is held); "stop"
  * RESOLVE: direct | dlsym | gpa | gpa1 | ptsz
  */
@@ -707,6 +708,10 @@ static int prio(void)
 			 * of 3 kernels on a second stream, as torch.cuda.graph does */
 			CUstream cs;
 			CHECK(cu.StreamCreate(&cs, 0));
+			int (*stats)(struct fakecuda_stats *) = (int (*)(struct fakecuda_stats *))dlsym(lib, "fakecuda_get_stats");
+			struct fakecuda_stats s0 = { 0 }, s1 = { 0 };
+			if (stats)
+				stats(&s0);
 			long bad = 0, ok = 0;
 			CUresult last = CUDA_SUCCESS;
 			for (long i = 0; i < n; i++) {
@@ -730,7 +735,10 @@ static int prio(void)
 					usleep(100);
 			}
 			CHECK(cu.StreamSynchronize(st));
-			printf("CAPTURED ok=%ld invalidated=%ld last=%d\n", ok, bad, last);
+			if (stats)
+				stats(&s1);
+			printf("CAPTURED ok=%ld invalidated=%ld last=%d records_after_capture=%llu\n", ok, bad, last,
+			       (unsigned long long)(s1.records_after_capture - s0.records_after_capture));
 		} else if (strncmp(line, "sync", 4) == 0) {
 			double t0 = now();
 			CHECK(cu.StreamSynchronize(st));
