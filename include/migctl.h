@@ -78,7 +78,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 15 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 16 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -101,7 +101,8 @@ extern "C" {
                              13: migctl_queued_broadcast_bytes;
                              14: MIGCTL_STAT_CHAINED (a large asynchronous all-reduce lets the
                                  collective issued after it start before it has finished);
-                             15: migctl_wait_stream, MIGCTL_STAT_EARLY */
+                             15: migctl_wait_stream, MIGCTL_STAT_EARLY;
+                             16: migctl_completes_early */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -295,6 +296,13 @@ int migctl_test(migctl_work_t work);
  * MIGCTL_TUNING=complete=device (built 2026-12-07, not yet measured on a
  * GPU, so off by default); without, it waits as migctl_wait. */
 int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms);
+
+/* 1 where migctl_wait_stream may return before a collective of group (0:
+ * the job's) has finished (MIGCTL_TUNING=complete=device, on a device that
+ * orders streams, outside a swap job and the CUDA IPC transport), so that a
+ * binding keeps stream bookkeeping only where it is used; 0 where it never
+ * does; or a negative MIGCTL_ERR_* code. */
+int migctl_completes_early(int group);
 
 /* Counters of the library's work since it was loaded, for diagnosis
  * (times in nanoseconds, summed over the collectives): migctl_stats copies

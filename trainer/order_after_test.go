@@ -278,6 +278,9 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 				if !g.Chains(b, b) {
 					return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
 				}
+				if g.CompletesEarly() != onDevice {
+					return fmt.Errorf("CompletesEarly %v with CompleteOnDevice %v", g.CompletesEarly(), onDevice)
+				}
 				f.SetCopyToDeviceTime(3 * time.Millisecond) // the copies back: 30 ms in all
 				type readied struct {
 					ev   comm.Event

@@ -74,6 +74,14 @@ func (g *Group) readiesEarly() bool {
 	return g.cfg.tuning.CompleteOnDevice && g.ordersStreams()
 }
 
+// CompletesEarly reports whether this group's chained all-reduces (Chains)
+// ready their result on the device before they have finished (Work.OnReady):
+// Tuning.CompleteOnDevice on a device that orders streams, outside a swap
+// job and the IPC transport. A binding asks it once, so that it tracks
+// streams only where the group will use them (the C ABI's
+// migctl_completes_early).
+func (g *Group) CompletesEarly() bool { return g.readiesEarly() }
+
 // OrderStream makes the work queued on the caller's CUDA stream from now on
 // wait for ev (from Work.OnReady) on the device, without blocking the
 // calling thread; callable from any thread, as RecordStream.

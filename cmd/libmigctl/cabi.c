@@ -647,6 +647,12 @@ int migctl_queued_broadcast_bytes(int group) {
 	if (rc < 0) return rc;
 	return migctlGoInfo(group, 6);
 }
+int migctl_completes_early(int group) {
+	GUARD(MIGCTL_ERR_FORKED);
+	int rc = check_state();
+	if (rc < 0) return rc;
+	return migctlGoInfo(group, 7);
+}
 
 int migctl_new_group(const int *ranks, int n, const char *name) {
 	GUARD(MIGCTL_ERR_FORKED);

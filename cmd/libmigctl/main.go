@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 15
+#if MIGCTL_ABI_VERSION != 16
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -449,6 +449,11 @@ func migctlGoInfo(id, what C.int) C.int {
 		return C.int(runtime.GOMAXPROCS(0))
 	case 6:
 		return C.int(g.QueuedBroadcastBytes())
+	case 7:
+		if g.CompletesEarly() {
+			return 1
+		}
+		return 0
 	}
 	return -1
 }

@@ -160,6 +160,7 @@ func TestCABIThroughCtypes(t *testing.T) {
 		{"default", nil, -1},
 		{"direct", []string{"MIGCTL_LIB_DIRECT_MAX=1048576"}, 5},
 		{"dispatcher", []string{"MIGCTL_LIB_DIRECT_MAX=0"}, 0},
+		{"complete on device", []string{"MIGCTL_TUNING=complete=device"}, -1}, // not on the host backend
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for r, m := range runRanksEnv(t, tc.env, 3, 2*time.Minute, "abi_check.py") {

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 
 OK = 0
 PENDING = 1
@@ -114,6 +114,8 @@ class Library:
             "migctl_set_timeout_on": ([c_int, ctypes.c_int64], c_int),
             # how large a device broadcast migctl_run queues in stream order (ABI 13)
             "migctl_queued_broadcast_bytes": ([c_int], c_int),
+            # whether migctl_wait_stream may return before the end (ABI 16)
+            "migctl_completes_early": ([c_int], c_int),
         }
         for name, (args, res) in proto.items():
             f = getattr(lib, name)

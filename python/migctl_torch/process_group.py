@@ -514,10 +514,10 @@ class _Comm:
         self.rank = self.lib.lib.migctl_rank()
         self.size = self.lib.lib.migctl_size()
         self.on_gpu = self.lib.lib.migctl_on_gpu() == 1
-        # large all-reduces of CUDA tensors complete once queued (C ABI 15): the library does so only
-        # with this tuning key, which it reads from the same environment at init; without it the
-        # Works wait as before, with no stream bookkeeping
-        self.early = self.on_gpu and "complete=device" in os.environ.get("MIGCTL_TUNING", "").replace(" ", "")
+        # large all-reduces of CUDA tensors complete once queued (migctl_wait_stream) where the
+        # library says they may (MIGCTL_TUNING=complete=device, a device that orders streams);
+        # elsewhere the Works wait as before, with no stream bookkeeping
+        self.early = self.on_gpu and self.lib.lib.migctl_completes_early(0) == 1
         self.cissue = self.lib.lib.migctl_issue
         self.cwait = self.lib.lib.migctl_wait
         self.cwait_stream = self.lib.lib.migctl_wait_stream
@@ -926,7 +926,7 @@ class _SubComm(_Comm):
         self.gid = gid
         self.rank, self.size = lib.migctl_group_rank(gid), lib.migctl_group_size(gid)
         self.on_gpu = world.on_gpu
-        self.early = world.early
+        self.early = world.on_gpu and lib.migctl_completes_early(gid) == 1
         self.cissue = functools.partial(lib.migctl_issue_on, gid)
         self.crun = functools.partial(lib.migctl_run_on, gid)
         self.cwait = world.cwait

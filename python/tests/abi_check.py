@@ -38,6 +38,7 @@ def main():
     check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_NOT_INITIALIZED, "run before init")
     check(c.migctl_set_timeout(1000) == L.ERR_NOT_INITIALIZED, "set_timeout before init")
     check(c.migctl_queued_broadcast_bytes(0) == L.ERR_NOT_INITIALIZED, "queued_broadcast_bytes before init")
+    check(c.migctl_completes_early(0) == L.ERR_NOT_INITIALIZED, "completes_early before init")
     check(c.migctl_init_group(2, 2, b"unix://@x", b"x") == L.ERR_INVALID and "rank < size" in err(),
           f"init_group with rank >= size: {err()}")
     check(c.migctl_serve(0, ctypes.create_string_buffer(64), 64) == L.ERR_INVALID, "serve 0 ranks")
@@ -55,6 +56,9 @@ def main():
     check(c.migctl_on_gpu() == 0, "host backend")
     check(c.migctl_queued_broadcast_bytes(0) == 0, f"host backend queues broadcasts: {err()}")
     check(c.migctl_queued_broadcast_bytes(999) < 0 and "group" in err(), f"queued_broadcast_bytes(999): {err()}")
+    # the host backend never completes early, whatever the tuning says (abi_check runs with and without it)
+    check(c.migctl_completes_early(0) == 0, f"host backend completes early: {err()}")
+    check(c.migctl_completes_early(999) < 0 and "group" in err(), f"completes_early(999): {err()}")
     check(c.migctl_set_timeout(0) == L.ERR_INVALID and "positive" in err(), f"set_timeout(0): {err()}")
     check(c.migctl_set_timeout(-5) == L.ERR_INVALID, "set_timeout(-5)")
     check(c.migctl_set_timeout(120000) == L.OK, f"set_timeout(120 s): {err()}")
