@@ -293,8 +293,9 @@ int migctl_test(migctl_work_t work);
  * must stay allocated until the work on stream has passed this point.
  * Returns MIGCTL_OK, MIGCTL_PENDING (work still valid) when the timeout
  * passes first, or the collective's error. It returns early only with
- * MIGCTL_TUNING=complete=device (built 2026-12-07, not yet measured on a
- * GPU, so off by default); without, it waits as migctl_wait. */
+ * MIGCTL_TUNING=complete=device (off by default: level with waiting in
+ * DDP's step times on an H100, 2026-12-07; migctl_completes_early says
+ * whether it is on); without, it waits as migctl_wait. */
 int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms);
 
 /* 1 where migctl_wait_stream may return before a collective of group (0:
