@@ -200,8 +200,17 @@ void ms_prio_capture_seen(CUstream s)
 	if (k == LEGACY_KEY || !atomic_load_explicit(&ms_pg_signal, memory_order_relaxed))
 		return;
 	struct strm *e = strm_insert(k);
-	if (e)
-		atomic_store(&e->capt, 1);
+	if (!e)
+		return;
+	pthread_mutex_lock(&tbl_mu);
+	if (atomic_load(&e->dead)) { /* a new stream with a recycled handle, as in ms_prio_note */
+		CUcontext ctx = NULL;
+		drv.cuCtxGetCurrent(&ctx);
+		e->ctx = ctx;
+		atomic_store(&e->dead, 0);
+	}
+	atomic_store(&e->capt, 1);
+	pthread_mutex_unlock(&tbl_mu);
 }
 
 void ms_prio_stream_destroyed(CUstream s)
