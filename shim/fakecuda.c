@@ -663,8 +663,12 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 	pthread_mutex_unlock(&cap_mu);
 	return r;
 }
+static __thread int thread_cap_mode; /* cuThreadExchangeStreamCaptureMode: 0 global (default) */
+static long capture_check_delay_us;
+EXPORT void fakecuda_set_capture_check_delay(long us) { __atomic_store_n(&capture_check_delay_us, us, __ATOMIC_RELAXED); }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
 {
+	long delay_us = __atomic_load_n(&capture_check_delay_us, __ATOMIC_RELAXED);
 	if (!status)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&cap_mu);
@@ -675,9 +679,10 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
 	else if (cap_stream && is_legacy(s) && cap_mode == 0)
 		r = 906; /* the legacy stream would join the capture: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT */
 	pthread_mutex_unlock(&cap_mu);
+	if (delay_us > 0 && thread_cap_mode == 2 && r == CUDA_SUCCESS && *status == 0)
+		usleep((useconds_t)delay_us); /* a slow answer to a relaxed-mode thread: a capture may begin meanwhile */
 	return r;
 }
-static __thread int thread_cap_mode; /* cuThreadExchangeStreamCaptureMode: 0 global (default) */
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 {
 	if (!mode)

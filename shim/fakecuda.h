@@ -50,5 +50,9 @@ void fakecuda_inflight(uint64_t *now_n, uint64_t *max_n, int reset);
 /* The fake's own function for a driver name (e.g. "cuLaunchKernel"), past any
  * LD_PRELOADed interposer; NULL if unknown. */
 void *fakecuda_direct(const char *symbol);
+/* From now on cuStreamIsCapturing answers "not capturing" to a thread in
+ * relaxed capture mode (the shim's gate watcher) us µs late (0: at once),
+ * which widens the window in which a capture may begin after the check. */
+void fakecuda_set_capture_check_delay(long us);
 
 #endif

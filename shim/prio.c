@@ -156,11 +156,33 @@ static int in_capture(CUstream s)
 	return drv.cuStreamIsCapturing && drv.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st != 0;
 }
 
+/* note_recorded counts a launch on a stream that has seen a capture and
+ * records the stream's event right behind it, on the launching thread: the
+ * watcher only queries it. A record from the watcher's thread could meet a
+ * capture begun past the shim's hooks between its capture check and its
+ * record; here the launch just went outside a capture, and a capture the
+ * program begins from this thread comes after this call. */
+static void note_recorded(struct strm *e, CUstream s)
+{
+	pthread_mutex_lock(&tbl_mu);
+	uint64_t q = atomic_fetch_add(&e->seq, 1) + 1;
+	if (!e->ev && drv.cuEventCreate(&e->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+		e->ev = NULL;
+	if (e->ev && drv.cuEventRecord(e->ev, s) == CUDA_SUCCESS) {
+		e->recorded = q;
+		e->waiting = 1;
+	}
+	/* else the watcher records it as for any stream */
+	pthread_mutex_unlock(&tbl_mu);
+}
+
 /* A launch into a capture runs nothing until its graph is launched (which is
- * counted on the graph's stream), so it is not counted: the watcher then has
- * no reason to record an event on a stream that only captures, which closes,
- * for such streams, the window between its capture check and its record in
- * which a capture begun past the shim's hooks could start. */
+ * counted on the graph's stream), so it is not counted, and a stream that
+ * has seen a capture gets its events from the launching thread
+ * (note_recorded): the watcher records no event on such a stream, which
+ * closes the window between its capture check and its record in which a
+ * capture begun past the shim's hooks could start. Such streams pay one
+ * capture query and one event record per launch. */
 void ms_prio_note(CUstream s)
 {
 	uintptr_t k = key_of(s);
@@ -178,8 +200,11 @@ void ms_prio_note(CUstream s)
 				atomic_store(&e->dead, 0);
 				pthread_mutex_unlock(&tbl_mu);
 			}
-			if (__builtin_expect(atomic_load_explicit(&e->capt, memory_order_relaxed), 0) && in_capture(s))
+			if (__builtin_expect(atomic_load_explicit(&e->capt, memory_order_relaxed), 0)) {
+				if (!in_capture(s))
+					note_recorded(e, s);
 				return;
+			}
 			atomic_fetch_add(&e->seq, 1);
 			return;
 		}

@@ -23,7 +23,8 @@
  *                                     on its stream and prints LAUNCHED (how long the
  *                                     calls took, the most kernels in flight meanwhile);
  *                                     "sync" waits for them; "capture N [direct]": N stream
- *                                     captures (global mode) while its stream is busy, begun
+ *                                     captures (global mode) while its stream is busy (with "mixed": the capturing stream, captured once before; "slow": the fake answers
+ *                                     the gate watcher's capture checks late), begun
  *                                     and ended through the shim or past it, prints CAPTURED
  *                                     with how many the driver invalidated and how many
  *                                     events were recorded on streams captures used; "stats" (answered
@@ -706,8 +707,29 @@ static int prio(void)
 			/* n rounds of: a timed kernel on st (keeps this process busy, so
 			 * a signalling shim's watcher polls), then a global-mode capture
 			 * of 3 kernels on a second stream, as torch.cuda.graph does */
+			/* "capture N direct mixed": the timed kernel goes on the capturing
+			 * stream itself, at a varying distance before the capture begins
+			 * (a stream with real work and captures) */
+			int mixed = strstr(line, "mixed") != NULL;
 			CUstream cs;
 			CHECK(cu.StreamCreate(&cs, 0));
+			if (mixed) {
+				/* a stream captured before: one long capture first, not counted
+				 * (the watcher sees it, as it would a program's earlier capture) */
+				unsigned long long u = 50;
+				void *args[] = { &u };
+				CHECK(begin(cs, 0));
+				for (int j = 0; j < 10; j++) {
+					CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, cs, args, NULL));
+					usleep(100);
+				}
+				CUgraph g = NULL;
+				CHECK(end(cs, &g));
+				free(g);
+			}
+			void (*slow)(long) = strstr(line, "slow") ? (void (*)(long))dlsym(lib, "fakecuda_set_capture_check_delay") : NULL;
+			if (slow)
+				slow(30);
 			int (*stats)(struct fakecuda_stats *) = (int (*)(struct fakecuda_stats *))dlsym(lib, "fakecuda_get_stats");
 			struct fakecuda_stats s0 = { 0 }, s1 = { 0 };
 			if (stats)
@@ -717,7 +739,9 @@ static int prio(void)
 			for (long i = 0; i < n; i++) {
 				unsigned long long u = 50;
 				void *args[] = { &u };
-				CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, st, args, NULL));
+				CHECK(cu.LaunchKernel(k_sleep_us, 1, 1, 1, 1, 1, 1, 0, mixed ? cs : st, args, NULL));
+				if (mixed && i % 4)
+					usleep((useconds_t)(i * 7 % 60));
 				CUresult r = begin(cs, 0);
 				if (r != CUDA_SUCCESS)
 					die("cuStreamBeginCapture", r);
@@ -735,6 +759,8 @@ static int prio(void)
 					usleep(100);
 			}
 			CHECK(cu.StreamSynchronize(st));
+			if (slow)
+				slow(0);
 			if (stats)
 				stats(&s1);
 			printf("CAPTURED ok=%ld invalidated=%ld last=%d records_after_capture=%llu\n", ok, bad, last,
