@@ -22,9 +22,11 @@
  *                                     "launch USEC N" queues N timed kernels (sleep_us)
  *                                     on its stream and prints LAUNCHED (how long the
  *                                     calls took, the most kernels in flight meanwhile);
- *                                     "sync" waits for them; "capture N [direct]": N stream
- *                                     captures (global mode) while its stream is busy (with "mixed": the capturing stream, captured once before; "slow": the fake answers
- *                                     the gate watcher's capture checks late), begun
+ *                                     "sync" waits for them; "capture N [direct] [mixed]
+ *                                     [slow]": N stream captures (global mode) while its
+ *                                     stream is busy (mixed: the capturing stream, captured
+ *                                     once before; slow: the fake answers the gate watcher's
+ *                                     capture checks late), begun
  *                                     and ended through the shim or past it, prints CAPTURED
  *                                     with how many the driver invalidated and how many
  *                                     events were recorded on streams captures used; "stats" (answered
@@ -727,7 +729,10 @@ static int prio(void)
 				CHECK(end(cs, &g));
 				free(g);
 			}
-			void (*slow)(long) = strstr(line, "slow") ? (void (*)(long))dlsym(lib, "fakecuda_set_capture_check_delay") : NULL;
+			void (*slow)(long) = NULL;
+			if (strstr(line, "slow") &&
+			    !(slow = (void (*)(long))dlsym(lib, "fakecuda_set_capture_check_delay")))
+				die("fakecuda_set_capture_check_delay", 0);
 			if (slow)
 				slow(30);
 			int (*stats)(struct fakecuda_stats *) = (int (*)(struct fakecuda_stats *))dlsym(lib, "fakecuda_get_stats");
@@ -759,6 +764,7 @@ static int prio(void)
 					usleep(100);
 			}
 			CHECK(cu.StreamSynchronize(st));
+			CHECK(cu.StreamSynchronize(cs));
 			if (slow)
 				slow(0);
 			if (stats)
