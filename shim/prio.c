@@ -148,6 +148,19 @@ static struct strm *strm_insert(uintptr_t k)
 	return out;
 }
 
+/* revive_locked: an entry whose stream was destroyed now stands for a new
+ * stream with the recycled handle (under tbl_mu; nothing if it is live). */
+static void revive_locked(struct strm *e)
+{
+	if (!atomic_load(&e->dead))
+		return;
+	CUcontext ctx = NULL;
+	drv.cuCtxGetCurrent(&ctx);
+	e->ctx = ctx;
+	atomic_store(&e->capt, 0);
+	atomic_store(&e->dead, 0);
+}
+
 /* in_capture: the driver says s is being captured now. Asked only for streams
  * that have seen a capture (one driver call on their launches). */
 static int in_capture(CUstream s)
@@ -192,12 +205,8 @@ void ms_prio_note(CUstream s)
 		uintptr_t cur = atomic_load_explicit(&e->key, memory_order_acquire);
 		if (cur == k) {
 			if (__builtin_expect(atomic_load_explicit(&e->dead, memory_order_relaxed), 0)) {
-				pthread_mutex_lock(&tbl_mu); /* a new stream with a recycled handle */
-				CUcontext ctx = NULL;
-				drv.cuCtxGetCurrent(&ctx);
-				e->ctx = ctx;
-				atomic_store(&e->capt, 0);
-				atomic_store(&e->dead, 0);
+				pthread_mutex_lock(&tbl_mu);
+				revive_locked(e);
 				pthread_mutex_unlock(&tbl_mu);
 			}
 			if (__builtin_expect(atomic_load_explicit(&e->capt, memory_order_relaxed), 0)) {
@@ -228,12 +237,7 @@ void ms_prio_capture_seen(CUstream s)
 	if (!e)
 		return;
 	pthread_mutex_lock(&tbl_mu);
-	if (atomic_load(&e->dead)) { /* a new stream with a recycled handle, as in ms_prio_note */
-		CUcontext ctx = NULL;
-		drv.cuCtxGetCurrent(&ctx);
-		e->ctx = ctx;
-		atomic_store(&e->dead, 0);
-	}
+	revive_locked(e);
 	atomic_store(&e->capt, 1);
 	pthread_mutex_unlock(&tbl_mu);
 }
