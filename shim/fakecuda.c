@@ -506,6 +506,22 @@ static int cap_mode, cap_invalid;
 static pthread_t cap_thread;
 static CUstream cap_used[16]; /* streams some capture has used (records_after_capture) */
 
+/* cap_used_slot: s's entry in cap_used, or with add a free one taken for it;
+ * NULL if neither (under cap_mu). */
+static CUstream *cap_used_slot(CUstream s, int add)
+{
+	CUstream *free_slot = NULL;
+	for (int i = 0; i < 16; i++) {
+		if (cap_used[i] == s)
+			return &cap_used[i];
+		if (!cap_used[i] && !free_slot)
+			free_slot = &cap_used[i];
+	}
+	if (add && free_slot)
+		*free_slot = s;
+	return add ? free_slot : NULL;
+}
+
 static int is_legacy(CUstream s);
 /* capture_check: CUDA_SUCCESS, or the error a call touching s (NULL with
  * whole == 1: the whole context) gets while a capture is in progress. */
@@ -574,9 +590,9 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
 	pthread_mutex_lock(&cap_mu);
-	for (int i = 0; i < 16; i++)
-		if (cap_used[i] == s)
-			cap_used[i] = NULL;
+	CUstream *u = s ? cap_used_slot(s, 0) : NULL;
+	if (u)
+		*u = NULL;
 	pthread_mutex_unlock(&cap_mu);
 	if (!is_legacy(s))
 		free(s);
@@ -613,9 +629,8 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 	if (cr != CUDA_SUCCESS)
 		return cr;
 	pthread_mutex_lock(&cap_mu);
-	for (int i = 0; s && i < 16; i++)
-		if (cap_used[i] == s)
-			__atomic_add_fetch(&st->records_after_capture, 1, __ATOMIC_SEQ_CST);
+	if (s && cap_used_slot(s, 0))
+		__atomic_add_fetch(&st->records_after_capture, 1, __ATOMIC_SEQ_CST);
 	pthread_mutex_unlock(&cap_mu);
 	pthread_mutex_lock(&mu);
 	((struct event_obj *)e)->t = stream_done_at(s);
@@ -652,14 +667,8 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 		r = 905; /* one capture at a time in this fake (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) */
 	else
 		cap_stream = s, cap_mode = mode, cap_thread = pthread_self(), cap_invalid = 0;
-	for (int i = 0; r == CUDA_SUCCESS && i < 16; i++) {
-		if (cap_used[i] == s)
-			break;
-		if (!cap_used[i]) {
-			cap_used[i] = s;
-			break;
-		}
-	}
+	if (r == CUDA_SUCCESS)
+		cap_used_slot(s, 1);
 	pthread_mutex_unlock(&cap_mu);
 	return r;
 }

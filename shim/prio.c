@@ -161,12 +161,20 @@ static void revive_locked(struct strm *e)
 	atomic_store(&e->dead, 0);
 }
 
+/* capture_status: the driver's answer for s (CUDA_SUCCESS and 0 in *st
+ * without cuStreamIsCapturing). */
+static CUresult capture_status(CUstream s, int *st)
+{
+	*st = 0;
+	return drv.cuStreamIsCapturing ? drv.cuStreamIsCapturing(s, st) : CUDA_SUCCESS;
+}
+
 /* in_capture: the driver says s is being captured now. Asked only for streams
  * that have seen a capture (one driver call on their launches). */
 static int in_capture(CUstream s)
 {
-	int st = 0;
-	return drv.cuStreamIsCapturing && drv.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st != 0;
+	int st;
+	return capture_status(s, &st) == CUDA_SUCCESS && st != 0;
 }
 
 /* note_recorded counts a launch on a stream that has seen a capture and
@@ -314,11 +322,8 @@ void ms_prio_quiesce(void)
  * not touched. */
 static int capturing(CUstream s)
 {
-	if (!drv.cuStreamIsCapturing)
-		return 0;
-	int st = 0;
-	CUresult r = drv.cuStreamIsCapturing(s, &st);
-	return r != CUDA_SUCCESS || st != 0;
+	int st;
+	return capture_status(s, &st) != CUDA_SUCCESS || st != 0;
 }
 
 static int poll_streams_locked(void);

@@ -68,19 +68,15 @@ func (g *Group) ordersStreams() bool {
 	return ok
 }
 
-// readiesEarly says whether a chained all-reduce of this group hands its
-// caller the result on the device before it has finished (Work.OnReady).
-func (g *Group) readiesEarly() bool {
-	return g.cfg.tuning.CompleteOnDevice && g.ordersStreams()
-}
-
 // CompletesEarly reports whether this group's chained all-reduces (Chains)
 // ready their result on the device before they have finished (Work.OnReady):
 // Tuning.CompleteOnDevice on a device that orders streams, outside a swap
 // job and the IPC transport. A binding asks it once, so that it tracks
 // streams only where the group will use them (the C ABI's
 // migctl_completes_early).
-func (g *Group) CompletesEarly() bool { return g.readiesEarly() }
+func (g *Group) CompletesEarly() bool {
+	return g.cfg.tuning.CompleteOnDevice && g.ordersStreams()
+}
 
 // OrderStream makes the work queued on the caller's CUDA stream from now on
 // wait for ev (from Work.OnReady) on the device, without blocking the

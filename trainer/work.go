@@ -292,7 +292,7 @@ func (g *Group) runWork(w *Work, clock *callClock, admit func()) error {
 		}
 	}
 	w.after = nil
-	if w.chains && g.readiesEarly() {
+	if w.chains && g.CompletesEarly() {
 		ctx = allreduce.WithReady(ctx, w.setReady)
 	}
 	start := time.Now()
