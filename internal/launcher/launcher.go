@@ -636,14 +636,27 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 			}
 		}
 	}
+	// The rendezvous's abort, when a rank caused it, names the rank at
+	// fault: one whose connection closed (it died) takes its peers down
+	// at once, and their exits can reach the supervisor before its own.
+	aborted := func() *rendezvous.AbortError {
+		var ae *rendezvous.AbortError
+		if es, ok := srv.(interface{ Err() error }); ok && errors.As(es.Err(), &ae) {
+			return ae
+		}
+		return nil
+	}
+	sc.Suspect = func(supervisor.Failure) int {
+		if ae := aborted(); ae != nil {
+			return ae.Rank
+		}
+		return -1
+	}
 	sc.OnFailure = func(f supervisor.Failure) {
 		p.logf("run: %s", f)
 		p.blame = ""
-		if es, ok := srv.(interface{ Err() error }); ok {
-			var ae *rendezvous.AbortError
-			if errors.As(es.Err(), &ae) {
-				p.blame = ae.Reason
-			}
+		if ae := aborted(); ae != nil && ae.Rank != f.Rank {
+			p.blame = ae.Reason
 		}
 		if srv != nil {
 			srv.AbortJob(fmt.Sprintf("rank %d failed: %s", f.Rank, f))

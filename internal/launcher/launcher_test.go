@@ -281,8 +281,17 @@ func TestHooksDriveTheRendezvous(t *testing.T) {
 	// A rank that noticed a stalled peer aborted the job first: the
 	// failure carries its reason.
 	fr.err = &rendezvous.AbortError{Rank: 2, Reason: "rank 2: rank 1 has not heartbeaten for 5s"}
-	sc.OnFailure(supervisor.Failure{Exit: supervisor.Exit{Rank: 0, PID: 8, ExitCode: 1}})
+	first := supervisor.Failure{Exit: supervisor.Exit{Rank: 0, PID: 8, ExitCode: 1}}
+	require.Equal(t, 2, sc.Suspect(first), "the supervisor waits for the rank the abort names")
+	sc.OnFailure(first)
 	require.Equal(t, "rank 2: rank 1 has not heartbeaten for 5s", p.blame)
+
+	// The abort names the root cause itself: no blame beside it.
+	fr.err = &rendezvous.AbortError{Rank: 1, Reason: "rank 1 left the job: its connection to the rendezvous closed"}
+	sc.OnFailure(supervisor.Failure{Exit: supervisor.Exit{Rank: 1, PID: 9, ExitCode: -1, Signal: "SIGKILL"}})
+	require.Empty(t, p.blame)
+	fr.err = nil
+	require.Equal(t, -1, sc.Suspect(first))
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {

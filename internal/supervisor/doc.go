@@ -23,7 +23,10 @@
 //
 // A generation succeeds when every worker exits 0. The first worker to exit
 // otherwise (a non-zero code, or killed by a signal) is the generation's
-// root cause. Then, in order:
+// root cause, unless Config.Suspect names another rank (the launcher: the
+// rank whose death aborted the rendezvous, which made its peers fail at
+// once, possibly before its own exit was reaped) and that rank fails
+// before the others are signalled: then it is. Then, in order:
 //
 //  1. Config.OnFailure is called (the launcher aborts the rendezvous, so the
 //     other ranks fail at once with the reason instead of at their deadline);

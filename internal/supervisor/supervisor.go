@@ -100,6 +100,16 @@ type Config struct {
 	// OnFailure is called with a generation's root cause as soon as it is
 	// known, before the other workers are stopped (nil: nothing).
 	OnFailure func(f Failure)
+	// Suspect, when not nil, is asked when a generation's first worker
+	// fails which rank the caller knows to be at fault, -1 when none: a
+	// rank that dies takes down its peers (they see it go, through the
+	// rendezvous or their collectives) faster than its own exit may reach
+	// this package, so the first exit reaped can be a consequence. When
+	// the suspect is another rank still unreaped, the root cause (and
+	// OnFailure) waits for its exit until the other workers are signalled
+	// (Settle): if it failed by then it is the root cause, else the first
+	// failure is.
+	Suspect func(f Failure) int
 	// BeforeRestart is called between a failed generation and the next one
 	// (generation is the next one's number); an error ends the run.
 	BeforeRestart func(ctx context.Context, generation int) error
@@ -372,10 +382,23 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 
 	isReady := func() bool { return cfg.Ready == nil || cfg.Ready(gen) }
 	var settleC, graceC <-chan time.Time
+	// pending is the first failure while the root cause waits for the
+	// suspect's exit (local rank suspect).
+	var pending *Failure
+	suspect := -1
+	blame := func(f *Failure) {
+		g.failure, pending, suspect = f, nil, -1
+		if cfg.OnFailure != nil {
+			cfg.OnFailure(*f)
+		}
+	}
 	terminating := false
 	terminate := func() {
 		if terminating {
 			return
+		}
+		if pending != nil {
+			blame(pending)
 		}
 		terminating = true
 		signalAll(syscall.SIGTERM)
@@ -388,10 +411,20 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 		case p := <-exited:
 			remaining--
 			p.reaped = true
-			if p.exit.Failed() && g.failure == nil && g.interrupted == "" {
-				g.failure = s.failure(p)
-				if cfg.OnFailure != nil {
-					cfg.OnFailure(*g.failure)
+			switch {
+			case pending != nil && p.exit.LocalRank == suspect:
+				if p.exit.Failed() {
+					blame(s.failure(p))
+				} else {
+					blame(pending)
+				}
+			case !p.exit.Failed() || g.failure != nil || pending != nil || g.interrupted != "":
+			default:
+				f := s.failure(p)
+				if r := s.suspect(*f, procs[:started]); r >= 0 {
+					pending, suspect = f, r
+				} else {
+					blame(f)
 				}
 				if cfg.Settle > 0 {
 					settleC = time.After(cfg.Settle)
@@ -407,6 +440,9 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			if !IsTermination(sig) {
 				signalAll(ss)
 				break
+			}
+			if pending != nil {
+				blame(pending)
 			}
 			switch {
 			case g.interrupted != "" || !isReady():
@@ -436,6 +472,9 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			graceC = nil
 			signalAll(syscall.SIGKILL)
 		}
+	}
+	if pending != nil { // cannot stay: the suspect's exit resolves it
+		blame(pending)
 	}
 	return g
 }
@@ -530,6 +569,19 @@ func (s *run) start(w Worker) (*proc, error) {
 		go st.copy()
 	}
 	return p, nil
+}
+
+// suspect is the local rank Config.Suspect names for first failure f when
+// it is another worker of procs not yet reaped, else -1.
+func (s *run) suspect(f Failure, procs []*proc) int {
+	if s.cfg.Suspect == nil {
+		return -1
+	}
+	i := s.cfg.Suspect(f) - s.cfg.FirstRank
+	if i < 0 || i >= len(procs) || i == f.LocalRank || procs[i].reaped {
+		return -1
+	}
+	return i
 }
 
 // failure records p's exit (set by its waiter) as a root cause.

@@ -114,6 +114,23 @@ func worker(mode string) int {
 		touch("ready-" + id)
 		time.Sleep(time.Minute)
 		return 0
+	case "aftermath": // rank 0 fails first; rank 1 then meets the fate the test wrote
+		if rank == 1 {
+			touch("ready-" + id)
+			waitFile(os.Getenv("T_DIR"), "fate")
+			b, _ := os.ReadFile(filepath.Join(os.Getenv("T_DIR"), "fate"))
+			switch string(b) {
+			case "kill":
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			case "ok":
+				return 0
+			}
+		} else if rank == 0 {
+			waitFile(os.Getenv("T_DIR"), "ready-"+fmt.Sprintf("%d-1", gen))
+			return 1
+		}
+		time.Sleep(time.Minute)
+		return 0
 	case "errorfile":
 		if rank == 1 {
 			rec := `{"message": {"message": "ValueError: bad batch\nline 2", "extraInfo": {"py_callstack": "...", "timestamp": "1700000000"}}}`
@@ -290,6 +307,50 @@ func TestRestartAllAfterSIGKILL(t *testing.T) {
 		require.Zero(t, res.Workers[r].ExitCode)
 	}
 	tr.requireNoGroups(t)
+}
+
+// TestSuspectIsTheRootCause: a rank that dies takes its peers down
+// through the rendezvous before its own exit is reaped; the rank the caller
+// suspects is the root cause when it fails within Settle, and the first
+// failure stays the root cause when it does not (or none is suspected).
+func TestSuspectIsTheRootCause(t *testing.T) {
+	for _, tc := range []struct {
+		desc, fate string
+		suspect    int
+		wantRank   int
+		wantSignal string
+		wantCode   int
+	}{
+		{"suspect killed", "kill", 1, 1, "SIGKILL", -1},
+		{"suspect exits 0", "ok", 1, 0, "", 1},
+		{"suspect lives on", "stay", 1, 0, "", 1},
+		{"no suspect", "kill", -1, 0, "", 1},
+		{"the failed rank suspects itself", "kill", 0, 0, "", 1},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := baseConfig(t, 3, "aftermath")
+			cfg.Settle = 500 * time.Millisecond
+			dir := tdir(cfg)
+			var asked []Failure
+			cfg.Suspect = func(f Failure) int {
+				asked = append(asked, f)
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "fate"), []byte(tc.fate), 0o600))
+				return tc.suspect
+			}
+			var failures []Failure
+			cfg.OnFailure = func(f Failure) { failures = append(failures, f) }
+			res, err := Run(context.Background(), cfg)
+			require.ErrorIs(t, err, ErrWorkerFailed)
+			require.Len(t, asked, 1)
+			require.Equal(t, 0, asked[0].Rank, "the first failure is rank 0's")
+			require.Len(t, res.Failures, 1)
+			f := res.Failures[0]
+			require.Equal(t, tc.wantRank, f.Rank)
+			require.Equal(t, tc.wantSignal, f.Signal)
+			require.Equal(t, tc.wantCode, f.ExitCode)
+			require.Equal(t, []Failure{f}, failures, "OnFailure is called once, with the root cause")
+		})
+	}
 }
 
 // TestNoRestartLeft: --max-restarts 0 and a worker exiting 7 → the run fails
