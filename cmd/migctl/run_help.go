@@ -66,7 +66,9 @@ deadline (--timeout); the run then ends within 1 s + --grace. Output lines are p
 the rank ("[3]: ..."); --log-dir keeps one directory per attempt and rank (stdout.log,
 stderr.log, error.json), --tee picks what still reaches the terminal. At the end a summary
 names the root cause: the first rank to fail, its exit code or signal, and its error file
-(torchrun's JSON, as written by torch.distributed.elastic's @record).
+(torchrun's JSON, as written by torch.distributed.elastic's @record). A rank whose death
+aborted the rendezvous (its peers then fail at once, and one of their exits may be seen
+first) is the root cause when it fails within the 1 s the others get to exit.
 
 Several nodes: run migctl on each with the same --nnodes, --rdzv-endpoint host:port (node 0
 hosts the rendezvous there; MASTER_PORT is the next port) and MIGCTL_JOB_TOKEN exported,
