@@ -392,14 +392,18 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			cfg.OnFailure(*f)
 		}
 	}
+	// giveUp ends the wait for the suspect: the first failure is it.
+	giveUp := func() {
+		if pending != nil {
+			blame(pending)
+		}
+	}
 	terminating := false
 	terminate := func() {
 		if terminating {
 			return
 		}
-		if pending != nil {
-			blame(pending)
-		}
+		giveUp()
 		terminating = true
 		signalAll(syscall.SIGTERM)
 		signalAll(syscall.SIGCONT)
@@ -441,9 +445,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 				signalAll(ss)
 				break
 			}
-			if pending != nil {
-				blame(pending)
-			}
+			giveUp()
 			switch {
 			case g.interrupted != "" || !isReady():
 				// A second Ctrl-C, or one during start-up: now.
@@ -473,9 +475,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			signalAll(syscall.SIGKILL)
 		}
 	}
-	if pending != nil { // cannot stay: the suspect's exit resolves it
-		blame(pending)
-	}
+	giveUp() // a no-op: the suspect's exit or terminate resolved it
 	return g
 }
 
