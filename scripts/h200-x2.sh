@@ -31,10 +31,13 @@ S=$O/summary.txt; : >"$S"
 say() { echo "$*" | tee -a "$S"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,mig.mode.current,memory.used --format=csv,noheader >"$O/gpus.txt" 2>&1
-ngpu=$(grep -c H200 "$O/gpus.txt" || true)
+# a call for nvidia-h200-x2 may run on two H100s: the rows still run, and the summary names the cards (the
+# issues' targets are an H200's)
+ngpu=$(grep -c ', NVIDIA ' "$O/gpus.txt" || true)
 say "PART=$PART, $(date -u +%FT%TZ), GPUs: $(paste -sd';' "$O/gpus.txt")"
+grep -q H200 "$O/gpus.txt" || say "NOTE: not H200s: the figures are these cards', not the issues' targets' hardware"
 if [ "${ngpu:-0}" -lt 2 ]; then
-  say "fewer than 2 GPUs: nothing to do here (use nvidia-h200-x2)"
+  say "fewer than 2 GPUs: nothing to do here (use nvidia-h200-x2 or nvidia-h100-x2)"
   exit 2
 fi
 need() { for f in "$@"; do [ -e "$f" ] || { say "missing $f: build it first (see the header)"; exit 2; }; done; }
