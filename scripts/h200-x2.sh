@@ -33,7 +33,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=index,name,mig.mode.current,memory.used --format=csv,noheader >"$O/gpus.txt" 2>&1
 # a call for nvidia-h200-x2 may run on two H100s: the rows still run, and the summary names the cards (the
 # issues' targets are an H200's)
-ngpu=$(grep -c ', NVIDIA ' "$O/gpus.txt" || true)
+ngpu=$(grep -c '^[0-9]' "$O/gpus.txt" || true)
 say "PART=$PART, $(date -u +%FT%TZ), GPUs: $(paste -sd';' "$O/gpus.txt")"
 grep -q H200 "$O/gpus.txt" || say "NOTE: not H200s: the figures are these cards', not the issues' targets' hardware"
 if [ "${ngpu:-0}" -lt 2 ]; then

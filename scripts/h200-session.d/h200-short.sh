@@ -2,8 +2,9 @@
 # The H200 rows of issues 9 and 11 that matter most, in ~4.5 min (for a session with little device time left):
 # 256 MiB at 7 and 2 ranks and 8 KiB at 7 (bench, -c 1), gloo's 7-rank 256 MiB, the per-call probe beside an 8-KiB
 # row, then DDP ResNet-18 b32 (defaults, results early, lockstep bound), ResNet-18 b8 and GPT b4 (migctl, gloo).
-# REQUIRE_H200=1: stop at once on another card (a call for nvidia-h200 may get an H100). Ranks on GPU 0 (the MIG path: shm, host-staged). Build: make build lib && cp ../shared/bench/gloo_allreduce.py
-# bin/; carry ["bin/migctl", "bin/libmigctl.so", "bin/gloo_allreduce.py"]. Output: $OUT/short/.
+# REQUIRE_H200=1: stop at once on another card (a call for nvidia-h200 may get an H100). Ranks on GPU 0 (the MIG
+# path: shm, host-staged). Build: make build lib && cp ../shared/bench/gloo_allreduce.py bin/; carry ["bin/migctl",
+# "bin/libmigctl.so", "bin/gloo_allreduce.py"]. Output: $OUT/short/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/h200-session.d/lib.sh

@@ -4,7 +4,7 @@
 # far) against the default for the compute-heavy ResNet-18 b32 row, interleaved, with its lockstep bound; the host's
 # CPU (lscpu, NUMA) first, for the host-memory figures. Build: make build lib && cp ../shared/bench/gloo_allreduce.py
 # bin/; carry ["bin/migctl", "bin/libmigctl.so", "bin/gloo_allreduce.py"]. Output: $OUT/targets/ and
-# $OUT/early-b32/ (summary.txt, logs.tgz each). ~8 min.
+# $OUT/early-b32/ (summary.txt, logs.tgz each). ~5.5 min (318 s on an H100 host).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "${OUT:-/tmp}/host"
