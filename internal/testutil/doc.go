@@ -5,8 +5,10 @@
 // separate process (the bench and run launchers, crash and reliability
 // tests): $MIGCTL_BIN when set, as `make test` sets it, else migctl built
 // once per test binary into a temporary directory that Main removes when
-// the tests end. A package that calls MigctlBin runs its tests through
-// Main:
+// the tests end. Main also gives the tests a cache directory of their own
+// ($XDG_CACHE_HOME), so that no test reads or writes the user's cached
+// figures of the machine. A package that calls MigctlBin runs its tests
+// through Main:
 //
 //	func TestMain(m *testing.M) { testutil.Main(m) }
 package testutil

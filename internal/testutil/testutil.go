@@ -23,9 +23,28 @@ var (
 	buildErr error
 )
 
-// Main runs the tests, removes what MigctlBin built and exits with the
-// tests' status. Call it from TestMain (it does not return).
+// EnvCacheHome is where migctl keeps its cache ($XDG_CACHE_HOME/migctl:
+// `migctl bench limits`' figures, which every `migctl bench` also writes and
+// `migctl run` reads).
+const EnvCacheHome = "XDG_CACHE_HOME"
+
+// Main runs the tests with a cache directory of their own, removes it and
+// what MigctlBin built, and exits with the tests' status. Call it from
+// TestMain (it does not return). The tests' migctl, in process or run as a
+// binary, then never reads the user's cached figures of the machine nor
+// leaves its own there: figures taken on a test's fake GPU or on CPUs busy
+// with other tests would otherwise become the LIMIT columns and the
+// collectives' cost model of the user's later runs.
 func Main(m *testing.M) {
+	cache, err := os.MkdirTemp("", "migctl-testcache-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testutil: a cache directory for the tests: %v\n", err)
+		os.Exit(1)
+	}
+	if err := os.Setenv(EnvCacheHome, cache); err != nil {
+		fmt.Fprintf(os.Stderr, "testutil: setting $%s: %v\n", EnvCacheHome, err)
+		os.Exit(1)
+	}
 	mu.Lock()
 	mainRan = true
 	mu.Unlock()
@@ -35,6 +54,7 @@ func Main(m *testing.M) {
 		_ = os.RemoveAll(buildDir)
 	}
 	mu.Unlock()
+	_ = os.RemoveAll(cache)
 	os.Exit(code)
 }
 

@@ -21,7 +21,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestChildBuild is the child's whole run: two calls build once.
+// TestChildBuild is the child's whole run: two calls build once, and a
+// bench run (which caches the machine's figures) writes them into the
+// tests' own cache directory, not the one the child was started with.
 func TestChildBuild(t *testing.T) {
 	if os.Getenv("TESTUTIL_CHILD") != "1" {
 		t.Skip("run by TestMigctlBinBuildsOnceAndMainRemovesIt")
@@ -31,7 +33,15 @@ func TestChildBuild(t *testing.T) {
 	require.Equal(t, a, b, "built once")
 	out, err := exec.Command(a, "--help").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	require.NoError(t, os.WriteFile(os.Getenv("TESTUTIL_REPORT"), []byte(a), 0o600))
+	cache := os.Getenv(testutil.EnvCacheHome)
+	require.NotEmpty(t, cache)
+	require.NotEqual(t, os.Getenv("TESTUTIL_USER_CACHE"), cache, "Main keeps the user's cache directory")
+	out, err = exec.Command(a, "bench", "allreduce", "--np", "1", "--backend", "host", "-b", "4KiB", "-e", "4KiB",
+		"-n", "2", "-w", "1", "-o", "json").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, err = os.Stat(filepath.Join(cache, "migctl", "limits.json"))
+	require.NoError(t, err, "bench cached no figures in the tests' cache directory: %s", out)
+	require.NoError(t, os.WriteFile(os.Getenv("TESTUTIL_REPORT"), []byte(a+"\n"+cache), 0o600))
 }
 
 // TestMigctlBinBuildsOnceAndMainRemovesIt runs this test binary again with
@@ -51,14 +61,23 @@ func TestMigctlBinBuildsOnceAndMainRemovesIt(t *testing.T) {
 			env = append(env, kv)
 		}
 	}
-	cmd.Env = append(env, "TESTUTIL_CHILD=1", "TESTUTIL_REPORT="+report)
+	user := t.TempDir() // the cache directory the child's user has
+	cmd.Env = append(env, "TESTUTIL_CHILD=1", "TESTUTIL_REPORT="+report, testutil.EnvCacheHome+"="+user,
+		"TESTUTIL_USER_CACHE="+user)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	bin, err := os.ReadFile(report)
+	got, err := os.ReadFile(report)
 	require.NoError(t, err, "the child reported no binary: %s", out)
+	bin, cache, ok := strings.Cut(string(got), "\n")
+	require.True(t, ok, "the child's report: %q", got)
 	require.NotEmpty(t, bin)
-	_, err = os.Stat(filepath.Dir(string(bin)))
-	require.True(t, os.IsNotExist(err), "Main left %s behind", filepath.Dir(string(bin)))
+	_, err = os.Stat(filepath.Dir(bin))
+	require.True(t, os.IsNotExist(err), "Main left %s behind", filepath.Dir(bin))
+	_, err = os.Stat(cache)
+	require.True(t, os.IsNotExist(err), "Main left the tests' cache %s behind", cache)
+	entries, err := os.ReadDir(user)
+	require.NoError(t, err)
+	require.Empty(t, entries, "the tests wrote into the user's cache directory")
 }
 
 // TestMigctlBinPrefersTheEnvironment: $MIGCTL_BIN is used as given.
