@@ -21,20 +21,24 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/comm/rendezvous"
+	"github.com/migctl/migctl/internal/testutil"
 )
 
 // The tests run python/tests/*.py in real processes against the built
 // library: the C ABI through ctypes (any python3), and the torch backend
 // through Debian's torch, which belongs to /usr/bin/python3 (CI installs
 // python3-torch with scripts/setup.sh). `make test` passes MIGCTL_LIB and
-// MIGCTL_BIN; without them the test builds both.
+// MIGCTL_BIN; without them the test builds both, into directories that
+// testutil.Main removes when the tests end.
 
 const python = "/usr/bin/python3"
 
+func TestMain(m *testing.M) { testutil.Main(m) }
+
 var (
-	buildOnce        sync.Once
-	libPath, binPath string
-	buildErr         error
+	buildOnce sync.Once
+	libPath   string
+	buildErr  error
 )
 
 func repoRoot(t *testing.T) string {
@@ -54,35 +58,27 @@ func artifacts(t *testing.T) (lib, bin string) {
 	if _, err := os.Stat(python); err != nil {
 		t.Skipf("%s not found: the C ABI and torch backend tests need it", python)
 	}
+	bin = testutil.MigctlBin(t)
 	buildOnce.Do(func() {
-		libPath, binPath = os.Getenv("MIGCTL_LIB"), os.Getenv("MIGCTL_BIN")
+		if libPath = os.Getenv("MIGCTL_LIB"); libPath != "" {
+			return
+		}
 		dir, err := os.MkdirTemp("", "libmigctl-test-")
 		if err != nil {
 			buildErr = err
 			return
 		}
+		testutil.RemoveAtEnd(t, dir)
 		root, _ := filepath.Abs("../..")
-		build := func(out string, args ...string) error {
-			cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
-			cmd.Dir = root
-			if b, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("go build %v: %w\n%s", args, err, b)
-			}
-			return nil
-		}
-		if libPath == "" {
-			libPath = filepath.Join(dir, "libmigctl.so")
-			if buildErr = build(libPath, "-buildmode=c-shared", "./cmd/libmigctl"); buildErr != nil {
-				return
-			}
-		}
-		if binPath == "" {
-			binPath = filepath.Join(dir, "migctl")
-			buildErr = build(binPath, "./cmd/migctl")
+		libPath = filepath.Join(dir, "libmigctl.so")
+		cmd := exec.Command("go", "build", "-o", libPath, "-buildmode=c-shared", "./cmd/libmigctl")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build -buildmode=c-shared ./cmd/libmigctl: %w\n%s", err, b)
 		}
 	})
 	require.NoError(t, buildErr)
-	return libPath, binPath
+	return libPath, bin
 }
 
 func needTorch(t *testing.T) {

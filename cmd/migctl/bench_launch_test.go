@@ -77,16 +77,22 @@ func TestBenchStalledRank(t *testing.T) {
 
 // TestBenchLauncherKilled (issue 8 item 6): a bench launcher killed with
 // SIGKILL at any moment after start leaves no rank running and no
-// shared-memory segment behind.
+// shared-memory segment behind. (What the killed launcher made in $TMPDIR,
+// its report and rendezvous directories, it cannot remove: the test gives
+// it a TMPDIR of its own and removes that.)
 func TestBenchLauncherKilled(t *testing.T) {
 	bin := testutil.MigctlBin(t)
 	for _, delay := range []time.Duration{0, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, time.Second} {
 		t.Run(delay.String(), func(t *testing.T) {
 			shmDir := t.TempDir()
+			tmp, err := os.MkdirTemp("", "mb") // short: the rendezvous socket made in it must fit in sun_path
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = os.RemoveAll(tmp) })
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "3", "--backend", "host",
 				"-b", "1MiB", "-e", "1MiB", "-n", "1000000", "-w", "0", "--timeout", "30s", "--shm-dir", shmDir)
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 			stderr, err := cmd.StderrPipe()
 			require.NoError(t, err)
 			require.NoError(t, cmd.Start())

@@ -17,8 +17,9 @@ const EnvMigctlBin = "MIGCTL_BIN"
 
 var (
 	mu       sync.Mutex
-	mainRan  bool   // Main is running the tests
-	buildDir string // what MigctlBin built, removed by Main
+	mainRan  bool     // Main is running the tests
+	buildDir string   // what MigctlBin built, removed by Main
+	atEnd    []string // what RemoveAtEnd registered, removed by Main
 	built    string
 	buildErr error
 )
@@ -53,9 +54,25 @@ func Main(m *testing.M) {
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
 	}
+	for _, dir := range atEnd {
+		_ = os.RemoveAll(dir)
+	}
 	mu.Unlock()
 	_ = os.RemoveAll(cache)
 	os.Exit(code)
+}
+
+// RemoveAtEnd has Main remove dir when the tests end: what several tests of
+// one binary share (a library built once for all of them), which
+// t.TempDir would remove with the first. Without Main it fails t.
+func RemoveAtEnd(t testing.TB, dir string) {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if !mainRan {
+		t.Fatalf("testutil.RemoveAtEnd(%s) needs testutil.Main in the package's TestMain, which removes it", dir)
+	}
+	atEnd = append(atEnd, dir)
 }
 
 // MigctlBin returns the path of the migctl binary: $MIGCTL_BIN when set,
