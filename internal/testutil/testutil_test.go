@@ -21,9 +21,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestChildBuild is the child's whole run: two calls build once, and a
-// bench run (which caches the machine's figures) writes them into the
-// tests' own cache directory, not the one the child was started with.
+// TestChildBuild is the child's whole run: two calls build once, a bench
+// run (which caches the machine's figures) writes them into the tests' own
+// cache directory, not the one the child was started with, and a directory
+// is left to RemoveAtEnd.
 func TestChildBuild(t *testing.T) {
 	if os.Getenv("TESTUTIL_CHILD") != "1" {
 		t.Skip("run by TestMigctlBinBuildsOnceAndMainRemovesIt")
@@ -41,7 +42,10 @@ func TestChildBuild(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	_, err = os.Stat(filepath.Join(cache, "migctl", "limits.json"))
 	require.NoError(t, err, "bench cached no figures in the tests' cache directory: %s", out)
-	require.NoError(t, os.WriteFile(os.Getenv("TESTUTIL_REPORT"), []byte(a+"\n"+cache), 0o600))
+	shared, err := os.MkdirTemp("", "testutil-shared-")
+	require.NoError(t, err)
+	testutil.RemoveAtEnd(t, shared)
+	require.NoError(t, os.WriteFile(os.Getenv("TESTUTIL_REPORT"), []byte(a+"\n"+cache+"\n"+shared), 0o600))
 }
 
 // TestMigctlBinBuildsOnceAndMainRemovesIt runs this test binary again with
@@ -68,9 +72,12 @@ func TestMigctlBinBuildsOnceAndMainRemovesIt(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	got, err := os.ReadFile(report)
 	require.NoError(t, err, "the child reported no binary: %s", out)
-	bin, cache, ok := strings.Cut(string(got), "\n")
-	require.True(t, ok, "the child's report: %q", got)
+	lines := strings.Split(string(got), "\n")
+	require.Len(t, lines, 3, "the child's report: %q", got)
+	bin, cache, shared := lines[0], lines[1], lines[2]
 	require.NotEmpty(t, bin)
+	_, err = os.Stat(shared)
+	require.True(t, os.IsNotExist(err), "Main left %s (RemoveAtEnd) behind", shared)
 	_, err = os.Stat(filepath.Dir(bin))
 	require.True(t, os.IsNotExist(err), "Main left %s behind", filepath.Dir(bin))
 	_, err = os.Stat(cache)
