@@ -47,7 +47,7 @@ func newRunCLI(t *testing.T, bin string) *runCLI {
 	r.sim = []string{"--sim", "h200x8", "--sim-state", filepath.Join(t.TempDir(), "sim.json")}
 	r.cache = t.TempDir() // no `migctl bench limits` figures unless a test writes them
 	r.env = append(os.Environ(), "T_DIR="+r.dir, "TMPDIR="+r.tmp, "MIGCTL_SOCKET=", "MIGCTL_JOB_TOKEN=",
-		"XDG_CACHE_HOME="+r.cache)
+		testutil.EnvCacheHome+"="+r.cache)
 	return r
 }
 

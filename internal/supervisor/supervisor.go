@@ -475,7 +475,7 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 			signalAll(syscall.SIGKILL)
 		}
 	}
-	giveUp() // a no-op: the suspect's exit or terminate resolved it
+	giveUp() // a guard: the suspect's exit or terminate has resolved it; a pending failure must never be lost
 	return g
 }
 
