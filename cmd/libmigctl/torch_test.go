@@ -532,6 +532,51 @@ func TestTorchExampleLockstep(t *testing.T) {
 	}
 }
 
+// TestTorchExampleSyncEvery: --sync-every K times windows of K steps with
+// the host waiting for the device only at their edges; the training is the
+// same step for step (losses and parameters equal to --sync-every 1's), the
+// report says K, and a K that does not divide --steps, or is below 1, is
+// refused before any rank trains.
+func TestTorchExampleSyncEvery(t *testing.T) {
+	lib, bin := artifacts(t)
+	needTorch(t)
+	run := func(t *testing.T, args ...string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		argv := append([]string{"run", "--sim", "h200x8", "--profile", "1g.18gb", "--np", "2", "-q", "--timeout", "60s", "--",
+			python, filepath.Join(repoRoot(t), "examples", "pytorch", "ddp_resnet.py"), "--backend", "migctl", "--device", "cpu",
+			"--batch", "2", "--image-size", "32", "--classes", "10", "--warmup", "1"}, args...)
+		cmd := exec.CommandContext(ctx, bin, argv...)
+		cmd.Env = append(os.Environ(), "MIGCTL_LIB="+lib, "OMP_NUM_THREADS=1")
+		cmd.WaitDelay = 5 * time.Second
+		return cmd.CombinedOutput()
+	}
+	reports := map[int]map[string]any{}
+	for _, k := range []int{1, 2} {
+		out, err := run(t, "--steps", "4", "--sync-every", fmt.Sprint(k))
+		require.NoError(t, err, "%s", out)
+		rep := exampleReport(t, out)
+		require.Equal(t, float64(k), rep["sync_every"], "%v", rep)
+		require.Equal(t, true, rep["ranks_identical"], "%v", rep)
+		require.Len(t, rep["losses"], 5, "warmup + 4 timed steps: %v", rep)
+		reports[k] = rep
+	}
+	require.Equal(t, reports[1]["losses"], reports[2]["losses"], "the same steps, read later")
+	require.Equal(t, reports[1]["param_checksum"], reports[2]["param_checksum"])
+	for _, tc := range []struct {
+		args    []string
+		refusal string
+	}{
+		{[]string{"--steps", "3", "--sync-every", "2"}, "--steps 3 is not a multiple of --sync-every 2"},
+		{[]string{"--steps", "3", "--sync-every", "0"}, "--sync-every 0: must be at least 1"},
+		{[]string{"--steps", "4", "--sync-every", "2", "--time-ddp"}, "--time-ddp times each step from an idle GPU"},
+	} {
+		out, err := run(t, tc.args...)
+		require.Error(t, err, "%s", out)
+		require.Contains(t, string(out), tc.refusal)
+	}
+}
+
 // TestTorchExamplePipeline: examples/pytorch/pipeline.py, a model split into
 // one stage per rank and trained with GPipe over isend/irecv, ends each
 // stage within fp32 round-off of the whole model trained in one process,

@@ -45,9 +45,10 @@ def parser(description):
     ap.add_argument("--profile-ranks", default="0", help="ranks that write --profile traces (comma-separated)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--lockstep", action="store_true",
-                    help="with --backend none: the ranks wait for each other once per step (a barrier after the "
-                         "step, over migctl under `migctl run`, else gloo), moving no gradients: the bound of a "
-                         "synchronous data-parallel job, whose every step is as slow as the slowest rank's")
+                    help="with --backend none: the ranks wait for each other once per step, or per window of "
+                         "--sync-every steps (a barrier after it, over migctl under `migctl run`, else gloo), "
+                         "moving no gradients: the bound of a synchronous data-parallel job, whose every step is "
+                         "as slow as the slowest rank's")
     ap.add_argument("--lockstep-via", choices=["migctl", "gloo"], default="",
                     help="with --lockstep: the backend of the per-step barrier (default: migctl under "
                          "`migctl run`, else gloo); gloo keeps the migctl library out of the process")
@@ -57,6 +58,12 @@ def parser(description):
     ap.add_argument("--cuda-sched", choices=["auto", "spin", "yield", "blocking"], default="auto",
                     help="diagnosis: how this process's CPU threads wait for the GPU (the primary context's "
                          "CU_CTX_SCHED_* flag, set before torch creates it): blocking sleeps instead of spinning")
+    ap.add_argument("--sync-every", type=int, default=1, metavar="K",
+                    help="the host waits for the GPU (and, with --lockstep, the ranks meet) every K steps, and "
+                         "a step's time is its window's over K. 1 (default): every step alone, starting on an idle "
+                         "GPU; K > 1 runs like a training loop that reads its loss every K steps, whose CPU work "
+                         "(DDP's buffer broadcast, launching the forward pass) overlaps the GPU's previous step. "
+                         "--steps must be a multiple of K")
     ap.add_argument("--time-ddp", action="store_true",
                     help="diagnosis: time DDP's buffer broadcast before every forward pass (its CPU time, the "
                          "process group's broadcast calls within it, and when the GPU got past it) and report "
@@ -79,6 +86,13 @@ def setup(args):
     backend = "gloo" if args.backend == "none" else args.backend
     if getattr(args, "lockstep_via", "") and not getattr(args, "lockstep", False):
         raise SystemExit("--lockstep-via is for --lockstep")
+    k = getattr(args, "sync_every", 1)
+    if k < 1:
+        raise SystemExit(f"--sync-every {k}: must be at least 1")
+    if args.steps % k:
+        raise SystemExit(f"--steps {args.steps} is not a multiple of --sync-every {k}")
+    if k > 1 and getattr(args, "time_ddp", False):
+        raise SystemExit("--time-ddp times each step from an idle GPU: it needs --sync-every 1")
     if getattr(args, "lockstep", False):
         if args.backend != "none":
             raise SystemExit("--lockstep is for --backend none (a backend's collectives synchronise the ranks)")
@@ -255,12 +269,17 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     """Runs warmup + steps SGD steps over the cycled synthetic batches; rank 0
     prints one JSON line: steps/s and mean step time of the slowest rank, the
     first losses (rank 0's), a parameter checksum and whether every rank
-    holds the same parameters."""
+    holds the same parameters. The timed steps run in windows of
+    --sync-every steps, the host waiting for the GPU only at their edges;
+    a step's time is its window's mean."""
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     losses, times = [], []
     prof = _profiler(args, rank, device)
     cpu0 = cpu1 = 0.0  # this process's CPU time (every thread) over the timed steps
     lockstep = getattr(args, "lockstep", False)
+    k = getattr(args, "sync_every", 1)
+    pending = []  # this window's first losses, read (loss.item() waits for the GPU) at its end
+    t0 = 0.0
     for step in range(args.warmup + args.steps):
         if prof is not None and step == args.warmup:
             prof.start()
@@ -268,35 +287,44 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             _stop_profiler(prof, args, rank)
             prof = None
         x, y = batches[step % len(batches)]
-        sync(device)
-        if step == args.warmup:
-            cpu0 = time.process_time()
+        # warmup steps one at a time; then windows of k steps, the host waiting for the GPU at their edges only
+        timed = step >= args.warmup
+        first = not timed or (step - args.warmup) % k == 0
+        last = not timed or (step - args.warmup) % k == k - 1
+        if first:
+            sync(device)
+            if step == args.warmup:
+                cpu0 = time.process_time()
+            t0 = time.perf_counter()
         diag = getattr(model, "_diag_times", None)
         if diag is not None:
             diag.start_step()
-        t0 = time.perf_counter()
         with _mark(prof, f"train_step_{step}"):
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             with _mark(prof, "backward"):
                 loss.backward()
             opt.step()
-            sync(device)
-            if lockstep:
-                dist.barrier()
+            if last:
+                sync(device)
+                if lockstep:
+                    dist.barrier()
         if diag is not None:
             diag.end_step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-            cpu1 = time.process_time()
-        if len(losses) < args.losses:
-            losses.append(loss.item())
+        if len(losses) + len(pending) < args.losses:
+            pending.append(loss.detach())
+        if last:
+            if timed:
+                times.append((time.perf_counter() - t0) / k)  # one figure per window: its mean step
+                cpu1 = time.process_time()
+            losses.extend(v.item() for v in pending)
+            pending = []
         if args.step_delay > 0:
             time.sleep(args.step_delay)
         if step == args.mark_at and rank == 0 and args.mark_file:
             open(args.mark_file, "w").close()
     med = sorted(times)[len(times) // 2] if times else 0.0
-    cpu_step = (cpu1 - cpu0) / max(len(times), 1)
+    cpu_step = (cpu1 - cpu0) / max(len(times) * k, 1)
     diag = getattr(model, "_diag_times", None)
     diag_ms = diag.means_ms(len(times)) if diag is not None else [0.0, 0.0, 0.0]
     mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step] + diag_ms, dtype=torch.float64)
@@ -316,6 +344,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                "step_ms_slowest_rank": round(slowest * 1e3, 3),
                "step_ms_per_rank": [round(t[0].item() * 1e3, 3) for t in all_t],
                "step_ms_median_slowest_rank": round(slowest_median * 1e3, 3),  # robust on a busy machine
+               "sync_every": k,  # steps per timed window (the median above is over windows)
                # CPU time of each rank's process (all its threads) per timed step, profiled steps included
                "cpu_ms_per_step": [round(t[2].item() * 1e3, 2) for t in all_t],
                "steps_per_s": round(1.0 / slowest, 3) if slowest > 0 else None,
