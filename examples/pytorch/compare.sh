@@ -7,6 +7,7 @@
 # One JSON line per run (rank 0's report) goes to OUT; a summary table at the end.
 #   examples/pytorch/compare.sh                 # 7 ranks on GPU 0, bin/migctl
 #   NP=2 GPUS=0,1 BACKENDS="migctl nccl none" examples/pytorch/compare.sh
+#   SYNC_EVERY=5 examples/pytorch/compare.sh    # the host waits for the GPU every 5 steps (--sync-every)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MIGCTL=${MIGCTL:-bin/migctl}
@@ -14,6 +15,7 @@ PY=${PY:-python3}
 NP=${NP:-7}
 GPUS=${GPUS:-0}
 STEPS=${STEPS:-60}
+SYNC_EVERY=${SYNC_EVERY:-1}
 BACKENDS=${BACKENDS:-"migctl gloo none lockstep"}
 OUT=${OUT:-pytorch-compare-$(date +%Y%m%d-%H%M%S).jsonl}
 export MIGCTL_LIB=${MIGCTL_LIB:-$PWD/bin/libmigctl.so}
@@ -21,7 +23,7 @@ run() { # model batch backend [args...]
   local model=$1 batch=$2 backend=$3; shift 3
   echo "== $model batch $batch backend $backend" >&2
   "$MIGCTL" run --gpus "$GPUS" --np "$NP" -q -- "$PY" "examples/pytorch/ddp_$model.py" \
-    --backend "$backend" --batch "$batch" --steps "$STEPS" "$@" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' | tee -a "$OUT"
+    --backend "$backend" --batch "$batch" --steps "$STEPS" --sync-every "$SYNC_EVERY" "$@" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' | tee -a "$OUT"
 }
 for b in $BACKENDS; do
   set -- "$b"; [ "$b" = lockstep ] && set -- none --lockstep
