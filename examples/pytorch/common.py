@@ -66,8 +66,8 @@ def parser(description):
                          "--steps must be a multiple of K")
     ap.add_argument("--time-ddp", action="store_true",
                     help="diagnosis: time DDP's buffer broadcast before every forward pass (its CPU time, the "
-                         "process group's broadcast calls within it, and when the GPU got past it) and report "
-                         "the means per rank")
+                         "process group's broadcast calls within it, and, with --sync-every 1, when the GPU got "
+                         "past it) and report the means per rank")
     return ap
 
 
@@ -91,8 +91,6 @@ def setup(args):
         raise SystemExit(f"--sync-every {k}: must be at least 1")
     if args.steps % k:
         raise SystemExit(f"--steps {args.steps} is not a multiple of --sync-every {k}")
-    if k > 1 and getattr(args, "time_ddp", False):
-        raise SystemExit("--time-ddp times each step from an idle GPU: it needs --sync-every 1")
     if getattr(args, "lockstep", False):
         if args.backend != "none":
             raise SystemExit("--lockstep is for --backend none (a backend's collectives synchronise the ranks)")
@@ -149,7 +147,8 @@ def wrap(model, args, device):
     if getattr(args, "probe_hook", ""):
         ddp.register_comm_hook(None, _PROBE_HOOKS[args.probe_hook])
     if getattr(args, "time_ddp", False):
-        _time_buffer_sync(ddp, device)
+        # the GPU figure only where every step starts on an idle GPU (--sync-every 1)
+        _time_buffer_sync(ddp, device, gpu=getattr(args, "sync_every", 1) == 1)
     return ddp
 
 
@@ -157,10 +156,11 @@ class _BufferSyncTimes:
     """Diagnosis (--time-ddp): per step, the CPU time of DDP's buffer sync
     (_sync_buffers), the CPU time of the process group's broadcast calls in
     it, and the GPU time from the step's start to the end of what the sync
-    queued (cuda events; the GPU is idle at the step's start)."""
+    queued (cuda events; only with gpu, where the GPU is idle at every step's
+    start: --sync-every 1)."""
 
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device, gpu=True):
+        self.cuda = device.type == "cuda" and gpu
         self.cpu, self.bcast, self.gpu = [], [], []
         self.step_bcast, self.synced = 0.0, False
         self.events = None
@@ -184,8 +184,8 @@ class _BufferSyncTimes:
         return [1e3 * sum(x) / max(len(x), 1) for x in tail]
 
 
-def _time_buffer_sync(ddp, device):
-    times = _BufferSyncTimes(device)
+def _time_buffer_sync(ddp, device, gpu=True):
+    times = _BufferSyncTimes(device, gpu)
     sync_buffers = ddp._sync_buffers
 
     def timed_sync(*a, **k):
@@ -326,7 +326,7 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
     med = sorted(times)[len(times) // 2] if times else 0.0
     cpu_step = (cpu1 - cpu0) / max(len(times) * k, 1)
     diag = getattr(model, "_diag_times", None)
-    diag_ms = diag.means_ms(len(times)) if diag is not None else [0.0, 0.0, 0.0]
+    diag_ms = diag.means_ms(len(times) * k) if diag is not None else [0.0, 0.0, 0.0]
     mine = torch.tensor([sum(times) / max(len(times), 1), med, cpu_step] + diag_ms, dtype=torch.float64)
     params = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
     checksum = torch.tensor([params.sum().item(), (params * params).sum().item()], dtype=torch.float64)
