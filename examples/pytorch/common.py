@@ -34,7 +34,8 @@ def parser(description):
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic cuDNN/cuBLAS kernels, so that two backends' losses can be compared to "
                          "round-off (ResNet's convolutions otherwise pick non-deterministic algorithms)")
-    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep after every step")
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep after every step (timed as part of "
+                    "the step's --sync-every window when K > 1)")
     ap.add_argument("--mark-at", type=int, default=-1, help="rank 0 creates --mark-file after this step")
     ap.add_argument("--mark-file", default="", help="see --mark-at (a driver waits for it)")
     ap.add_argument("--bucket-view", action="store_true",
