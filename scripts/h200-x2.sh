@@ -18,6 +18,12 @@
 #            FSDP vs DDP with MIGCTL_INTER_NODE=nccl).
 #            Build: make build lib; remove bin/sgd and the test binaries (64 MiB carry).
 #
+#   PART=quick  for a session with little device time left (~3 min): issue 9's two-GPU rows (4 ranks, 2 per
+#            GPU, and 8 ranks, 4 per GPU, 256 MiB, auto, LIMIT and %; gloo beside them) and issue 11's ResNet-18
+#            and GPT at batch 32, one rank per GPU, migctl (IPC ring) vs NCCL. Build: make build lib &&
+#            cp ../shared/bench/gloo_allreduce.py bin/; carry ["bin/migctl", "bin/libmigctl.so",
+#            "bin/gloo_allreduce.py"].
+#
 #   run: timeout 590 env PART=9 bash scripts/h200-x2.sh     (carry ["bin"])
 #
 # With fewer than two GPUs it says so and stops (nothing here means anything on one). Output under
@@ -89,8 +95,25 @@ PY
   OUT="$O" NCCL_ONLY=1 timeout 200 scripts/h200-train.d/pytorch-fsdp.sh >"$O/fsdp.log" 2>&1
   say "pytorch-fsdp rc=$? $(grep -E '^(PASS|FAIL)' "$O/fsdp.log" | cut -c1-160 | paste -sd'|') $(tail -1 "$O/fsdp.log")"
   ;;
+quick)
+  need bin/migctl bin/libmigctl.so bin/gloo_allreduce.py
+  for np in 4 8; do
+    timeout 100 bin/migctl bench allreduce --backend gpu --transport shm --gpu 0,1 --np $np -b 256MiB -e 256MiB \
+      -n 10 -w 3 -c 1 -o json >"$O/np$np.json" 2>"$O/np$np.err"
+    say "np$np on 2 GPUs 256 MiB rc=$? $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["rows"][0]; print("%.2f ms wrong=%d algo=%s limit=%.2f ms %%limit=%.1f binding=%s" % (r["timeUs"] / 1e3, r["wrong"], d.get("algorithm"), r.get("limitUs", 0) / 1e3, r.get("pctLimit", 0), r.get("limitBinding")))' "$O/np$np.json" 2>/dev/null || tail -c 300 "$O/np$np.err")"
+  done
+  timeout 100 python3 bin/gloo_allreduce.py --np 4,8 --gpus 0,1 --sizes 256M --iters 3 >"$O/gloo2.txt" 2>&1
+  say "gloo rc=$? $(grep -v '^#' "$O/gloo2.txt" | paste -sd'|')"
+  for m in resnet gpt; do
+    for b in migctl nccl; do
+      timeout 80 bin/migctl run --gpus 0,1 --np 2 -q -- python3 examples/pytorch/ddp_$m.py --backend $b --batch 32 \
+        --steps 25 2>"$O/$m-$b.err" | sed -n 's/^\[0\]: \({.*}\)$/\1/p' >"$O/$m-$b.json"
+      say "$m b32 $b rc=$? $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print("ms/step=%.1f identical=%s" % (r["step_ms_median_slowest_rank"], r["ranks_identical"]))' "$O/$m-$b.json" 2>/dev/null || tail -c 200 "$O/$m-$b.err")"
+    done
+  done
+  ;;
 *)
-  say "PART=$PART: want 9 or 11"
+  say "PART=$PART: want 9, 11 or quick"
   exit 2
   ;;
 esac
