@@ -541,9 +541,33 @@ class _Comm:
 
     def quiet(self):
         """Nothing of this process in flight in any of its groups (the library
-        runs a process's collectives in issue order, whatever their group)."""
+        runs a process's collectives in issue order, whatever their group).
+        An asynchronous collective nobody waited for stops counting once the
+        library has finished it (_reap_finished)."""
         w = getattr(self, "world", self)
-        return not w._busy() and not any(s._busy() for s in w._subs)
+        groups = (w, *w._subs)
+        if not any(g._busy() for g in groups):
+            return True
+        for g in groups:
+            g._reap_finished()
+        return not any(g._busy() for g in groups)
+
+    def _reap_finished(self):
+        """Finishes here the Works nobody has claimed whose collectives the
+        library has finished (migctl_test: done, the handle kept): without
+        this an asynchronous call never waited for would count as in flight
+        until UNCLAIMED later ones pushed it to the completion thread. A later
+        wait() or get_future() on them returns at once."""
+        if not self._unfinished:
+            return
+        test = self.lib.lib.migctl_test
+        with self._mu:
+            ready = [w for w in self._unclaimed
+                     if w._state == _ISSUED and all(test(h) != _lib.PENDING for h in w._handles)]
+            for w in ready:
+                w._state = _CLAIMED
+        for w in ready:
+            w._run()  # its handles are done: the waits return at once
 
     def queued_broadcast_bytes(self):
         """migctl_queued_broadcast_bytes of this group, asked once."""

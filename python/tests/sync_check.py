@@ -207,8 +207,18 @@ def main():
     check(comm.queued_broadcast_bytes() == 0, f"host backend queues broadcasts: {comm.queued_broadcast_bytes()}")
     check(comm.quiet(), "in flight with nothing issued")
     pending = pg.allreduce([torch.ones(4)], Opts(async_op=True))
-    check(not comm.quiet(), "quiet with an asynchronous all-reduce not waited for")
-    pending.wait()
+    lib = _lib.load().lib
+    handle = pending._handles[0]
+    # in flight while the library runs it: quiet only once it has finished, waited for or not
+    if comm.quiet():
+        check(lib.migctl_test(handle) != _lib.PENDING, "quiet with an asynchronous all-reduce still running")
+    deadline = time.monotonic() + 30
+    while not comm.quiet() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    check(comm.quiet(), "an asynchronous all-reduce never waited for still counts as in flight once finished")
+    check(pending.is_completed(), "the finished all-reduce's Work is not completed")
+    pending.wait()  # after the reap: returns at once, with the result
+    check(pending.result()[0].tolist() == [float(size)] * 4, f"reaped all-reduce: {pending.result()[0].tolist()}")
     check(comm.quiet(), "not quiet after waiting for the all-reduce")
 
     class Stand:  # a CUDA tensor's attributes, and a group's answers, without a GPU
