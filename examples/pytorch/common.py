@@ -296,10 +296,11 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
             sync(device)
             if step == args.warmup:
                 cpu0 = time.process_time()
-            t0 = time.perf_counter()
         diag = getattr(model, "_diag_times", None)
         if diag is not None:
             diag.start_step()
+        if first:
+            t0 = time.perf_counter()
         with _mark(prof, f"train_step_{step}"):
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
