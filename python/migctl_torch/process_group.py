@@ -581,8 +581,9 @@ class _Comm:
     def _finalize(self):
         if os.getpid() != self.pid:
             return
-        # with collectives in flight (a peer died) exiting must not wait for their deadline
-        if not self._busy() and not any(s._busy() for s in self._subs):
+        # with collectives in flight (a peer died) exiting must not wait for their deadline;
+        # finished ones nobody waited for are not in flight (quiet reaps them)
+        if self.quiet():
             self.lib.lib.migctl_finalize()  # frees the groups of some of the ranks too
 
     # --- helpers ----------------------------------------------------------
