@@ -163,11 +163,12 @@ func (e *Executor) waitDevice(ctx context.Context, ev comm.Event) error {
 // wait (flag >= value) and the device's, whose >= wraps ((int64)(flag -
 // value) >= 0, cuStreamWaitValue64), for every call so far.
 func (e *Executor) releaseWaits(sched Schedule) {
-	if e.words == nil || !sched.Params.SmallOnDevice {
+	back := e.queuesCopiesBack(sched.Params)
+	if e.words == nil || !sched.Params.SmallOnDevice && !back {
 		return
 	}
 	for _, st := range sched.Steps[e.tr.Rank()] {
-		if st.DeviceFlags {
+		if st.DeviceFlags || back && st.Lane == LaneIn && st.Kind == CopyIn {
 			for _, c := range st.Wait {
 				e.tr.Set(c.Flag, e.maxEpoch.Load()+1<<62)
 			}

@@ -83,6 +83,14 @@ type Options struct {
 	// queued. Unlike SmallOnDevice it may differ between ranks: the flags
 	// and slot are the CPU schedule's.
 	BroadcastOnDevice bool
+	// QueueCopiesBack lets a chained all-reduce run under WithReady queue
+	// its remaining copies back at once, each behind device-side waits for
+	// its chunk's reduced flags, as soon as this rank's copies out are all
+	// queued, and call ready then, not once the last chunk is reduced
+	// (chain.go, "Copies back queued on the device"). Needs streams that
+	// wait for flag words (comm.WordStream); without them it does nothing.
+	// A local choice: ranks may differ.
+	QueueCopiesBack bool
 }
 
 // Staged is the arena geometry the host-staged collectives of ranks that
@@ -278,7 +286,7 @@ func NewExecutor(dev comm.Device, tr Transport, opts Options) (*Executor, error)
 		}
 		e.streams[l] = s
 	}
-	if opts.SmallOnDevice || opts.BroadcastOnDevice {
+	if opts.SmallOnDevice || opts.BroadcastOnDevice || opts.QueueCopiesBack {
 		e.words = streamWords(dev, tr, e.streams)
 	}
 	return e, nil
@@ -591,6 +599,20 @@ type lanesLinks struct {
 	ready     func(comm.Event)   // called once the copies back are queued (nil: not; WithReady)
 }
 
+// laneHooks connect a chained all-reduce's lanes to its caller and to each
+// other (zero: none).
+type laneHooks struct {
+	// ready (the in lane) is called once every step is queued (WithReady).
+	ready func(comm.Event)
+	// queued (the out lane) is called once every step is queued; a lane
+	// with it queues its steps regardless of Options.Depth.
+	queued func()
+	// outQueued (the in lane): the lane waits until it is closed (the out
+	// lane has queued every step) and then queues every copy back at once
+	// behind device-side waits for its flags (Options.QueueCopiesBack).
+	outQueued <-chan struct{}
+}
+
 func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uint64, fence bool, links lanesLinks) error {
 	r := e.tr.Rank()
 	if fence {
@@ -626,7 +648,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			if e.words != nil && deviceFlags(lanes[l]) {
 				return withCause(ctx, e.runDeviceLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World))
 			}
-			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin, nil, 0, nil))
+			return withCause(ctx, e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, e.opts.SmallSpin, nil, 0, laneHooks{}))
 		}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -635,6 +657,14 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 	errs := make([]error, NumLanes)
 	order := make([]uint64, NumLanes)
 	var failed atomic.Uint64
+	var hooks [NumLanes]laneHooks
+	hooks[LaneIn].ready = links.ready
+	if links.ready != nil && e.queueBackCall(sched.Params, lanes, links.cross) {
+		queuedBack.Add(1)
+		outQueued := make(chan struct{})
+		hooks[LaneOut].queued = sync.OnceFunc(func() { close(outQueued) })
+		hooks[LaneIn].outQueued = outQueued
+	}
 	for l := range lanes {
 		if len(lanes[l]) == 0 {
 			continue
@@ -644,11 +674,7 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 			defer wg.Done()
 			err := e.afterLane(ctx, links.prev, Lane(l))
 			if err == nil {
-				var ready func(comm.Event)
-				if Lane(l) == LaneIn {
-					ready = links.ready
-				}
-				err = e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0, links.cross[l], links.prevEpoch, ready)
+				err = e.runLane(ctx, Lane(l), lanes[l], call, epoch, sched.Params.World, 0, links.cross[l], links.prevEpoch, hooks[l])
 			}
 			if links.cur != nil {
 				close(links.cur.laneDone[l])
@@ -727,6 +753,9 @@ type inflight struct {
 	st  *Step
 	idx int // position in the lane (trace)
 	ev  comm.Event
+	// dev: the step was queued behind device-side waits for its flags,
+	// which the CPU waits for (with the transport's checks) before ev.
+	dev bool
 }
 
 func (e *Executor) ready(conds []Cond, epoch uint64) bool {
@@ -802,11 +831,13 @@ func (e *Executor) afterLane(ctx context.Context, prev *chainCall, lane Lane) er
 
 // runLane runs one lane's steps; spin > 0 is how long its waits poll. Step
 // i first waits for cross[i] at prevEpoch (the previous call's flags, see
-// crossWaits), when cross has it. ready, when not nil, is called once every
-// step is queued, before the lane waits for the last ones, with an event
-// recorded after them on the lane's stream (WithReady).
+// crossWaits), when cross has it. hooks.ready, when not nil, is called once
+// every step is queued, before the lane waits for the last ones, with an
+// event recorded after them on the lane's stream (WithReady); hooks.queued
+// then too. With hooks.outQueued, the lane waits for it to close and then
+// queues its steps at once behind device-side waits (queueBehindWaits).
 func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call Call, epoch uint64, world int, spin time.Duration,
-	cross [][]Cond, prevEpoch uint64, ready func(comm.Event)) error {
+	cross [][]Cond, prevEpoch uint64, hooks laneHooks) error {
 	evSpin := e.opts.EventSpin
 	if spin > 0 {
 		evSpin = spin
@@ -835,6 +866,33 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 		e.publish(f.st.Set, epoch)
 		return nil
 	}
+	if hooks.outQueued != nil {
+		// complete waits on the CPU for the flags of a step queued behind
+		// device waits first: the transport's wait notices a dead peer,
+		// the abort flag and the deadline, which the event cannot.
+		complete0 := complete
+		complete = func() error {
+			if f := q[head]; f.dev {
+				if err := e.wait(ctx, f.st.Wait, epoch, nil, spin); err != nil {
+					return err
+				}
+				if err := e.checkPeers(f.st.Wait, epoch); err != nil {
+					return err
+				}
+			}
+			return complete0()
+		}
+	}
+	queueBack := hooks.outQueued != nil
+	if queueBack {
+		// The out lane queues every copy out without waiting for this
+		// lane (the call's chunks fit the slots: queueBackCall).
+		select {
+		case <-hooks.outQueued:
+		case <-ctx.Done():
+			return fmt.Errorf("lane %d waiting for the copies out to be queued: %w", lane, context.Cause(ctx))
+		}
+	}
 	reached := -1
 	for i := 0; i < len(steps); {
 		st := steps[i]
@@ -843,7 +901,23 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 			tr[i].reach = e.trace.since()
 			tr[i].ready = tr[i].reach
 		}
-		if len(q)-head >= e.opts.Depth {
+		if queueBack {
+			ev, err := e.queueBehindWaits(lane, st, call, epoch, world)
+			if err != nil {
+				return fmt.Errorf("lane %d: %s step queued behind its flags: %w", lane, st.Kind, err)
+			}
+			if tr != nil {
+				tr[i].issued = e.trace.since()
+				tr[i].done = tr[i].issued
+			}
+			if len(q) == cap(q) && head > 0 {
+				q, head = q[:copy(q, q[head:])], 0
+			}
+			q = append(q, inflight{st, i, ev, true})
+			i++
+			continue
+		}
+		if len(q)-head >= e.opts.Depth && hooks.queued == nil {
 			if err := complete(); err != nil {
 				return err
 			}
@@ -907,9 +981,12 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 		if len(q) == cap(q) && head > 0 { // slide the live entries down rather than grow
 			q, head = q[:copy(q, q[head:])], 0
 		}
-		q = append(q, inflight{st, i - 1, ev})
+		q = append(q, inflight{st, i - 1, ev, false})
 	}
-	if ready != nil {
+	if hooks.queued != nil {
+		hooks.queued()
+	}
+	if ready := hooks.ready; ready != nil {
 		// A fresh event, not one of the lane's reused ones: the caller may
 		// order a stream after it later, when the lane may have recorded
 		// those again behind work that waits for other ranks.

@@ -78,7 +78,7 @@
 extern "C" {
 #endif
 
-#define MIGCTL_ABI_VERSION 16 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
+#define MIGCTL_ABI_VERSION 17 /* 2: migctl_issue; errors of a running collective come from migctl_wait;
                               3: migctl_serve, migctl_init_group (a group per node of a multi-node job);
                               4: device collectives are ordered after the stream's work at the call
                                  (not when they start); migctl_stats;
@@ -102,7 +102,8 @@ extern "C" {
                              14: MIGCTL_STAT_CHAINED (a large asynchronous all-reduce lets the
                                  collective issued after it start before it has finished);
                              15: migctl_wait_stream, MIGCTL_STAT_EARLY;
-                             16: migctl_completes_early */
+                             16: migctl_completes_early;
+                             17: MIGCTL_STAT_QUEUED_BACK */
 
 /* Result codes. */
 #define MIGCTL_OK 0
@@ -323,7 +324,9 @@ int migctl_completes_early(int group);
 #define MIGCTL_STAT_DIRECT_TRANSFERS 11 /* transfers started on the issuing thread (nothing before them in flight) */
 #define MIGCTL_STAT_CHAINED 12        /* all-reduces that let the next collective start before they finished */
 #define MIGCTL_STAT_EARLY 13          /* migctl_wait_stream calls that returned before the collective finished */
-#define MIGCTL_STAT_COUNT 14
+#define MIGCTL_STAT_QUEUED_BACK 14    /* all-reduces whose copies back were queued at once, behind device waits
+                                         for their reductions (MIGCTL_TUNING=complete=queued) */
+#define MIGCTL_STAT_COUNT 15
 int migctl_stats(uint64_t *out, size_t n);
 
 /* Sets the deadline of every collective issued from now on (MIGCTL_TIMEOUT at

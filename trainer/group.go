@@ -403,6 +403,8 @@ func (g *Group) connect(ctx context.Context) error {
 	t := c.tuning
 	opts := allreduce.Options{Chunk: t.Chunk, Slots: t.Slots, Depth: t.Depth, ReduceWorkers: t.ReduceWorkers,
 		EventSpin: t.Spin, SmallSpin: t.Spin, SmallBytes: t.SmallBytes, SmallOnDevice: t.SmallOnDevice, WholeChunks: t.WholeChunks,
+		// Only where the caller is readied early (Group.CompletesEarly).
+		QueueCopiesBack: t.QueueCopiesBack && t.CompleteOnDevice,
 		// Not on the IPC transport, whose broadcasts are never queued (ordersStreams):
 		// the flag words would be registered with the device for nothing.
 		BroadcastOnDevice: !t.BroadcastOnCPU && !g.link && g.cfg.backend == BackendGPU && g.transport != TransportIPC}

@@ -346,7 +346,7 @@ func TestParseTuning(t *testing.T) {
 	for s, want := range map[string]Tuning{
 		"smallon=cpu": {}, "bcast=device": {}, "chain=on": {}, "piece=auto": {}, "complete=cpu": {}, " ": {},
 		"bcast=cpu": {BroadcastOnCPU: true}, "chain=off": {NoChain: true}, "piece=chunk": {WholeChunks: true},
-		"complete=device": {CompleteOnDevice: true},
+		"complete=device": {CompleteOnDevice: true}, "complete=queued": {CompleteOnDevice: true, QueueCopiesBack: true},
 	} {
 		got, err := ParseTuning(s)
 		require.NoError(t, err, s)

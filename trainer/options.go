@@ -189,6 +189,13 @@ type Tuning struct {
 	// done once its copies back have completed. A local choice: ranks may
 	// differ.
 	CompleteOnDevice bool
+	// QueueCopiesBack, with CompleteOnDevice, readies a chained all-reduce
+	// earlier still: once this rank's copies out are all queued, its copies
+	// back are queued too, each behind device-side waits for its chunk's
+	// reduced flags (allreduce.Options.QueueCopiesBack), so that a call
+	// whose chunks fit the slots (DDP's last bucket) readies at its issue.
+	// Off by default until measured on a GPU. A local choice.
+	QueueCopiesBack bool
 }
 
 // Option configures Init.

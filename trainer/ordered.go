@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 )
 
@@ -77,6 +78,11 @@ func (g *Group) ordersStreams() bool {
 func (g *Group) CompletesEarly() bool {
 	return g.cfg.tuning.CompleteOnDevice && g.ordersStreams()
 }
+
+// QueuedBackCalls is how many all-reduces of this process, in every group,
+// have queued their copies back at once behind device-side waits for their
+// reductions (Tuning.QueueCopiesBack), for diagnosis.
+func QueuedBackCalls() uint64 { return allreduce.QueuedBackCalls() }
 
 // OrderStream makes the work queued on the caller's CUDA stream from now on
 // wait for ev (from Work.OnReady) on the device, without blocking the

@@ -16,7 +16,8 @@ import (
 // slots, depth, workers (integers), spin (a Go duration), smallon (cpu or
 // device: Tuning.SmallOnDevice), bcast (device or cpu: Tuning.BroadcastOnCPU), recv (staged or direct: Tuning.RecvDirect), chain (on or off:
 // Tuning.NoChain), piece (auto or chunk: Tuning.WholeChunks), complete
-// (cpu or device: Tuning.CompleteOnDevice), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
+// (cpu, device: Tuning.CompleteOnDevice, or queued: that and
+// Tuning.QueueCopiesBack), e.g. MIGCTL_TUNING=chunk=4MiB,slots=8,workers=2. Every rank of a job must see
 // the same chunk, slots, small and piece (migctl run hands its environment to all).
 const EnvTuning = "MIGCTL_TUNING"
 
@@ -67,7 +68,15 @@ func ParseTuning(s string) (Tuning, error) {
 		case "piece":
 			t.WholeChunks, err = either(v, "auto", "chunk")
 		case "complete":
-			t.CompleteOnDevice, err = either(v, "cpu", "device")
+			switch v {
+			case "queued":
+				t.CompleteOnDevice, t.QueueCopiesBack = true, true
+			default:
+				t.CompleteOnDevice, err = either(v, "cpu", "device")
+				if err != nil {
+					err = fmt.Errorf("want cpu, device or queued")
+				}
+			}
 		case "spin":
 			if t.Spin, err = time.ParseDuration(v); err == nil && t.Spin <= 0 {
 				err = fmt.Errorf("want a positive duration")

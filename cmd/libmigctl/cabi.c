@@ -604,6 +604,8 @@ int migctl_stats(uint64_t *out, size_t n) {
 	GUARD_FAST(MIGCTL_ERR_FORKED);
 	if (out == NULL && n > 0) return set_error(MIGCTL_ERR_INVALID, "libmigctl: migctl_stats: NULL buffer");
 	for (size_t i = 0; i < n && i < MIGCTL_STAT_COUNT; i++) out[i] = __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
+	// Counted by the executors (Go), not here.
+	if (n > MIGCTL_STAT_QUEUED_BACK) out[MIGCTL_STAT_QUEUED_BACK] = migctlGoQueuedBack();
 	return MIGCTL_STAT_COUNT;
 }
 const char *migctl_last_error(void) { return last_error; }

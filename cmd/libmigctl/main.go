@@ -9,7 +9,7 @@ package main
 #include "cabi.h"
 // Go's build cache does not watch include/migctl.h (outside this package):
 // naming its version here makes a version change rebuild the library.
-#if MIGCTL_ABI_VERSION != 16
+#if MIGCTL_ABI_VERSION != 17
 #error "MIGCTL_ABI_VERSION changed in include/migctl.h: update this check"
 #endif
 */
@@ -423,6 +423,13 @@ func transfer(g *trainer.Group, s *C.migctl_slot_t, mark comm.Event) (*trainer.W
 	}
 	return g.RecvAsync(ctx, buffer(s.recv, n, dt, onDev, uintptr(s.stream), ordered, false, mark), peer), nil
 }
+
+// migctlGoQueuedBack is MIGCTL_STAT_QUEUED_BACK (migctl_stats): the
+// all-reduces of this process that queued their copies back behind device
+// waits.
+//
+//export migctlGoQueuedBack
+func migctlGoQueuedBack() C.uint64_t { return C.uint64_t(trainer.QueuedBackCalls()) }
 
 //export migctlGoInfo
 func migctlGoInfo(id, what C.int) C.int {

@@ -355,10 +355,11 @@ def train(name, args, model, batches, loss_fn, rank, world, device, extra=None):
                "ranks_identical": all(torch.equal(c, all_c[0]) for c in all_c)}
         if args.backend == "migctl":
             # rank 0's library counters over the whole run: collectives done, all-reduces chained
-            # (the next one started before they ended), waits that returned early (results on the GPU)
+            # (the next one started before they ended), waits that returned early (results on the GPU),
+            # all-reduces whose copies back were queued at once (MIGCTL_TUNING=complete=queued)
             from migctl_torch import _lib  # noqa: PLC0415
             st = _lib.load().stats()
-            out["library"] = {k: st.get(k, 0) for k in ("done", "chained", "early")}
+            out["library"] = {k: st.get(k, 0) for k in ("done", "chained", "early", "queued_back")}
         if diag is not None:  # --time-ddp: per rank, ms per step
             out["buffer_sync"] = {k: [round(t[3 + i].item(), 3) for t in all_t]
                                   for i, k in enumerate(("cpu_ms", "pg_broadcast_cpu_ms", "gpu_ms"))}

@@ -5,7 +5,7 @@ import os
 import shutil
 import threading
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 OK = 0
 PENDING = 1
@@ -28,7 +28,7 @@ KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_BROADCAST, KIND_BARRI
 
 # migctl_stats's counters, in order (include/migctl.h, MIGCTL_STAT_*).
 STATS = ("done", "queue_ns", "run_ns", "waits", "wake_ns", "wait_sleeps", "dispatch_sleeps", "marks",
-         "idle_marks", "runs", "direct", "direct_transfers", "chained", "early")
+         "idle_marks", "runs", "direct", "direct_transfers", "chained", "early", "queued_back")
 
 _NAMES = {
     ERR_INVALID: "invalid argument",

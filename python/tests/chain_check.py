@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--expect-early", choices=["auto", "yes", "no"], default="auto",
                     help="whether some waits must have returned before their all-reduce ended (the library's "
                          "MIGCTL_STAT_EARLY); auto: yes on CUDA tensors where MIGCTL_TUNING has complete=device "
-                         "and not chain=off, else no")
+                         "or complete=queued and not chain=off, else no")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
@@ -97,7 +97,7 @@ def main():
     tuning = os.environ.get("MIGCTL_TUNING", "")
     want_early = args.expect_early
     if want_early == "auto":
-        want_early = "yes" if dev.type == "cuda" and "chain=off" not in tuning and "complete=device" in tuning else "no"
+        want_early = "yes" if dev.type == "cuda" and "chain=off" not in tuning and ("complete=device" in tuning or "complete=queued" in tuning) else "no"
     if want_early == "yes" and early == 0:
         failures.append("no wait returned before its all-reduce ended (MIGCTL_STAT_EARLY did not move)")
     if want_early == "no" and early != 0:

@@ -37,6 +37,7 @@ int migctlGoSetTimeout(int group, int64_t ms);
 int migctlGoServe(int size, char *out, size_t outLen);
 int migctlGoFinalize(void);
 int migctlGoOrderReady(uint64_t id, uintptr_t stream);
+uint64_t migctlGoQueuedBack(void);
 
 static long hooked_syscall(long nr, uint32_t *w, int op, uint32_t v, const void *t, void *u, int v3);
 #define syscall hooked_syscall
@@ -69,6 +70,7 @@ int migctlGoSetTimeout(int group, int64_t ms) { return MIGCTL_OK; }
 int migctlGoNewGroup(int *ranks, int n, char *name) { return MIGCTL_ERR_UNSUPPORTED; }
 int migctlGoFreeGroup(int group) { return MIGCTL_OK; }
 int migctlGoServe(int size, char *out, size_t outLen) { return MIGCTL_OK; }
+uint64_t migctlGoQueuedBack(void) { return 42; }
 
 // migctl_wait_stream's calls to order a stream: the last handle and stream,
 // how many, and what they return.
@@ -200,6 +202,10 @@ int main(void) {
 	uint64_t st[MIGCTL_STAT_COUNT];
 	CHECK(migctl_stats(st, MIGCTL_STAT_COUNT) == MIGCTL_STAT_COUNT && st[MIGCTL_STAT_DIRECT_TRANSFERS] == 1,
 	      "stats count the transfer started here");
+	CHECK(st[MIGCTL_STAT_QUEUED_BACK] == 42, "stats take the queued-back count from the Go side");
+	uint64_t few[MIGCTL_STAT_QUEUED_BACK] = {0};
+	CHECK(migctl_stats(few, MIGCTL_STAT_QUEUED_BACK) == MIGCTL_STAT_COUNT && few[MIGCTL_STAT_DIRECT_TRANSFERS] == 1,
+	      "stats copy no more than asked for");
 	// Behind a collective still running: the ring, after it.
 	__atomic_store_n(&hold, 1, __ATOMIC_SEQ_CST);
 	int64_t b1 = migctl_issue(MIGCTL_KIND_BARRIER, NULL, NULL, 0, 0, 0, 0, 0, 0);
