@@ -43,7 +43,8 @@ def main():
     ap.add_argument("--expect-early", choices=["auto", "yes", "no"], default="auto",
                     help="whether some waits must have returned before their all-reduce ended (the library's "
                          "MIGCTL_STAT_EARLY); auto: yes on CUDA tensors where MIGCTL_TUNING has complete=device "
-                         "or complete=queued and not chain=off, else no")
+                         "or complete=queued and not chain=off, else no (with complete=queued, some all-reduces "
+                         "must also have queued their copies back at once: MIGCTL_STAT_QUEUED_BACK)")
     args = ap.parse_args()
     if args.device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("MIGCTL_DEVICE", "0")))
@@ -94,10 +95,18 @@ def main():
     stats = _lib.load().stats()
     chained = stats.get("chained", 0) - stats0.get("chained", 0)
     early = stats.get("early", 0) - stats0.get("early", 0)
+    queued = stats.get("queued_back", 0) - stats0.get("queued_back", 0)
     tuning = os.environ.get("MIGCTL_TUNING", "")
+    early_on = "complete=device" in tuning or "complete=queued" in tuning
     want_early = args.expect_early
     if want_early == "auto":
-        want_early = "yes" if dev.type == "cuda" and "chain=off" not in tuning and ("complete=device" in tuning or "complete=queued" in tuning) else "no"
+        want_early = "yes" if dev.type == "cuda" and "chain=off" not in tuning and early_on else "no"
+    # a call that fits the arena's slots queues its copies back at once with complete=queued (and only then)
+    want_queued = dev.type == "cuda" and "chain=off" not in tuning and "complete=queued" in tuning
+    if want_queued and queued == 0:
+        failures.append("no all-reduce queued its copies back at once (MIGCTL_STAT_QUEUED_BACK did not move)")
+    if not want_queued and queued != 0:
+        failures.append(f"{queued} all-reduces queued their copies back without complete=queued")
     if want_early == "yes" and early == 0:
         failures.append("no wait returned before its all-reduce ended (MIGCTL_STAT_EARLY did not move)")
     if want_early == "no" and early != 0:
@@ -116,7 +125,7 @@ def main():
         failures.append(f"in-place chain of {chain_calls} calls: {chain[:3].tolist()}, want {want}")
     print(json.dumps({"rank": rank, "world": world, "device": str(dev), "calls": len(works),
                       "issue_ms": round(issued * 1e3, 2), "total_ms": round(took * 1e3, 2), "chained": chained, "early": early,
-                      "failures": failures}), flush=True)
+                      "queued_back": queued, "failures": failures}), flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
 
