@@ -37,6 +37,9 @@ for i in 1 2; do
   MIGCTL_TUNING=complete=device ddp "resnet32-device-$i" resnet 32 migctl
   MIGCTL_TUNING=complete=queued ddp "resnet32-queued-$i" resnet 32 migctl
   [ "$i" = 1 ] && ddp resnet32-lockstep resnet 32 none --lockstep
+  # every broadcast on the CPU path: a peer there waiting for a root's device-written flag sleeps on a futex no
+  # store wakes (up to 1 ms); if this is faster than queued, ranks mixing the paths cost that
+  [ "$i" = 1 ] && MIGCTL_TUNING=complete=queued,bcast=cpu ddp resnet32-queued-bcpu resnet 32 migctl
 done
 SE=(--steps 30 --sync-every 5)
 ddp resnet32-k5-default resnet 32 migctl "${SE[@]}"
