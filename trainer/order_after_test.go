@@ -310,25 +310,35 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 				}
 				// What the caller's stream reads after the event: the result,
 				// though copies back may still run.
-				if err := g.OrderStream(uintptr(stream), r.ev); err != nil {
+				if err := readAfterReady(g, f, stream, r.ev, ptr, count); err != nil {
 					return err
-				}
-				out := make([]float32, count)
-				if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cuda.DevicePtr(ptr), uint64(4*count), stream); err != nil {
-					return err
-				}
-				if err := f.StreamSynchronize(stream); err != nil {
-					return err
-				}
-				runtime.KeepAlive(out)
-				if err := checkInputSums(out, n, 1); err != nil {
-					return fmt.Errorf("read after the ready event: %w", err)
 				}
 				return w.Wait(ctx)
 			})
 			requireAll(t, errs)
 		})
 	}
+}
+
+// readAfterReady orders stream after ev (Work.OnReady's event), reads the
+// count floats at ptr through it and checks that they are the sums of every
+// rank's input.
+func readAfterReady(g *Group, f *cuda.Fake, stream cuda.Stream, ev comm.Event, ptr uintptr, count int) error {
+	if err := g.OrderStream(uintptr(stream), ev); err != nil {
+		return err
+	}
+	out := make([]float32, count)
+	if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cuda.DevicePtr(ptr), uint64(4*count), stream); err != nil {
+		return err
+	}
+	if err := f.StreamSynchronize(stream); err != nil {
+		return err
+	}
+	runtime.KeepAlive(out)
+	if err := checkInputSums(out, g.Size(), 1); err != nil {
+		return fmt.Errorf("read after the ready event: %w", err)
+	}
+	return nil
 }
 
 // deviceInput allocates count floats on g's device holding input(rank, j)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -82,19 +80,8 @@ func TestQueuedCopiesBackReadyAtTheIssue(t *testing.T) {
 				case <-w.Done():
 					return fmt.Errorf("the all-reduce ended without readying early: %v", w.Err())
 				}
-				if err := g.OrderStream(uintptr(stream), ev); err != nil {
+				if err := readAfterReady(g, f, stream, ev, ptr, queueBackCount); err != nil {
 					return err
-				}
-				out := make([]float32, queueBackCount)
-				if err := f.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cuda.DevicePtr(ptr), uint64(4*queueBackCount), stream); err != nil {
-					return err
-				}
-				if err := f.StreamSynchronize(stream); err != nil {
-					return err
-				}
-				runtime.KeepAlive(out)
-				if err := checkInputSums(out, n, 1); err != nil {
-					return fmt.Errorf("read after the ready event: %w", err)
 				}
 				return w.Wait(ctx)
 			})
