@@ -83,13 +83,13 @@ type Options struct {
 	// queued. Unlike SmallOnDevice it may differ between ranks: the flags
 	// and slot are the CPU schedule's.
 	BroadcastOnDevice bool
-	// QueueCopiesBack lets a chained all-reduce run under WithReady queue
-	// its remaining copies back at once, each behind device-side waits for
-	// its chunk's reduced flags, as soon as this rank's copies out are all
-	// queued, and call ready then, not once the last chunk is reduced
-	// (chain.go, "Copies back queued on the device"). Needs streams that
-	// wait for flag words (comm.WordStream); without them it does nothing.
-	// A local choice: ranks may differ.
+	// QueueCopiesBack lets a chained all-reduce run under WithReady whose
+	// chunks all fit the slots queue every copy out at once and then every
+	// copy back, each behind device-side waits for its chunk's reduced
+	// flags, and call ready then (at the issue), not once the last chunk is
+	// reduced (queue_back.go). Needs streams that wait for flag words
+	// (comm.WordStream); without them it does nothing. A local choice:
+	// ranks may differ.
 	QueueCopiesBack bool
 }
 
@@ -660,7 +660,6 @@ func (e *Executor) run(ctx context.Context, sched Schedule, call Call, epoch uin
 	var hooks [NumLanes]laneHooks
 	hooks[LaneIn].ready = links.ready
 	if links.ready != nil && e.queueBackCall(sched.Params, lanes, links.cross) {
-		queuedBack.Add(1)
 		outQueued := make(chan struct{})
 		hooks[LaneOut].queued = sync.OnceFunc(func() { close(outQueued) })
 		hooks[LaneIn].outQueued = outQueued
@@ -985,6 +984,9 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 	}
 	if hooks.queued != nil {
 		hooks.queued()
+	}
+	if queueBack {
+		queuedBack.Add(1)
 	}
 	if ready := hooks.ready; ready != nil {
 		// A fresh event, not one of the lane's reused ones: the caller may
