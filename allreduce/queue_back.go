@@ -18,7 +18,8 @@ import (
 // lane, as soon as they are queued, queues every copy back behind
 // device-side waits for that chunk's reduced flags (cuStreamWaitValue64 on
 // the flag words) and readies the caller: at the issue, as NCCL's callers
-// are. A larger call runs as before (its copies out wait for slots that
+// are, or, behind a chained call still running, once that call's in lane
+// has finished (a rank's lanes run its calls in order). A larger call runs as before (its copies out wait for slots that
 // its own copies back free, so the in lane cannot wait for them first). The CPU still follows every step (its flags first, through the
 // transport's wait, which notices a dead peer; then its event) and raises
 // this rank's fetched flags as before.
