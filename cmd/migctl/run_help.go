@@ -55,7 +55,7 @@ reaches every worker too, among it the collectives' knobs: MIGCTL_TUNING=key=val
 chunk and small (sizes), slots, depth, workers, spin, smallon (cpu|device), chain (on|off) and
 piece (auto|chunk) — what ` + "`migctl bench`" + `'s --chunk, --small-bytes, --slots, --depth,
 --reduce-workers, --spin, --small-on, --chain and --piece set there — and bcast (device|cpu),
-recv (staged|direct) and complete (cpu|device); the workers must agree on chunk, slots, small, smallon and piece (the
+recv (staged|direct) and complete (cpu|device|queued); the workers must agree on chunk, slots, small, smallon and piece (the
 rendezvous refuses a worker that does not).
 
 Workers run in their own process groups and never outlive migctl. When one fails, the others
