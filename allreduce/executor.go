@@ -855,6 +855,17 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 		if head++; head == len(q) {
 			q, head = q[:0], 0
 		}
+		if f.dev {
+			// Queued behind device waits: the flags first, on the CPU,
+			// where the transport's wait notices a dead peer, the abort
+			// flag and the deadline, which the event cannot.
+			if err := e.wait(ctx, f.st.Wait, epoch, nil, spin); err != nil {
+				return err
+			}
+			if err := e.checkPeers(f.st.Wait, epoch); err != nil {
+				return err
+			}
+		}
 		if err := waitEvent(ctx, f.ev, e.tr, evSpin); err != nil {
 			return fmt.Errorf("lane %d: %s step: %w", lane, f.st.Kind, err)
 		}
@@ -864,23 +875,6 @@ func (e *Executor) runLane(ctx context.Context, lane Lane, steps []*Step, call C
 		}
 		e.publish(f.st.Set, epoch)
 		return nil
-	}
-	if hooks.outQueued != nil {
-		// complete waits on the CPU for the flags of a step queued behind
-		// device waits first: the transport's wait notices a dead peer,
-		// the abort flag and the deadline, which the event cannot.
-		complete0 := complete
-		complete = func() error {
-			if f := q[head]; f.dev {
-				if err := e.wait(ctx, f.st.Wait, epoch, nil, spin); err != nil {
-					return err
-				}
-				if err := e.checkPeers(f.st.Wait, epoch); err != nil {
-					return err
-				}
-			}
-			return complete0()
-		}
 	}
 	queueBack := hooks.outQueued != nil
 	if queueBack {

@@ -53,12 +53,18 @@ func (e *Executor) queuesCopiesBack(p Params) bool {
 
 // queueBackCall reports whether this rank's call of p, split into lanes,
 // queues its copies back behind device waits (when run under WithReady):
-// every copy back can be (queueable), and no copy out waits for a flag of
+// every step of the in lane is a copy back with bytes to copy and no wait
+// on the previous call's flags (cross), and no copy out waits for a flag of
 // the call (its chunks fit the slots), so the out lane queues them all
 // without waiting for the in lane, which waits for that before it queues.
 func (e *Executor) queueBackCall(p Params, lanes [NumLanes][]*Step, cross [NumLanes][][]Cond) bool {
-	if !e.queuesCopiesBack(p) || !queueable(lanes[LaneIn], cross[LaneIn]) || len(lanes[LaneOut]) == 0 {
+	if !e.queuesCopiesBack(p) || len(cross[LaneIn]) > 0 || len(lanes[LaneIn]) == 0 || len(lanes[LaneOut]) == 0 {
 		return false
+	}
+	for _, st := range lanes[LaneIn] {
+		if st.Kind != CopyIn || st.Len == 0 || st.DeviceFlags {
+			return false
+		}
 	}
 	for _, st := range lanes[LaneOut] {
 		if len(st.Wait) > 0 || st.DeviceFlags {
@@ -66,18 +72,6 @@ func (e *Executor) queueBackCall(p Params, lanes [NumLanes][]*Step, cross [NumLa
 		}
 	}
 	return true
-}
-
-// queueable reports whether every step of the in lane can be queued behind
-// device waits: a copy back with bytes to copy, with no wait left on the
-// previous call's flags (cross).
-func queueable(steps []*Step, cross [][]Cond) bool {
-	for i, st := range steps {
-		if st.Kind != CopyIn || st.Len == 0 || st.DeviceFlags || i < len(cross) && len(cross[i]) > 0 {
-			return false
-		}
-	}
-	return len(steps) > 0
 }
 
 // queueBehindWaits queues st on lane's stream behind a device-side wait

@@ -265,16 +265,11 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 			errs := world(t, n, opts, func(g *Group) error {
 				ctx := context.Background()
 				f := fakes[g.Rank()]
-				stream, _, done, err := fakeKernelStream(f)
+				stream, ptr, b, done, err := callerInput(ctx, g, f, count)
 				if err != nil {
 					return err
 				}
 				defer done()
-				_, ptr, err := deviceInput(ctx, g, count)
-				if err != nil {
-					return err
-				}
-				b := DeviceBufferAfter(ptr, count, Float32, nil)
 				if !g.Chains(b, b) {
 					return fmt.Errorf("an all-reduce of %d floats does not chain with %+v", count, tuning)
 				}
@@ -318,6 +313,22 @@ func TestChainedAllReduceReadiesOnTheDevice(t *testing.T) {
 			requireAll(t, errs)
 		})
 	}
+}
+
+// callerInput makes a caller's stream on rank g's fake driver f (done
+// releases it) and count floats of device memory holding input(rank, j), as
+// a buffer ordered after nothing.
+func callerInput(ctx context.Context, g *Group, f *cuda.Fake, count int) (cuda.Stream, uintptr, Buffer, func(), error) {
+	stream, _, done, err := fakeKernelStream(f)
+	if err != nil {
+		return 0, 0, Buffer{}, nil, err
+	}
+	_, ptr, err := deviceInput(ctx, g, count)
+	if err != nil {
+		done()
+		return 0, 0, Buffer{}, nil, err
+	}
+	return stream, ptr, DeviceBufferAfter(ptr, count, Float32, nil), done, nil
 }
 
 // readAfterReady orders stream after ev (Work.OnReady's event), reads the

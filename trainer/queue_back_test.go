@@ -43,16 +43,11 @@ func TestQueuedCopiesBackReadyAtTheIssue(t *testing.T) {
 			errs := world(t, n, opts, func(g *Group) error {
 				ctx := context.Background()
 				f := fakes[g.Rank()]
-				stream, _, done, err := fakeKernelStream(f)
+				stream, ptr, b, done, err := callerInput(ctx, g, f, queueBackCount)
 				if err != nil {
 					return err
 				}
 				defer done()
-				_, ptr, err := deviceInput(ctx, g, queueBackCount)
-				if err != nil {
-					return err
-				}
-				b := DeviceBufferAfter(ptr, queueBackCount, Float32, nil)
 				if !g.Chains(b, b) || !g.CompletesEarly() {
 					return fmt.Errorf("an all-reduce of %d floats: chains %v, completes early %v", queueBackCount, g.Chains(b, b), g.CompletesEarly())
 				}
