@@ -530,3 +530,56 @@ func TestBusyGPUInstanceKeepsItsBusyComputeInstances(t *testing.T) {
 	_, err = m.Apply(ctx, all(1, req(dev("3g.71gb", 2))), mig.ApplyOptions{})
 	require.ErrorIs(t, err, mig.ErrBusy)
 }
+
+// TestBusyGPUInstancesMayEachBeReshaped: a busy GPU instance that matches
+// one wanted instance exactly may still have to serve another of the same
+// profile and compute-instance size (with fewer or more compute instances),
+// because a second busy one takes the exact match. The planner must consider
+// both shapes for each busy instance rather than only the exact one.
+func TestBusyGPUInstancesMayEachBeReshaped(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		first  mig.Request
+		busyCI []int // compute instance (index in its GI) made busy in every GI
+		next   mig.Request
+		want   string
+	}{
+		{"two busy 2g halves, one loses its idle CI", req(dev("1c.2g.35gb", 4)), []int{0},
+			req(dev("1c.2g.35gb", 3)), "2g.35gb@0:2[1c], 2g.35gb@2:2[1c+1c]"},
+		{"two busy 3g, one loses two idle CIs", req(dev("1c.3g.71gb", 6)), []int{0},
+			req(dev("1c.3g.71gb", 4)), "3g.71gb@0:4[1c], 3g.71gb@4:4[1c+1c+1c]"},
+		{"two busy 3g, one loses one idle CI", req(dev("1c.3g.71gb", 6)), []int{0},
+			req(dev("1c.3g.71gb", 5)), "3g.71gb@0:4[1c+1c], 3g.71gb@4:4[1c+1c+1c]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := migsim.New(migsim.H200, 1)
+			m := newManager(t, sim)
+			_, err := m.Apply(ctx, all(1, tc.first), mig.ApplyOptions{})
+			require.NoError(t, err)
+			node, err := m.Discover(ctx)
+			require.NoError(t, err)
+			var busy []string
+			for _, in := range node.GPUs[0].Instances {
+				for _, k := range tc.busyCI {
+					require.NoError(t, sim.AttachProcess(0, in.GIID, in.Compute[k].CIID, uint32(100+in.GIID), 1<<20))
+					busy = append(busy, in.Compute[k].UUID)
+				}
+			}
+			res, err := m.Apply(ctx, all(1, tc.next), mig.ApplyOptions{})
+			require.NoError(t, err)
+			require.Equal(t, tc.want, res.GPUs[0].Layout.String())
+			after, err := m.Discover(ctx)
+			require.NoError(t, err)
+			require.NoError(t, mig.Assert(&after.GPUs[0], tc.next))
+			have := map[string]bool{}
+			for _, d := range after.MIGDevices() {
+				have[d.UUID] = len(d.Processes) > 0
+			}
+			for _, u := range busy {
+				require.True(t, have[u], "busy MIG device %s survives", u)
+			}
+		})
+	}
+}

@@ -350,26 +350,35 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 	if !gpu.MIGEnabled {
 		cur = nil
 	}
-	// candidates: instances some want could be, and the shape each is kept in
-	var cand []int
-	shape := map[int]InstanceSpec{}
+	// candidates: an instance some want could be, in the shape it is kept
+	// in. An instance that matches a want exactly is a candidate as it is; a
+	// busy one is also a candidate in the shape of every other want it can
+	// serve (reshapeBusy), since another busy instance may need the exact
+	// match. A subset keeps at most one shape per instance.
+	type candidate struct {
+		inst  int
+		shape InstanceSpec
+	}
+	var cand []candidate
 	for i, in := range cur {
 		matched := false
 		for _, w := range wants {
 			if w.Profile.Name == in.Profile && intsEqual(in.CISlices(), sortedInts(w.CISlices)) && (w.Start < 0 || w.Start == in.Placement.Start) {
 				matched = true
-				shape[i] = in.Spec()
-			}
-		}
-		if !matched && in.Busy() {
-			if s, ok := reshapeBusy(in, wants); ok {
-				matched = true
-				shape[i] = s
 			}
 		}
 		if matched {
-			cand = append(cand, i)
-		} else if in.Busy() && !opts.Force {
+			cand = append(cand, candidate{i, in.Spec()})
+		}
+		if in.Busy() {
+			for _, s := range reshapeBusy(in, wants) {
+				if !s.Equal(in.Spec()) {
+					matched = true
+					cand = append(cand, candidate{i, s})
+				}
+			}
+		}
+		if !matched && in.Busy() && !opts.Force {
 			return nil, nil, fmt.Errorf("GPU %d: the layout has no place for %s (GI %d) as it is, and it has processes (%s; use --force to destroy it): %w",
 				gpu.Index, in.Spec(), in.GIID, in.busyWith(), ErrBusy)
 		}
@@ -388,10 +397,13 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 			var kept Layout
 			busyOK := true
 			keep := map[int]bool{}
-			for k, ci := range cand {
+			for k, c := range cand {
 				if sub&(1<<k) != 0 {
-					kept = append(kept, shape[ci])
-					keep[ci] = true
+					if keep[c.inst] {
+						busyOK = false // two shapes of one instance
+					}
+					kept = append(kept, c.shape)
+					keep[c.inst] = true
 				}
 			}
 			for i, in := range cur {
@@ -441,23 +453,24 @@ func chooseKept(gpu *GPU, wants []Want, opts PlanOptions) (Layout, Layout, error
 	return nil, nil, firstErr
 }
 
-// reshapeBusy finds a want that a busy GPU instance can serve without losing
-// a busy compute instance: same profile (and start, if pinned), compute
-// instances all of the size the instance's are, and at least as many as it
-// has busy ones. The instance is then kept in the want's shape: Reconcile
-// destroys idle compute instances (busy ones are kept first) or adds more of
-// the same size, whose aligned slots are free.
-func reshapeBusy(in Instance, wants []Want) (InstanceSpec, bool) {
+// reshapeBusy lists the distinct shapes of the wants a busy GPU instance can
+// serve without losing a busy compute instance: same profile (and start, if
+// pinned), compute instances all of the size the instance's are, and at
+// least as many as it has busy ones. The instance is then kept in the want's
+// shape: Reconcile destroys idle compute instances (busy ones are kept first)
+// or adds more of the same size, whose aligned slots are free.
+func reshapeBusy(in Instance, wants []Want) []InstanceSpec {
 	size, busy := -1, 0
 	for _, c := range in.Compute {
 		if size >= 0 && c.Slices != size {
-			return InstanceSpec{}, false
+			return nil
 		}
 		size = c.Slices
 		if len(c.Processes) > 0 {
 			busy++
 		}
 	}
+	var out []InstanceSpec
 	for _, w := range wants {
 		if w.Profile.Name != in.Profile || (w.Start >= 0 && w.Start != in.Placement.Start) || len(w.CISlices) < busy {
 			continue
@@ -466,11 +479,19 @@ func reshapeBusy(in Instance, wants []Want) (InstanceSpec, bool) {
 		for _, c := range w.CISlices {
 			same = same && c == size
 		}
-		if same {
-			return InstanceSpec{Profile: in.Profile, Placement: in.Placement, CISlices: sortedInts(w.CISlices)}, true
+		if !same {
+			continue
+		}
+		s := InstanceSpec{Profile: in.Profile, Placement: in.Placement, CISlices: sortedInts(w.CISlices)}
+		dup := false
+		for _, o := range out {
+			dup = dup || o.Equal(s)
+		}
+		if !dup {
+			out = append(out, s)
 		}
 	}
-	return InstanceSpec{}, false
+	return out
 }
 
 // layoutScore scores a complete layout like the search does, except for
