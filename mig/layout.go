@@ -138,6 +138,10 @@ func ParseConfig(data []byte, file string) (*Config, error) {
 		return nil, fmt.Errorf("%w: %s: empty file", ErrBadConfig, file)
 	}
 	root := doc.Content[0]
+	budget := maxMergedKeys
+	if err := c.resolve(root, map[*yaml.Node]bool{}, &budget); err != nil {
+		return nil, err
+	}
 	if root.Kind != yaml.MappingNode {
 		return nil, c.errf(root, "top level must be a mapping with version and mig-configs")
 	}
@@ -185,6 +189,76 @@ func ParseConfig(data []byte, file string) (*Config, error) {
 		c.order = append(c.order, k.Value)
 	}
 	return c, nil
+}
+
+// maxMergedKeys bounds the key/value pairs merge keys may copy in one file,
+// so a chain of merges cannot make a small file expand without end.
+const maxMergedKeys = 1 << 16
+
+// resolve rewrites the tree under n in place the way mig-parted's YAML
+// reader (sigs.k8s.io/yaml) sees it: aliases ("*base") become the node they
+// name, and merge keys ("<<: *base", "<<: [*a, *b]") copy the named
+// mappings' keys that the mapping does not set itself. A key given twice in
+// one mapping is refused (YAML forbids it; mig-parted would silently keep the
+// last one, e.g. the second of two mig-enabled). Shared nodes are visited
+// once; budget counts the pairs merges may still copy.
+func (c *Config) resolve(n *yaml.Node, done map[*yaml.Node]bool, budget *int) error {
+	if done[n] {
+		return nil
+	}
+	done[n] = true
+	for i, ch := range n.Content {
+		for ch.Kind == yaml.AliasNode && ch.Alias != nil {
+			ch = ch.Alias
+		}
+		n.Content[i] = ch
+		if err := c.resolve(ch, done, budget); err != nil {
+			return err
+		}
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	seen := map[string]*yaml.Node{}
+	var own, merged []*yaml.Node
+	hasMerge := false
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			hasMerge = true
+			srcs := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				srcs = v.Content
+			}
+			for _, m := range srcs {
+				if m.Kind != yaml.MappingNode {
+					return c.errf(k, "merge key << takes a mapping or a list of mappings (e.g. <<: *base), got %s", yamlValue(m))
+				}
+				merged = append(merged, m.Content...)
+			}
+			continue
+		}
+		if prev, dup := seen[k.Value]; dup {
+			return c.errf(k, "key %q given twice in one mapping (first at line %d)", k.Value, prev.Line)
+		}
+		seen[k.Value] = k
+		own = append(own, k, v)
+	}
+	if !hasMerge {
+		return nil
+	}
+	for i := 0; i+1 < len(merged); i += 2 {
+		if _, set := seen[merged[i].Value]; set {
+			continue // the mapping's own keys, then earlier merged mappings, win
+		}
+		if *budget--; *budget < 0 {
+			return c.errf(n, "merge keys copy more than %d keys: is it the right file?", maxMergedKeys)
+		}
+		seen[merged[i].Value] = merged[i]
+		own = append(own, merged[i], merged[i+1])
+	}
+	n.Content = own
+	return nil
 }
 
 func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {

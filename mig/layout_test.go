@@ -117,6 +117,12 @@ func TestConfigErrorsNameTheLine(t *testing.T) {
 		{"malformed", "version: v1\nmig-configs:\n  a: [\n", []string{"f.yaml", "line"}},
 		{"no entries", "version: v1\nmig-configs:\n  a: []\n", []string{"f.yaml:3", `"a" has no entries`}},
 		{"no configurations", "version: v1\nmig-configs: {}\n", []string{"f.yaml:2", "no configurations"}},
+		// YAML forbids a key twice in a mapping; taking the last one would
+		// silently turn MIG off here
+		{"entry key twice", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-enabled: false\n", []string{"f.yaml:6", `"mig-enabled" given twice`, "line 5"}},
+		{"devices twice", "version: v1\nmig-configs:\n  a:\n    - devices: [0]\n      devices: all\n      mig-enabled: false\n", []string{"f.yaml:5", `"devices" given twice`}},
+		{"version twice", "version: v1\nversion: v1\nmig-configs: {}\n", []string{"f.yaml:2", `"version" given twice`}},
+		{"merge of a scalar", "version: v1\nmig-configs:\n  a:\n    - <<: 3\n      devices: all\n      mig-enabled: false\n", []string{"f.yaml:4", "merge key"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,6 +132,42 @@ func TestConfigErrorsNameTheLine(t *testing.T) {
 			for _, w := range tc.want {
 				require.Contains(t, err.Error(), w)
 			}
+		})
+	}
+}
+
+// TestConfigAliasesAndMergeKeys: mig-parted reads its file with
+// sigs.k8s.io/yaml, which resolves anchors, aliases and merge keys; a file
+// that shares entries or mig-devices that way means the same to migctl.
+func TestConfigAliasesAndMergeKeys(t *testing.T) {
+	node := node8(t)
+	const base = "version: v1\nmig-configs:\n  base:\n    - &e\n      devices: all\n      mig-enabled: true\n      mig-devices: &d {\"1g.18gb\": 7}\n"
+	tests := []struct {
+		name, body string
+		gpus       []int  // the GPUs configuration b selects
+		want       string // what it asks of each
+	}{
+		{"aliased mig-devices", base + "  b:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: *d\n", []int{1}, "1g.18gb=7"},
+		{"aliased entry", base + "  b:\n    - *e\n", []int{0, 1, 2, 3, 4, 5, 6, 7}, "1g.18gb=7"},
+		{"aliased configuration", "version: v1\nmig-configs:\n  base: &l\n    - devices: [2]\n      mig-enabled: true\n      mig-devices: {\"3g.71gb\": 2}\n  b: *l\n",
+			[]int{2}, "3g.71gb=2"},
+		{"merge key, own keys win", base + "  b:\n    - <<: *e\n      devices: [3]\n      mig-devices: {\"4g.71gb\": 1}\n", []int{3}, "4g.71gb=1"},
+		{"merge list, earlier wins", base + "  b:\n    - <<: [{devices: [4]}, *e]\n", []int{4}, "1g.18gb=7"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := mig.ParseConfig([]byte(tc.body), "f.yaml")
+			require.NoError(t, err)
+			reqs, err := cfg.Requests("b", node)
+			require.NoError(t, err)
+			var got []int
+			for i := 0; i < len(node.GPUs); i++ {
+				if r, ok := reqs[i]; ok {
+					got = append(got, i)
+					require.Equal(t, tc.want, r.String(), "GPU %d", i)
+				}
+			}
+			require.Equal(t, tc.gpus, got)
 		})
 	}
 }
