@@ -15,7 +15,9 @@ import (
 // mig-placements so that applying it reproduces the layout exactly. GPUs
 // with identical layouts share an entry ("devices: all" when that is every
 // GPU of the node). A GPU instance holding compute instances of different
-// sizes has no mig-parted spelling and is an error.
+// sizes has no mig-parted spelling and is an error, and so are two GPU
+// instances of one profile and compute-instance size that are both partly
+// filled (a count packs compute instances into full GPU instances).
 func Export(node *Node, name string, gpus []int) ([]byte, error) {
 	return ExportWith(node, name, gpus, ExportOptions{})
 }
@@ -166,6 +168,16 @@ func requestOf(g *GPU) (Request, error) {
 		gis := byKey[key]
 		// fuller GIs first: Expand packs compute instances into the first GIs
 		sort.SliceStable(gis, func(a, b int) bool { return gis[a].cis > gis[b].cis })
+		name, _ := ParseProfileName(key)
+		per := CICapacity(name.G, name.ComputeSlices())
+		for k, x := range gis[:len(gis)-1] {
+			// a count packs: every GI but the last must be full, or the file
+			// would ask for fewer GIs than there are
+			if x.cis != per {
+				return r, fmt.Errorf("GPU %d: the %s GPU instances at memory units %d and %d hold %d and %d compute instances of %d slices (a full one holds %d); mig-parted packs a count into full GPU instances, so it cannot express this",
+					g.Index, name.GI(), x.start, gis[k+1].start, x.cis, gis[k+1].cis, name.ComputeSlices(), per)
+			}
+		}
 		d := DeviceRequest{Profile: key}
 		for _, x := range gis {
 			d.Count += x.cis

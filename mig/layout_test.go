@@ -2,6 +2,7 @@ package mig_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/require"
 
 	"github.com/migctl/migctl/mig"
@@ -351,6 +353,69 @@ func TestReadConfigFileBounded(t *testing.T) {
 			if tc.path == small || tc.path == "-" {
 				require.Equal(t, body, r.data)
 			}
+		})
+	}
+}
+
+// TestExportRoundTripsOrRefuses: Export writes a file that reproduces the
+// layout when applied to a fresh node, or refuses: mig-parted counts pack
+// compute instances into full GPU instances, so two GPU instances of one
+// profile that are both partly filled have no spelling.
+func TestExportRoundTripsOrRefuses(t *testing.T) {
+	type gi struct {
+		enum  int
+		start uint32
+		cis   int // 1-slice compute instances
+	}
+	tests := []struct {
+		name    string
+		gis     []gi
+		wantErr string
+	}{
+		{"full and half 2g", []gi{{nvml.GPU_INSTANCE_PROFILE_2_SLICE, 0, 2}, {nvml.GPU_INSTANCE_PROFILE_2_SLICE, 2, 1}}, ""},
+		{"half then full 3g", []gi{{nvml.GPU_INSTANCE_PROFILE_3_SLICE, 0, 1}, {nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, 3}}, ""},
+		{"two half 2g", []gi{{nvml.GPU_INSTANCE_PROFILE_2_SLICE, 0, 1}, {nvml.GPU_INSTANCE_PROFILE_2_SLICE, 2, 1}}, "cannot express"},
+		{"two partial 3g", []gi{{nvml.GPU_INSTANCE_PROFILE_3_SLICE, 0, 2}, {nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4, 1}}, "cannot express"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := migsim.New(migsim.H200, 1)
+			dev, ret := sim.DeviceGetHandleByIndex(0)
+			require.Equal(t, nvml.SUCCESS, ret)
+			_, ret = dev.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+			require.Equal(t, nvml.SUCCESS, ret)
+			for _, g := range tc.gis {
+				info, ret := dev.GetGpuInstanceProfileInfo(g.enum)
+				require.Equal(t, nvml.SUCCESS, ret)
+				pls, ret := dev.GetGpuInstancePossiblePlacements(&info)
+				require.Equal(t, nvml.SUCCESS, ret)
+				gpuInst, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: g.start, Size: pls[0].Size})
+				require.Equal(t, nvml.SUCCESS, ret)
+				ci, ret := gpuInst.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+				require.Equal(t, nvml.SUCCESS, ret)
+				for k := 0; k < g.cis; k++ {
+					_, ret = gpuInst.CreateComputeInstance(&ci)
+					require.Equal(t, nvml.SUCCESS, ret)
+				}
+			}
+			node, err := mig.Discover(sim)
+			require.NoError(t, err)
+			b, err := mig.Export(node, "current", nil)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			cfg, err := mig.ParseConfig(b, "export.yaml")
+			require.NoError(t, err)
+			fresh := migsim.New(migsim.H200, 1)
+			fnode, err := mig.Discover(fresh)
+			require.NoError(t, err)
+			reqs, err := cfg.Requests("current", fnode)
+			require.NoError(t, err)
+			res, err := mig.NewManager(fresh).Apply(context.Background(), reqs, mig.ApplyOptions{})
+			require.NoError(t, err)
+			require.Equal(t, node.GPUs[0].Layout().String(), res.GPUs[0].Layout.String())
 		})
 	}
 }
