@@ -296,10 +296,13 @@ func (f *targetFlags) requests(node *mig.Node) (map[int]mig.Request, error) {
 	return reqs, nil
 }
 
-// withNode opens the node, runs f and closes it. SIGINT/SIGTERM cancel ctx:
-// an apply then stops after the current step and rolls the GPU back.
+// withNode opens the node, runs f and closes it. SIGINT/SIGTERM/SIGHUP
+// cancel ctx: an apply then stops after the current step and rolls the GPU
+// back. SIGPIPE is ignored: a closed output pipe ('apply ... | head -1')
+// makes writes fail instead of killing an apply between two steps.
 func withNode(ctx context.Context, nf *nodeFlags, f func(ctx context.Context, on *openedNode) error) error {
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	on, err := nf.open()
 	if err != nil {

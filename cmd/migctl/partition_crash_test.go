@@ -112,3 +112,52 @@ func partitionTempDir(t *testing.T) string {
 	}
 	return t.TempDir()
 }
+
+// TestApplyOutlivesAClosedPipe: 'migctl partition apply ... 2>&1 | head -1'
+// closes the pipe while apply is between steps. The closed pipe must not
+// kill apply half-way (SIGPIPE) and leave a GPU half-changed: the apply
+// finishes, and only the output that could not be written is lost.
+func TestApplyOutlivesAClosedPipe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the migctl binary")
+	}
+	bin := testutil.MigctlBin(t)
+	const layout = "2g.35gb=2,1g.18gb=3"
+	tests := []struct {
+		name           string
+		stdout, stderr bool // which stream goes to a pipe closed at once
+		wantOK         bool // exit status 0 (a lost result on stdout is an error)
+	}{
+		{"stderr closed", false, true, true},
+		{"stdout closed", true, false, false},
+		{"both closed", true, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cli{t: t, bin: bin, state: filepath.Join(partitionTempDir(t), "node.json")}
+			cmd := exec.Command(c.bin, "partition", "apply", "--gpus", "all", "--layout", layout, "--sim", "h200x2", "--sim-state", c.state)
+			r, w, err := os.Pipe()
+			require.NoError(t, err)
+			require.NoError(t, r.Close())
+			if tc.stdout {
+				cmd.Stdout = w
+			}
+			if tc.stderr {
+				cmd.Stderr = w
+			}
+			err = cmd.Run()
+			require.NoError(t, w.Close())
+			if tc.wantOK {
+				require.NoError(t, err)
+			} else {
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee)
+				ws := ee.Sys().(syscall.WaitStatus)
+				require.False(t, ws.Signaled(), "killed by %v half-way", ws.Signal())
+			}
+			c.must("assert", "--gpus", "all", "--layout", layout)
+			_, err = os.Stat(c.state + ".journal")
+			require.True(t, os.IsNotExist(err), "journal left behind")
+		})
+	}
+}
