@@ -1,6 +1,7 @@
 package mig
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -148,6 +149,15 @@ func (s InstanceSpec) Equal(o InstanceSpec) bool {
 
 // Layout is the instance layout of one GPU, sorted by placement.
 type Layout []InstanceSpec
+
+// MarshalJSON writes an empty layout as [], as the YAML encoder does, never
+// as null: -o json and -o yaml must say the same thing.
+func (l Layout) MarshalJSON() ([]byte, error) {
+	if l == nil {
+		return []byte("[]"), nil
+	}
+	return json.Marshal([]InstanceSpec(l))
+}
 
 // Sorted returns a copy ordered by placement start.
 func (l Layout) Sorted() Layout {

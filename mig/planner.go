@@ -308,7 +308,8 @@ func (p GPUPlan) NoOp() bool { return len(p.Steps) == 0 }
 // as possible, always the busy ones unless forced), where new instances go,
 // and the steps from the current layout to the target. Pure and deterministic.
 func PlanGPU(gpu *GPU, req Request, opts PlanOptions) (GPUPlan, error) {
-	plan := GPUPlan{GPU: gpu.Index, UUID: gpu.UUID, Name: gpu.Name, Request: req, Current: gpu.Layout()}
+	// Steps starts empty, not nil: a no-op plan prints "steps": [] in JSON as in YAML
+	plan := GPUPlan{GPU: gpu.Index, UUID: gpu.UUID, Name: gpu.Name, Request: req, Current: gpu.Layout(), Steps: []Step{}}
 	wants, err := Expand(gpu, req)
 	if err != nil {
 		return plan, err

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/migctl/migctl/mig"
 )
@@ -428,5 +429,56 @@ func TestRunEmptyGPUsIsAnError(t *testing.T) {
 		err := root.Execute()
 		require.ErrorContains(t, err, "--gpus", "--gpus %q", v)
 		require.Empty(t, out.String(), "nothing ran")
+	}
+}
+
+// TestPartitionJSONSaysWhatYAMLSays: -o json and -o yaml print the same
+// document, empty layouts and step lists included ([] in both, never null in
+// JSON only), on a fresh node and on one with MIG on and no instances.
+func TestPartitionJSONSaysWhatYAMLSays(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "node.json")
+	sim := simArgs(state)
+	decode := func(t *testing.T, format, out string) any {
+		t.Helper()
+		var v any
+		if format == "json" {
+			require.NoError(t, json.Unmarshal([]byte(out), &v))
+			return v
+		}
+		require.NoError(t, yaml.Unmarshal([]byte(out), &v))
+		b, err := json.Marshal(v) // YAML's ints and JSON's numbers compare alike
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &v))
+		return v
+	}
+	tests := []struct {
+		name  string
+		setup []string // run once before, not compared
+		args  []string
+	}{
+		{"plan on a fresh node", nil, []string{"plan", "--layout", "none"}},
+		{"dry run on a fresh node", nil, []string{"apply", "--dry-run", "--layout", "none"}},
+		{"show on a fresh node", nil, []string{"show"}},
+		{"no-op plan", []string{"apply", "--layout", "none"}, []string{"plan", "--layout", "none"}},
+		{"unchanged apply", nil, []string{"apply", "--layout", "none"}},
+		{"assert", nil, []string{"assert", "--layout", "none"}},
+		{"show", nil, []string{"show"}},
+		{"recover", nil, []string{"recover"}},
+		{"mode enable", nil, []string{"mode", "enable"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				_, _, err := runPartition(t, append(tc.setup, sim...)...)
+				require.NoError(t, err)
+			}
+			var got []any
+			for _, f := range []string{"json", "yaml"} {
+				out, _, err := runPartition(t, append(append(tc.args, "-o", f), sim...)...)
+				require.NoError(t, err)
+				got = append(got, decode(t, f, out))
+			}
+			require.Equal(t, got[1], got[0], "-o json (want) differs from -o yaml")
+		})
 	}
 }
