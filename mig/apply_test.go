@@ -583,3 +583,82 @@ func TestBusyGPUInstancesMayEachBeReshaped(t *testing.T) {
 		})
 	}
 }
+
+// TestPendingDisableIsUndoneByEnable: on Ampere, turning MIG off stays
+// pending until a reset, and the GPU keeps MIG on meanwhile. A layout (or
+// mode enable) applied then must turn the pending mode back on: otherwise
+// apply and assert say all is well and the admin's next reset turns MIG off
+// and takes the new layout with it.
+func TestPendingDisableIsUndoneByEnable(t *testing.T) {
+	ctx := context.Background()
+	layout := req(dev("3g.20gb", 2))
+	tests := []struct {
+		name string
+		act  func(t *testing.T, m *mig.Manager)
+	}{
+		{"apply a layout", func(t *testing.T, m *mig.Manager) {
+			_, err := m.Apply(ctx, all(1, layout), mig.ApplyOptions{})
+			require.NoError(t, err)
+		}},
+		{"mode enable, then apply", func(t *testing.T, m *mig.Manager) {
+			res, err := m.EnableMIG(ctx, []int{0})
+			require.NoError(t, err)
+			require.Equal(t, "changed", res[0].Outcome)
+			require.True(t, res[0].Pending)
+			_, err = m.Apply(ctx, all(1, layout), mig.ApplyOptions{})
+			require.NoError(t, err)
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := migsim.New(migsim.A100_40GB, 1)
+			m := newManager(t, sim)
+			_, err := m.EnableMIG(ctx, []int{0})
+			require.NoError(t, err)
+			require.Equal(t, nvml.SUCCESS, sim.Reset(0))
+			_, err = m.Apply(ctx, all(1, mig.Request{MIGEnabled: false}), mig.ApplyOptions{})
+			require.ErrorIs(t, err, mig.ErrModePending)
+			node, err := m.Discover(ctx)
+			require.NoError(t, err)
+			require.True(t, node.GPUs[0].MIGEnabled)
+			require.False(t, node.GPUs[0].MIGPending)
+
+			tc.act(t, m)
+			node, err = m.Discover(ctx)
+			require.NoError(t, err)
+			require.True(t, node.GPUs[0].MIGPending, "the pending disable is withdrawn")
+			require.NoError(t, mig.Assert(&node.GPUs[0], layout))
+			require.Equal(t, nvml.SUCCESS, sim.Reset(0)) // the admin's next reset keeps the layout
+			require.Equal(t, "3g.20gb@0:4, 3g.20gb@4:4", layouts(t, sim)[0].String())
+		})
+	}
+}
+
+// TestAssertSeesAPendingDisable: instances created while a disable is
+// pending (nvidia-smi allows it) vanish at the next reset; assert says so.
+func TestAssertSeesAPendingDisable(t *testing.T) {
+	ctx := context.Background()
+	sim := migsim.New(migsim.A100_40GB, 1)
+	m := newManager(t, sim)
+	_, err := m.EnableMIG(ctx, []int{0})
+	require.NoError(t, err)
+	require.Equal(t, nvml.SUCCESS, sim.Reset(0))
+	dev0, ret := sim.DeviceGetHandleByIndex(0)
+	require.Equal(t, nvml.SUCCESS, ret)
+	_, ret = dev0.SetMigMode(nvml.DEVICE_MIG_DISABLE)
+	require.Equal(t, nvml.SUCCESS, ret)
+	info, ret := dev0.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)
+	require.Equal(t, nvml.SUCCESS, ret)
+	gi, ret := dev0.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 8})
+	require.Equal(t, nvml.SUCCESS, ret)
+	ci, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	require.Equal(t, nvml.SUCCESS, ret)
+	_, ret = gi.CreateComputeInstance(&ci)
+	require.Equal(t, nvml.SUCCESS, ret)
+
+	node, err := m.Discover(ctx)
+	require.NoError(t, err)
+	err = mig.Assert(&node.GPUs[0], req(dev("7g.40gb", 1)))
+	require.ErrorIs(t, err, mig.ErrMismatch)
+	require.ErrorContains(t, err, "disabled is pending")
+}

@@ -191,12 +191,16 @@ func requestOf(g *GPU) (Request, error) {
 // RequestOf is the request that reproduces g's current layout (see Export).
 func RequestOf(g *GPU) (Request, error) { return requestOf(g) }
 
-// Assert checks that g matches req: MIG mode, and for each requested profile
+// Assert checks that g matches req: MIG mode (current and pending), and for each requested profile
 // the number of MIG devices and any pinned placements. It returns nil or an
 // error wrapping ErrMismatch with a one-line reason.
 func Assert(g *GPU, req Request) error {
 	if req.MIGEnabled != g.MIGEnabled {
 		return fmt.Errorf("%w: GPU %d: MIG mode is %s, want %s", ErrMismatch, g.Index, onOff(g.MIGEnabled), onOff(req.MIGEnabled))
+	}
+	if req.MIGEnabled != g.MIGPending {
+		return fmt.Errorf("%w: GPU %d: MIG mode is %s but %s is pending (the next GPU reset applies it), want %s",
+			ErrMismatch, g.Index, onOff(g.MIGEnabled), onOff(g.MIGPending), onOff(req.MIGEnabled))
 	}
 	if !req.MIGEnabled {
 		return nil

@@ -566,7 +566,8 @@ type ModeResult struct {
 }
 
 // EnableMIG turns MIG mode on for the given GPUs (instances, if any, are
-// untouched: a GPU already in MIG mode is left alone). It never resets a GPU:
+// untouched: a GPU already in MIG mode is left alone, except that a pending
+// disable is withdrawn). It never resets a GPU:
 // a change that stays pending is reported with what the admin must do.
 // Disabling goes through Apply with Request{MIGEnabled: false}, which
 // destroys instances safely first.
@@ -587,7 +588,7 @@ func (m *Manager) EnableMIG(ctx context.Context, gpus []int) ([]ModeResult, erro
 			return out, fmt.Errorf("GPU %d (%s): %w", i, g.Name, ErrNotMIGCapable)
 		}
 		r := ModeResult{GPU: i, Current: g.MIGEnabled, Pending: g.MIGPending, Outcome: "unchanged"}
-		if !g.MIGEnabled {
+		if !g.MIGEnabled || !g.MIGPending { // off, or on with a disable pending
 			dev, ret := m.lib.DeviceGetHandleByIndex(i)
 			if err := nvmlErr("opening GPU", ret); err != nil {
 				return out, err

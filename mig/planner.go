@@ -329,7 +329,9 @@ func PlanGPU(gpu *GPU, req Request, opts PlanOptions) (GPUPlan, error) {
 		plan.Steps = append(Reconcile(gpu, Layout{}), Step{Op: OpDisableMIG})
 		return plan, nil
 	}
-	if !gpu.MIGEnabled {
+	// a pending disable (Ampere waits for a reset) is withdrawn too: left
+	// alone, the next reset would turn MIG off and take the layout with it
+	if !gpu.MIGEnabled || !gpu.MIGPending {
 		plan.EnableMIG = true
 	}
 	target, kept, err := chooseKept(gpu, wants, opts)

@@ -47,8 +47,8 @@ func newPartitionModeSubCmd(s streams, enable bool) *cobra.Command {
 	o := &partitionModeOptions{streams: s, enable: enable}
 	use, short := "enable", "Turn MIG mode on"
 	long := `Turn MIG mode on for the selected GPUs (--gpus, default all). GPUs already in MIG mode,
-and their instances, are left alone; a GPU with MIG on has no instances until a layout is
-applied ('migctl partition apply').
+and their instances, are left alone (a disable still pending is withdrawn); a GPU with MIG
+on has no instances until a layout is applied ('migctl partition apply').
 
 The CURRENT and PENDING columns show NVML's two modes. On Hopper (H100, H200) the change
 takes effect at once when the GPU is idle; with processes on it, and always on Ampere
