@@ -125,3 +125,71 @@ func TestRunLeasesReleased(t *testing.T) {
 	}
 	require.Empty(t, left, "leases of a launcher killed with SIGKILL")
 }
+
+// TestRunSameJobName: two `migctl run --job same` on one daemon; the one
+// that ends first gives back its own leases only, so the other keeps its
+// devices and a third job cannot be granted them while it runs.
+func TestRunSameJobName(t *testing.T) {
+	bin := testutil.MigctlBin(t)
+	dir, err := os.MkdirTemp("", "mrj")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
+		ControlSocket: filepath.Join(dir, "ctl.sock"),
+		SwapSocket:    filepath.Join(dir, "swap.sock"),
+		MIG:           mig.NewManager(migsim.New(migsim.H200, 1)),
+		Leases:        ctxmgr.LeaseOptions{EnableMIG: true},
+		Swap:          ctxmgr.Options{GPUMemory: 80 << 30, RebalanceEvery: -1},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := ctxmgr.Dial(ctx, d.ControlSocket())
+	require.NoError(t, err)
+	defer c.Close()
+	uuids := func(job string) []string {
+		ls, err := c.Leases(ctx)
+		require.NoError(t, err)
+		var out []string
+		for _, le := range ls {
+			if le.Job == job {
+				out = append(out, le.UUID)
+			}
+		}
+		return out
+	}
+
+	// The long run: two ranks wait for $T_DIR/go.
+	long := newRunCLI(t, bin)
+	long.env = append(long.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	cmd := long.cmd(ctx, nil, "--np", "2", "--profile", "1g.18gb", "--backend", "host", "--job", "same", "--", "sh", "-c",
+		`echo $$ > "$T_DIR/ready-$RANK"; while [ ! -e "$T_DIR/go" ]; do sleep 0.05; done`)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; i < 200 && len(readPids(t, long.dir, "ready-")) < 2; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	held := uuids("same")
+	require.Len(t, held, 2)
+
+	// A short run under the same name comes and goes.
+	short := newRunCLI(t, bin)
+	short.env = append(short.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	_, stderr, err := short.run(t, nil, "--np", "1", "--profile", "1g.18gb", "--backend", "host", "--job", "same", "--", "true")
+	require.NoError(t, err, stderr)
+	require.Equal(t, held, uuids("same"), "the long run's leases after the short one ended")
+
+	// Another job gets other devices.
+	other := newRunCLI(t, bin)
+	other.env = append(other.env, "MIGCTL_SOCKET="+d.ControlSocket())
+	stdout, stderr, err := other.run(t, nil, "--np", "2", "--profile", "1g.18gb", "--backend", "host", "--job", "other", "-o", "json", "--", "true")
+	require.NoError(t, err, stderr)
+	for _, dev := range summary(t, stdout).Devices {
+		require.NotContains(t, held, dev.Visible, "a device of the running job was granted to another")
+	}
+
+	require.NoError(t, os.WriteFile(filepath.Join(long.dir, "go"), nil, 0o600))
+	require.NoError(t, cmd.Wait())
+	require.Empty(t, uuids("same"), "leases left after the long run")
+}

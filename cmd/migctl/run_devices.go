@@ -138,10 +138,28 @@ func (l clientLeaser) Acquire(ctx context.Context, job, profile string, count, g
 	return out, nil
 }
 
-func (l clientLeaser) Release(ctx context.Context, job string) error {
-	_, err := l.c.Release(ctx, job)
-	if errors.Is(err, ctxmgr.ErrNoLease) {
-		return nil
+// Release ends job's leases of uuids one device at a time (the daemon's
+// Release by job would also end those of another run under the same
+// --job); a device no longer leased to job is left alone.
+func (l clientLeaser) Release(ctx context.Context, job string, uuids []string) error {
+	ls, err := l.c.Leases(ctx)
+	if err != nil {
+		return err
 	}
-	return err
+	ours := map[string]bool{}
+	for _, le := range ls {
+		if le.Job == job {
+			ours[le.UUID] = true
+		}
+	}
+	var errs []error
+	for _, u := range uuids {
+		if !ours[u] {
+			continue
+		}
+		if _, err := l.c.ReleaseUUID(ctx, u); err != nil && !errors.Is(err, ctxmgr.ErrNoLease) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -80,14 +80,19 @@ type Lease struct {
 // Leaser is what Leases needs of the daemon's client (ctxmgr.Client through
 // a thin adapter in cmd/): lease count devices of profile for job at once
 // (all or nothing; gpu -1: any GPU; pid: the leases end when it exits), and
-// release every lease of job.
+// end job's leases of the MIG devices uuids — only those: another run under
+// the same job name keeps its own, and a device whose lease is gone or now
+// another job's is left alone.
 type Leaser interface {
 	Acquire(ctx context.Context, job, profile string, count, gpu, pid int) ([]Lease, error)
-	Release(ctx context.Context, job string) error
+	Release(ctx context.Context, job string, uuids []string) error
 }
 
 // Leases leases one MIG device of Profile per rank through the daemon.
-// Every rank sees its instance as CUDA device 0.
+// Every rank sees its instance as CUDA device 0. Release gives back only
+// what this Leases acquired, so two runs that share a job name (--job) do
+// not end each other's leases. Acquire and Release are not to be called
+// concurrently.
 type Leases struct {
 	Client  Leaser
 	Profile string
@@ -96,6 +101,8 @@ type Leases struct {
 	// PID is the process whose exit ends the leases (the launcher's own,
 	// so a launcher killed with SIGKILL leaks nothing); 0: none.
 	PID int
+
+	held []string // the UUIDs Acquire leased, for Release
 }
 
 var _ Devices = (*Leases)(nil)
@@ -105,6 +112,9 @@ func (l *Leases) Acquire(ctx context.Context, job string, n int) ([]Device, erro
 	ls, err := l.Client.Acquire(ctx, job, l.Profile, n, l.GPU, l.PID)
 	if err != nil {
 		return nil, err
+	}
+	for _, le := range ls {
+		l.held = append(l.held, le.UUID)
 	}
 	if len(ls) != n {
 		return nil, fmt.Errorf("the daemon leased %d devices of %s for %d ranks", len(ls), l.Profile, n)
@@ -116,7 +126,15 @@ func (l *Leases) Acquire(ctx context.Context, job string, n int) ([]Device, erro
 	return out, nil
 }
 
-// Release implements Devices.
+// Release implements Devices: it ends the leases Acquire got, not every
+// lease of job.
 func (l *Leases) Release(ctx context.Context, job string) error {
-	return l.Client.Release(ctx, job)
+	if len(l.held) == 0 {
+		return nil
+	}
+	if err := l.Client.Release(ctx, job, l.held); err != nil {
+		return err
+	}
+	l.held = nil
+	return nil
 }
