@@ -251,6 +251,14 @@ func (o *runOptions) Run(ctx context.Context) error {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, runSignals...)
 	defer signal.Stop(sigs)
+	// A reader of our output that goes away (migctl run ... | head) must
+	// not kill migctl with SIGPIPE before it stops the workers and removes
+	// its sockets: caught (not ignored, which the workers would inherit),
+	// writes to a closed stdout or stderr fail with EPIPE instead, the
+	// workers' lines are dropped and the run ends as it would have.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
 
 	cfg := launcher.Config{
 		Command: o.command, NProc: o.np, NNodes: o.nnodes, NodeRank: o.nodeRank, RdzvEndpoint: o.rdzvEndpoint,

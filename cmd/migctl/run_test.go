@@ -369,6 +369,29 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 		require.Empty(t, alive, "workers outlived the launcher")
 	})
 
+	t.Run("output reader gone (| head): no death by SIGPIPE, nothing left", func(t *testing.T) {
+		r := newRunCLI(t, bin)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		pr, pw, err := os.Pipe()
+		require.NoError(t, err)
+		require.NoError(t, pr.Close()) // the reader has gone: every write to stdout is EPIPE
+		var errOut bytes.Buffer
+		c := r.cmd(ctx, nil, append(r.sim, "--np", "2", "--profile", "1g.18gb", "--", "sh", "-c",
+			`i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); done; echo "$$" > "$T_DIR/pid-$RANK"`)...)
+		c.Stdout, c.Stderr = pw, &errOut
+		require.NoError(t, c.Start())
+		require.NoError(t, pw.Close())
+		err = c.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, errOut.String())
+		ws := ee.Sys().(syscall.WaitStatus)
+		require.False(t, ws.Signaled(), "migctl was killed by %v: %s", ws.Signal(), errOut.String())
+		require.Len(t, readPids(t, r.dir, "pid-"), 2, "the workers did not run to their end: %s", errOut.String())
+		require.Contains(t, errOut.String(), "broken pipe")
+		r.requireClean(t)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		taken, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
