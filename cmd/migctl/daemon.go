@@ -239,6 +239,12 @@ func (o *daemonOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		sock, _ := filepath.Abs(o.controlSocket)
+		unlock, err := simLeaseLock(&o.node, "daemon", sock)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		cfg.MIG = src
 		migSource = "simulated " + o.node.sim
 		if o.gpuMemory == "" {

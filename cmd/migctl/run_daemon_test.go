@@ -193,3 +193,63 @@ func TestRunSameJobName(t *testing.T) {
 	require.NoError(t, cmd.Wait())
 	require.Empty(t, uuids("same"), "leases left after the long run")
 }
+
+// TestRunSimOneLeaseRegistry: a simulated node has one lease registry at a
+// time. A second `migctl run --sim` (a daemon of its own) beside a running
+// one, or one beside `migctl daemon --sim`, is refused, naming the holder,
+// before it leases or reshapes anything: otherwise it would see the other's
+// leased instances as free, and grant them again or destroy them to make
+// room.
+func TestRunSimOneLeaseRegistry(t *testing.T) {
+	bin := testutil.MigctlBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	first := newRunCLI(t, bin)
+	first.sim = []string{"--sim", "h200", "--sim-state", filepath.Join(t.TempDir(), "sim.json")}
+	cmd := first.cmd(ctx, nil, append(first.sim, "--np", "7", "--profile", "1g.18gb", "--", "sh", "-c",
+		`echo $$ > "$T_DIR/ready-$RANK"; while [ ! -e "$T_DIR/go" ]; do sleep 0.05; done`)...)
+	var firstErr testutil.LockedBuffer
+	cmd.Stderr = &firstErr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; i < 200 && len(readPids(t, first.dir, "ready-")) < 7; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Len(t, readPids(t, first.dir, "ready-"), 7, firstErr.String())
+	before := first.show(t)
+
+	tests := []struct {
+		desc string
+		args []string
+		want string
+	}{
+		{"the same profile", []string{"--np", "2", "--profile", "1g.18gb"}, "another 'migctl run' (pid "},
+		{"a profile that needs the whole GPU", []string{"--np", "1", "--profile", "7g.141gb"}, "with a daemon of its own"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			second := newRunCLI(t, bin)
+			stdout, stderr, err := second.run(t, nil, append(append(append([]string{}, first.sim...), tt.args...), "--", "true")...)
+			require.Error(t, err)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tt.want)
+			require.Equal(t, before, first.show(t), "the running job's node changed")
+			second.requireClean(t)
+		})
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(first.dir, "go"), nil, 0o600))
+	require.NoError(t, cmd.Wait(), firstErr.String())
+
+	t.Run("beside migctl daemon --sim", func(t *testing.T) {
+		d := startTestDaemon(t, first.sim...)
+		r := newRunCLI(t, bin)
+		_, stderr, err := r.run(t, nil, append(append([]string{}, first.sim...), "--np", "1", "--profile", "1g.18gb", "--", "true")...)
+		require.Error(t, err)
+		require.Contains(t, stderr, "a 'migctl daemon' (pid ")
+		require.Contains(t, stderr, "--socket "+d.ctlSocket)
+		// through the daemon it runs
+		_, stderr, err = r.run(t, []string{"MIGCTL_SOCKET=" + d.ctlSocket}, append(append([]string{}, first.sim...), "--np", "1", "--profile", "1g.18gb", "--", "true")...)
+		require.NoError(t, err, stderr)
+	})
+}

@@ -78,8 +78,13 @@ func openRunDaemon(ctx context.Context, o *runOptions) (*runDaemon, error) {
 	journal := on.journal
 	on.close()
 	model, _, _ := migsim.ParseSpec(o.node.sim)
+	unlock, err := simLeaseLock(&o.node, "run", "-")
+	if err != nil {
+		return nil, err
+	}
 	dir, err := launcher.SocketDir("migctl-daemon-")
 	if err != nil {
+		unlock()
 		return nil, fmt.Errorf("making a private directory for the embedded daemon: %w", err)
 	}
 	src := ctxmgr.NewReopeningSource(func() (nvml.Interface, func(), error) {
@@ -105,18 +110,21 @@ func openRunDaemon(ctx context.Context, o *runOptions) (*runDaemon, error) {
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		unlock()
 		return nil, fmt.Errorf("starting the embedded daemon for --sim %s: %w", o.node.sim, err)
 	}
 	c, err := ctxmgr.Dial(ctx, d.ControlSocket())
 	if err != nil {
 		_ = d.Close()
 		_ = os.RemoveAll(dir)
+		unlock()
 		return nil, err
 	}
 	return &runDaemon{leaser: clientLeaser{c}, control: d.ControlSocket(), swap: d.SwapSocket(), close: func() {
 		c.Close()
 		_ = d.Close()
 		_ = os.RemoveAll(dir)
+		unlock()
 	}}, nil
 }
 

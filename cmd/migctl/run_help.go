@@ -36,7 +36,9 @@ runs anyway. A host of one node is left alone under auto.
 
 --sim h200x8 runs on a simulated node (no GPU): unless --socket or MIGCTL_SOCKET names a
 running daemon, a daemon is started inside this process for the run (its sockets in a private
-directory, removed at exit), and the workers get the host backend.
+directory, removed at exit), and the workers get the host backend. One daemon leases a simulated
+node at a time: a second run --sim on the same node, or one beside 'migctl daemon --sim', is
+refused, naming the holder (run it with --socket, or give it its own node with --sim-state).
 
 Every worker gets: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node),
 GROUP_WORLD_SIZE (nodes), ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port:
