@@ -194,6 +194,10 @@ func (o *runOptions) Validate() error {
 		return fmt.Errorf("--timeout %v: want a positive duration", o.timeout)
 	case o.prioritySet && !o.swap:
 		return errors.New("--priority is the swap priority: give --swap with it")
+	case o.gpu != -1 && o.profile == "":
+		return fmt.Errorf("--lease-gpu %d picks the GPU of the MIG devices leased with --profile: give --profile with it", o.gpu)
+	case o.rdzvEndpoint != "" && o.nnodes == 1:
+		return errors.New("--rdzv-endpoint is where node 0 hosts the rendezvous of a job over several nodes: give --nnodes N with it (one node's rendezvous is a private socket)")
 	case o.logDir == "" && o.tee != "all":
 		return errors.New("--tee picks what reaches the terminal besides the --log-dir files: give --log-dir with it")
 	}

@@ -422,6 +422,10 @@ printf '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp":
 				want: "--shm-dir /nonexistent/shm: no such directory"},
 			{desc: "segments directory a file", args: []string{"--np", "2", "--backend", "host", "--shm-dir", file, "--", "true"},
 				want: "--shm-dir " + file + ": not a directory"},
+			{desc: "lease GPU without a profile", args: []string{"--np", "1", "--backend", "host", "--lease-gpu", "3", "--", "true"},
+				want: "--lease-gpu 3 picks the GPU of the MIG devices leased with --profile"},
+			{desc: "rendezvous endpoint on one node", args: []string{"--np", "1", "--backend", "host", "--rdzv-endpoint", "127.0.0.1:29400", "--", "true"},
+				want: "give --nnodes N with it"},
 			{desc: "nodes without token", args: []string{"--np", "2", "--backend", "host", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--", "true"}, want: "export MIGCTL_JOB_TOKEN"},
 		} {
 			t.Run(tc.desc, func(t *testing.T) {
