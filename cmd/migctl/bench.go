@@ -291,6 +291,7 @@ func (o *benchOptions) Run(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	defer outliveClosedOutput()()
 	var rep *benchReport
 	var err error
 	var lim func(*benchReport) error

@@ -133,3 +133,39 @@ func TestBenchLauncherKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchOutlivesAClosedPipe: `migctl bench ... | head -1` (the reader of
+// its output gone) does not kill the launcher with SIGPIPE half way: it
+// stops its ranks and leaves nothing in $TMPDIR (report and rendezvous
+// directories) nor in the shared-memory directory.
+func TestBenchOutlivesAClosedPipe(t *testing.T) {
+	bin := testutil.MigctlBin(t)
+	shmDir := t.TempDir()
+	tmp, err := os.MkdirTemp("", "mb") // short: the rendezvous socket made in it must fit in sun_path
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "2", "--backend", "host",
+		"-b", "4KiB", "-e", "64KiB", "-n", "5", "-w", "1", "--timeout", "30s", "--shm-dir", shmDir)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	cmd.Stdout, cmd.Stderr = pw, pw // 2>&1 | head: read up to the first rank's start, then gone
+	require.NoError(t, cmd.Start())
+	require.NoError(t, pw.Close())
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() && !strings.Contains(sc.Text(), "started rank 0") {
+	}
+	require.NoError(t, pr.Close())
+	err = cmd.Wait()
+	// It fails (its report went nowhere), by its own error or, once it has
+	// cleaned up, by SIGPIPE at the error's last line: the conventional end
+	// of a tool whose reader left. What it must not do is die before.
+	require.Error(t, err, "a bench whose report cannot be written must fail")
+	for _, dir := range []string{tmp, shmDir} {
+		ents, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		require.Empty(t, ents, "left behind in %s", dir)
+	}
+}

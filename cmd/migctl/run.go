@@ -243,6 +243,17 @@ func splitHostPort(s string) (string, int, error) {
 	return s[:i], p, nil
 }
 
+// outliveClosedOutput keeps a launcher (run, bench) alive when the reader of
+// its output goes away (migctl run ... | head), so that it still stops its
+// workers and removes its sockets and directories: SIGPIPE is caught (not
+// ignored, which the workers would inherit), so writes to a closed stdout or
+// stderr fail with EPIPE instead of killing migctl. It returns the undo.
+func outliveClosedOutput() func() {
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	return func() { signal.Stop(pipe) }
+}
+
 // runSignals are the signals migctl run forwards to its workers.
 var runSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
@@ -255,14 +266,7 @@ func (o *runOptions) Run(ctx context.Context) error {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, runSignals...)
 	defer signal.Stop(sigs)
-	// A reader of our output that goes away (migctl run ... | head) must
-	// not kill migctl with SIGPIPE before it stops the workers and removes
-	// its sockets: caught (not ignored, which the workers would inherit),
-	// writes to a closed stdout or stderr fail with EPIPE instead, the
-	// workers' lines are dropped and the run ends as it would have.
-	pipe := make(chan os.Signal, 1)
-	signal.Notify(pipe, syscall.SIGPIPE)
-	defer signal.Stop(pipe)
+	defer outliveClosedOutput()()
 
 	cfg := launcher.Config{
 		Command: o.command, NProc: o.np, NNodes: o.nnodes, NodeRank: o.nodeRank, RdzvEndpoint: o.rdzvEndpoint,
