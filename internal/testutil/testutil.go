@@ -29,13 +29,20 @@ var (
 // `migctl run` reads).
 const EnvCacheHome = "XDG_CACHE_HOME"
 
-// Main runs the tests with a cache directory of their own, removes it and
+// EnvStateHome is where migctl keeps a simulated node's default state
+// ($XDG_STATE_HOME/migctl/sim-NAME.json, for --sim without --sim-state) and
+// the lease lock beside it.
+const EnvStateHome = "XDG_STATE_HOME"
+
+// Main runs the tests with cache and state directories of their own, removes them and
 // what MigctlBin built, and exits with the tests' status. Call it from
 // TestMain (it does not return). The tests' migctl, in process or run as a
 // binary, then never reads the user's cached figures of the machine nor
 // leaves its own there: figures taken on a test's fake GPU or on CPUs busy
 // with other tests would otherwise become the LIMIT columns and the
-// collectives' cost model of the user's later runs.
+// collectives' cost model of the user's later runs. Nor does a test's
+// `--sim` without --sim-state reshape the user's default simulated node, or
+// find it leased by the user's own `migctl daemon --sim`.
 func Main(m *testing.M) {
 	cache, err := os.MkdirTemp("", "migctl-testcache-")
 	if err != nil {
@@ -44,6 +51,10 @@ func Main(m *testing.M) {
 	}
 	if err := os.Setenv(EnvCacheHome, cache); err != nil {
 		fmt.Fprintf(os.Stderr, "testutil: setting $%s: %v\n", EnvCacheHome, err)
+		os.Exit(1)
+	}
+	if err := os.Setenv(EnvStateHome, filepath.Join(cache, "state")); err != nil {
+		fmt.Fprintf(os.Stderr, "testutil: setting $%s: %v\n", EnvStateHome, err)
 		os.Exit(1)
 	}
 	mu.Lock()
