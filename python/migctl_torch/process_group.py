@@ -18,6 +18,7 @@ import os
 import queue
 import secrets
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -224,6 +225,14 @@ class _Completer:
 _ISSUED, _CLAIMED, _DONE = 0, 1, 2
 
 
+def _seconds(timeout):
+    """A Work's wait() timeout in seconds, or None for none (torch passes
+    timedelta(0), or nothing, for none)."""
+    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+        return timeout.total_seconds()
+    return None
+
+
 class Work(dist._Work):
     """A collective in flight: wait() blocks until its result is determined
     and raises its error; get_future() is a torch Future completed with the
@@ -240,7 +249,9 @@ class Work(dist._Work):
     handle. The first thread to need the result claims the handles and waits
     for them in the library itself (wait(): no hand-off, a synchronous
     collective costs one C call more than the library's); get_future() hands
-    the Work to the completion thread instead, which settles the Future.
+    the Work to the completion thread instead, which settles the Future, and
+    so does wait(timeout) (it raises once timeout passes; the collective goes
+    on). is_completed() finishes a Work nobody claimed once the library has.
 
     torch reaches a Work it got through C++ (DDP's reducer, broadcasts of
     module states) only while this Python object lives: once it is gone the
@@ -324,9 +335,11 @@ class Work(dist._Work):
                 mine = self._state == _ISSUED
                 if mine:
                     self._state = _CLAIMED
-            if mine:
+            if mine and (not timeout or _seconds(timeout) is None):  # torch's C++ passes timedelta(0): none
                 self._run()
             else:
+                if mine:  # a timeout: the completion thread waits, this one for at most that long
+                    self._completer.submit(self)
                 self._await(timeout)
         with c._mu:
             self._consumed = True
@@ -350,17 +363,19 @@ class Work(dist._Work):
         torch.cuda.current_stream(dev).wait_event(ev)
 
     def _await(self, timeout):
-        """Waits for the thread that claimed the handles to finish."""
+        """Waits for the thread that claimed the handles to finish (raises
+        after timeout, a positive timedelta, when given)."""
         c = self._comm
-        secs = None
-        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-            secs = timeout.total_seconds()
+        secs = _seconds(timeout)
+        end = None if secs is None else time.monotonic() + secs
         with c._cv:
             c._waiters += 1
             try:
                 while self._state != _DONE:
-                    if not c._cv.wait(secs) and secs is not None and self._state != _DONE:
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
                         raise RuntimeError(f"migctl {self._name}: not finished after {timeout}")
+                    c._cv.wait(left)  # woken whenever a Work of the group finishes
             finally:
                 c._waiters -= 1
 
@@ -386,10 +401,21 @@ class Work(dist._Work):
         return fut
 
     def is_completed(self):
+        if self._state == _ISSUED:
+            # nobody waits for it: finish it here once the library has (a
+            # caller polling is_completed() would otherwise poll forever)
+            c = self._comm
+            test = c.lib.lib.migctl_test
+            with c._mu:
+                mine = self._state == _ISSUED and all(test(h) != _lib.PENDING for h in self._handles)
+                if mine:
+                    self._state = _CLAIMED
+            if mine:
+                self._run()  # its handles are done: the waits return at once
         return self._state == _DONE
 
     def is_success(self):
-        return self._state == _DONE and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self):
         return self._exc
@@ -985,14 +1011,22 @@ class _Several(dist._Work):
         super().__init__()
         self._works, self._result = works, result
         self._post = post  # run once, after every work has finished (a copy out of a temporary)
+        self._exc = None  # what post raised
         self._mu = threading.Lock()
         _Several._recent.append(self)
 
     def _finish(self):
+        """Runs post once (a second caller returns once it has run) and
+        raises its error, every time."""
         with self._mu:
             post, self._post = self._post, None
-        if post is not None:
-            post()
+            if post is not None:
+                try:
+                    post()
+                except Exception as e:  # noqa: BLE001 - the waiter's
+                    self._exc = e
+        if self._exc is not None:
+            raise self._exc
 
     def wait(self, timeout=None):
         for w in self._works:
@@ -1011,17 +1045,24 @@ class _Several(dist._Work):
         return torch.futures.collect_all([w.get_future() for w in self._works]).then(done)
 
     def is_completed(self):
-        return all(w.is_completed() for w in self._works)
+        if not all(w.is_completed() for w in self._works):
+            return False
+        if all(w.is_success() for w in self._works):
+            try:
+                self._finish()  # the outputs hold the result once it says so
+            except Exception:  # noqa: BLE001 - wait() and exception() give it
+                pass
+        return True
 
     def is_success(self):
-        return all(w.is_success() for w in self._works)
+        return self.is_completed() and self.exception() is None
 
     def exception(self):
         for w in self._works:
             e = w.exception()
             if e is not None:
                 return e
-        return None
+        return self._exc
 
     def result(self):
         return self._result

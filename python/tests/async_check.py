@@ -5,7 +5,9 @@ and a barrier, and asks for the first one's Future (what DDP's reducer does):
 every call must return long before the slow rank's data can have arrived,
 nothing may be complete yet, and the Future must then be completed by the
 completion thread without anybody calling wait(). The results are checked
-afterwards. Also a DDP model whose backward on the punctual ranks must end
+afterwards. Then wait(timeout) must raise once the timeout passes, and
+is_completed() must turn True on its own (an all-reduce, an uneven
+all-gather copied out of a temporary). Also a DDP model whose backward on the punctual ranks must end
 before the slow rank has even started its backward (the reducer's all-reduces
 run behind it, finalize waits). Run under `migctl run --np 2` or more. Prints
 one JSON line per rank; exits 1 on failure."""
@@ -14,6 +16,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -81,12 +84,53 @@ def main():
     check(all(torch.all(g_out[r] == r).item() for r in range(world)), f"all_gather: {g_out}")
     want_rs = sum(float(r + rank) for r in range(world))
     check(torch.all(rs_out == want_rs).item(), f"reduce_scatter: {rs_out} want {want_rs}")
+    poll_s = polled(rank, world, slow)
     ddp_ms = ddp_backward(rank, world, slow)
     print(json.dumps({"rank": rank, "world": world, "first_call_s": round(first, 4), "issue_s": round(issued, 4),
-                      "future_s": round(fut_s, 3), "done_s": round(done, 3), "ddp_backward_s": ddp_ms,
+                      "future_s": round(fut_s, 3), "done_s": round(done, 3), "polled": poll_s, "ddp_backward_s": ddp_ms,
                       "failures": failures}), flush=True)
     dist.barrier()
     sys.exit(1 if failures else 0)
+
+
+def polled(rank, world, slow):
+    """Works nobody waits for complete on their own: with the slow rank late,
+    wait(timeout) on the punctual ranks raises after that timeout (not at the
+    slow rank's arrival), and is_completed() turns True once the result is in
+    the outputs, for an all-reduce and an all-gather of uneven blocks (copied
+    out of a temporary), with nobody calling wait()."""
+    dist.barrier()
+    a = torch.full((1000,), float(rank + 1))
+    outs = [torch.zeros(j + 1) for j in range(world)]
+    if slow:
+        time.sleep(SLOW)
+    t0 = time.perf_counter()
+    w = dist.all_reduce(a, async_op=True)
+    g = dist.all_gather(outs, torch.full((rank + 1,), float(rank)), async_op=True)
+    raised = None
+    try:
+        w.wait(timeout=timedelta(seconds=0.2))
+    except RuntimeError as e:
+        raised = time.perf_counter() - t0
+        check("not finished after" in str(e), f"wait(timeout) raised {e!r}")
+    if not slow:
+        check(raised is not None, "wait(timeout=0.2 s) of an all-reduce the slow rank joins after "
+                                  f"{SLOW} s did not raise")
+        check(raised is None or raised < SLOW, f"wait(timeout=0.2 s) raised after {raised} s, not before the slow "
+                                               "rank came")
+    deadline = time.perf_counter() + 30
+    while not (w.is_completed() and g.is_completed()) and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    check(w.is_completed() and w.is_success(), "is_completed() of an all-reduce nobody waited for stayed False 30 s")
+    check(g.is_completed() and g.is_success(), "is_completed() of an uneven all-gather nobody waited for stayed False")
+    s = world * (world + 1) / 2
+    check(torch.all(a == s).item(), f"polled all_reduce: {a[:4]} want {s}")
+    check(all(torch.all(outs[j] == j).item() for j in range(world)),
+          f"polled uneven all_gather once complete: {[o.tolist() for o in outs]}")
+    w.wait()
+    g.wait()
+    return {"wait_timeout_raised_s": None if raised is None else round(raised, 3),
+            "completed_s": round(time.perf_counter() - t0, 3)}
 
 
 def ddp_backward(rank, world, slow):

@@ -100,7 +100,8 @@ def main():
         r0 = runs()
         w = pg.allreduce([t], opts)
         check(runs() == r0, f"asyncOp={getattr(opts, 'asyncOp', 'absent')}: went through migctl_run")
-        check(not w.is_completed(), f"asyncOp={getattr(opts, 'asyncOp', 'absent')}: finished before any wait")
+        check(isinstance(w, process_group.Work), f"asyncOp={getattr(opts, 'asyncOp', 'absent')}: {type(w).__name__}, "
+                                                 "not the asynchronous path's Work")
         w.wait()
         check(t.tolist() == [size * (size + 1) / 2] * 5, f"async path: {t.tolist()}")
 
