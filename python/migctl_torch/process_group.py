@@ -1330,8 +1330,11 @@ class ProcessGroupMigctl(dist.ProcessGroup):
     # all-to-all through one all-gather of every rank's whole input, each rank
     # keeping its blocks: Size() times the traffic of a real all-to-all, so for
     # small exchanges (metrics, predictions, routing of a few tokens). Uneven
-    # blocks first all-gather every rank's block sizes (the call waits for
-    # that small one), then every input padded to the largest.
+    # blocks (all_to_all_single with split sizes, all_to_all of a list) first
+    # all-gather every rank's block sizes (the call waits for that small
+    # one), then every input padded to the largest. all_to_all_single
+    # without split sizes takes the equal blocks' path: every rank must
+    # then leave them out.
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None,  # noqa: A002
                       name="all_to_all_single (alltoall_base)"):
@@ -1373,9 +1376,9 @@ class ProcessGroupMigctl(dist.ProcessGroup):
         ts = list(input_tensors) + list(output_tensors)
         if any(t.dtype != ts[0].dtype or t.device != ts[0].device for t in ts):
             raise ValueError(f"migctl {name}: every input and output must have one dtype and device")
-        n = input_tensors[0].numel()
-        if all(t.numel() == n for t in ts):
-            return self._all_to_all(name, list(output_tensors), [t.reshape(-1) for t in input_tensors], n)
+        # Always the uneven path: that this rank's blocks are all equal says
+        # nothing of the others' (MoE routing), and ranks that took two
+        # paths would issue different collectives.
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         return self._all_to_all_v(name, None, flat_in, [t.numel() for t in input_tensors],
                                   [t.numel() for t in output_tensors], list(output_tensors))

@@ -254,6 +254,20 @@ def run(device, sizes):
         dist.all_to_all(outs, [block(rank, j, dtype).reshape(-1).to(dev) for j in range(world)])
         for j in range(world):
             expect(f"all_to_all uneven {dtype} block {j}", outs[j], block(j, rank, dtype).reshape(-1))
+    # all_to_all of a list where rank 0's blocks are all equal (2 elements each way) and the
+    # others' are not: every rank must take the same path
+    def m(src, dst):
+        return 2 if 0 in (src, dst) else 1 + src + dst
+
+    ins = [torch.full((m(rank, j),), 10.0 * rank + j, device=dev) for j in range(world)]
+    outs = [torch.empty(m(j, rank), device=dev) for j in range(world)]
+    try:
+        dist.all_to_all(outs, ins)
+        for j in range(world):
+            expect(f"all_to_all equal blocks on rank 0 only, block {j}", outs[j],
+                   torch.full((m(j, rank),), 10.0 * j + rank))
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"all_to_all equal blocks on rank 0 only: {type(e).__name__}: {e}")
     # all_gather of inputs of different sizes (rank j's has j + 1 rows of 2)
     for dtype in (torch.float32, torch.int64):
         outs = [torch.empty(j + 1, 2, dtype=dtype, device=dev) for j in range(world)]
