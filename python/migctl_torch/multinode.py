@@ -102,6 +102,8 @@ class HierWork(dist._Work):
             _futures.settle(inner, self._result, self._exc)
 
     def wait(self, timeout=None):
+        if not self._done.is_set() and threading.get_ident() == self._hier._ident:
+            self._hier._help(self)  # a Future's callback on the module's thread
         secs = None
         if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
             secs = timeout.total_seconds()
@@ -114,6 +116,8 @@ class HierWork(dist._Work):
         return True
 
     def get_future(self):
+        if not self._done.is_set() and threading.get_ident() == self._hier._ident:
+            self._hier._help(self)  # a Future's callback on the module's thread
         with self._lock:
             self._consumed = True
             if self._future is not None:
@@ -277,6 +281,7 @@ class Hier:
         self._mu = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="migctl-multinode", daemon=True)
         self._thread.start()
+        self._ident = self._thread.ident
 
     # --- the thread ---------------------------------------------------------
 
@@ -285,24 +290,37 @@ class Hier:
             with self._cv:
                 while not self._q:
                     self._cv.wait()
-                work, job, stream = self._q.popleft()
-            exc = None
-            try:
-                if stream is not None:
-                    side, ev = stream
-                    side.wait_event(ev)
-                    with torch.cuda.stream(side):
-                        job()
-                    side.synchronize()
-                else:
+                item = self._q.popleft()
+            self._step(*item)
+            item = None
+
+    def _help(self, w):
+        """Runs the queued jobs, in order, until w has finished, on the
+        thread itself: a Future's callback there that waits for a collective
+        it issued (PowerSGD's hook) would otherwise wait for the thread it
+        blocks."""
+        while not w._done.is_set():
+            with self._cv:
+                item = self._q.popleft()  # w is queued: not empty
+            self._step(*item)
+
+    def _step(self, work, job, stream):
+        exc = None
+        try:
+            if stream is not None:
+                side, ev = stream
+                side.wait_event(ev)
+                with torch.cuda.stream(side):
                     job()
-            except Exception as e:  # noqa: BLE001 - handed to the waiter
-                exc = e if isinstance(e, (_lib.MigctlError, NotImplementedError, ValueError)) else \
-                    RuntimeError(f"migctl {work._name} (across nodes): {e}")
-                if exc is not e:
-                    exc.__cause__ = e
-            work._finish(exc)
-            work = job = None
+                side.synchronize()
+            else:
+                job()
+        except Exception as e:  # noqa: BLE001 - handed to the waiter
+            exc = e if isinstance(e, (_lib.MigctlError, NotImplementedError, ValueError)) else \
+                RuntimeError(f"migctl {work._name} (across nodes): {e}")
+            if exc is not e:
+                exc.__cause__ = e
+        work._finish(exc)
 
     def _finished(self, w):
         with self._mu:

@@ -197,27 +197,40 @@ class _Completer:
 
     def __init__(self):
         self.q = queue.SimpleQueue()
+        self.streams = set()  # devices whose current stream in this thread is a private one
         self.thread = threading.Thread(target=self._run, name="migctl-completion", daemon=True)
         self.thread.start()
+        self.ident = self.thread.ident
 
     def submit(self, work):
-        self.q.put(work)
+        """Hands work (claimed) to the thread; called on the thread itself
+        (a Future's callback: PowerSGD's hook waits there for the all-reduce
+        it issues), it finishes work at once instead: queued behind the
+        callback, it would never finish."""
+        if threading.get_ident() == self.ident:
+            self.finish(work)
+        else:
+            self.q.put(work)
+
+    def finish(self, w):
+        """Waits for w and settles its Future (on the thread)."""
+        if w._early and w._devices[0] not in self.streams:
+            # Works ready early order this thread's current stream after
+            # their result (Work._run): a stream of its own, not the
+            # default one, where the training's kernels would wait for
+            # every bucket's copies back as soon as they are queued. The
+            # Future's events go on it, and its waiter's stream waits
+            # for them when it waits (as NCCL's Futures).
+            torch.cuda.set_stream(torch.cuda.Stream(device=w._devices[0]))
+            self.streams.add(w._devices[0])
+        w._run()
 
     def _run(self):
         get = self.q.get
-        streams = set()  # devices whose current stream in this thread is a private one
+        finish = self.finish
         while True:
             w = get()
-            if w._early and w._devices[0] not in streams:
-                # Works ready early order this thread's current stream after
-                # their result (Work._run): a stream of its own, not the
-                # default one, where the training's kernels would wait for
-                # every bucket's copies back as soon as they are queued. The
-                # Future's events go on it, and its waiter's stream waits
-                # for them when it waits (as NCCL's Futures).
-                torch.cuda.set_stream(torch.cuda.Stream(device=w._devices[0]))
-                streams.add(w._devices[0])
-            w._run()
+            finish(w)
             w = None  # no reference left in this thread's frame
 
 

@@ -1,5 +1,7 @@
 """DDP over the migctl backend ends with the same parameters as DDP over gloo,
-and so does a gloo-group model with migctl_torch.allreduce_hook; the data
+and so does a gloo-group model with migctl_torch.allreduce_hook, and DDP
+with torch's PowerSGD hook (which waits for collectives inside its Futures'
+callbacks) over migctl and over gloo; the data
 comes from a DataLoader with forked workers (num_workers=2) in this process,
 which has loaded libmigctl.so; a forked child that calls the library gets an
 error instead of a hang. Run under `migctl run --backend host --np 2`.
@@ -108,9 +110,20 @@ def main():
     m_hook = DDP(model(), process_group=gloo)
     m_hook.register_comm_hook(None, migctl_torch.allreduce_hook)
 
+    # PowerSGD's hook waits, inside its Futures' callbacks, for the all-reduces it issues there
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    m_psgd = DDP(model(), process_group=dist.group.WORLD)
+    m_psgd.register_comm_hook(psgd.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2),
+                              psgd.powerSGD_hook)
+    m_psgd_gloo = DDP(model(), process_group=gloo)
+    m_psgd_gloo.register_comm_hook(psgd.PowerSGDState(gloo, matrix_approximation_rank=1, start_powerSGD_iter=2),
+                                   psgd.powerSGD_hook)
+
     l_migctl = train(m_migctl, mk(), a.steps)
     l_gloo = train(m_gloo, mk(), a.steps)
     l_hook = train(m_hook, mk(), a.steps)
+    train(m_psgd, mk(), a.steps)
+    train(m_psgd_gloo, mk(), a.steps)
 
     p_m, p_g, p_h = flat(m_migctl), flat(m_gloo), flat(m_hook)
     d_mg = (p_m - p_g).abs().max().item()
@@ -120,6 +133,9 @@ def main():
         failures.append(f"DDP over migctl vs gloo: parameters differ by {d_mg}")
     if d_hg > tol:
         failures.append(f"allreduce_hook vs gloo: parameters differ by {d_hg}")
+    d_psgd = (flat(m_psgd) - flat(m_psgd_gloo)).abs().max().item()
+    if d_psgd > tol:
+        failures.append(f"PowerSGD hook over migctl vs gloo: parameters differ by {d_psgd}")
     # every rank holds the same parameters
     allp = [torch.empty_like(p_m) for _ in range(world)]
     dist.all_gather(allp, p_m)
@@ -128,7 +144,7 @@ def main():
     h = migctl_torch.multinode.Hier._instance  # set when the job spans nodes
     print(json.dumps({"rank": rank, "world": world, "torch": torch.__version__, "nodes": h.nodes if h else 1,
                       "max_diff_migctl_gloo": d_mg,
-                      "max_diff_hook_gloo": d_hg, "loss_migctl": l_migctl[-1], "loss_gloo": l_gloo[-1],
+                      "max_diff_hook_gloo": d_hg, "max_diff_powersgd_gloo": d_psgd, "loss_migctl": l_migctl[-1], "loss_gloo": l_gloo[-1],
                       "losses_equal": l_migctl == l_gloo, "seconds": round(time.time() - t0, 2),
                       "failures": failures}), flush=True)
     dist.barrier()
