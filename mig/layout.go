@@ -324,8 +324,19 @@ func (c *Config) parseEntry(name string, n *yaml.Node) (ConfigEntry, error) {
 	default:
 		return e, c.errf(devices, "%s: devices must be \"all\" or a list", name)
 	}
-	if migDevs != nil && migDevs.Kind != yaml.MappingNode && !(migDevs.Kind == yaml.ScalarNode && migDevs.Tag == "!!null") {
+	noDevs := migDevs == nil || (migDevs.Kind == yaml.ScalarNode && migDevs.Tag == "!!null")
+	if !noDevs && migDevs.Kind != yaml.MappingNode {
 		return e, c.errf(migDevs, "%s: mig-devices must map profile names to counts", name)
+	}
+	if e.MIGEnabled && noDevs {
+		// as mig-parted: a forgotten (or empty) mig-devices must not mean
+		// "destroy every instance"; {} says that on purpose
+		at := n
+		if migDevs != nil {
+			at = migDevs
+		}
+		return e, c.errf(at, "%s: mig-enabled: true needs mig-devices (as mig-parted requires); "+
+			"write mig-devices: {} for MIG on with no instances", name)
 	}
 	if migDevs != nil && migDevs.Kind == yaml.MappingNode {
 		if !e.MIGEnabled && len(migDevs.Content) > 0 {

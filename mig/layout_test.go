@@ -114,6 +114,10 @@ func TestConfigErrorsNameTheLine(t *testing.T) {
 		{"bad profile", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1x.18gb\": 1\n", []string{"f.yaml:7", "1x.18gb"}},
 		{"placement without device", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"2g.35gb\": [0]\n", []string{"f.yaml:9", "not in mig-devices"}},
 		{"start out of range", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.18gb\": 1\n      mig-placements:\n        \"1g.18gb\": [9]\n", []string{"f.yaml:9", "0..7"}},
+		// mig-parted refuses both: a forgotten mig-devices would otherwise
+		// destroy every instance
+		{"mig-enabled without mig-devices", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n", []string{"f.yaml:4", "needs mig-devices", "mig-devices: {}"}},
+		{"mig-devices empty", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n", []string{"f.yaml:6", "needs mig-devices"}},
 		{"devices disabled", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n      mig-devices:\n        \"1g.18gb\": 1\n", []string{"f.yaml:7", "mig-enabled: false"}},
 		{"filter", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: H200\n      mig-enabled: false\n", []string{"f.yaml:5", "device-filter"}},
 		{"malformed", "version: v1\nmig-configs:\n  a: [\n", []string{"f.yaml", "line"}},
