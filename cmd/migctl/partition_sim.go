@@ -14,6 +14,7 @@ import (
 	"github.com/migctl/migctl/internal/bytesize"
 	"github.com/migctl/migctl/internal/printer"
 	"github.com/migctl/migctl/mig"
+	"github.com/migctl/migctl/mig/migsim"
 )
 
 // partitionSimOptions drive the simulated node's stand-ins for things an
@@ -209,11 +210,18 @@ func (o *partitionSimOptions) Run(ctx context.Context, verb string) error {
 				}
 				v.Events = append(v.Events, e)
 			case "detach":
-				if err := on.sim.DetachProcess(g, o.pid); err != nil {
+				err := on.sim.DetachProcess(g, o.pid)
+				if errors.Is(err, migsim.ErrNoProcess) {
+					continue // not on this one of the selected GPUs
+				}
+				if err != nil {
 					return err
 				}
 				v.Events = append(v.Events, simEvent{GPU: g, Action: "detached", PID: o.pid})
 			}
+		}
+		if verb == "detach" && len(v.Events) == 0 {
+			return fmt.Errorf("process %d runs on none of the selected GPUs ('migctl partition show' lists the processes)", o.pid)
 		}
 		return printer.Print(o.Out, o.format, v)
 	})

@@ -92,9 +92,14 @@ func (n *Node) Model() Model { return n.model }
 // ErrNoInstance: AttachProcess named a MIG device that does not exist.
 var ErrNoInstance = errors.New("no such MIG device")
 
+// ErrNoProcess: DetachProcess named a process not on the GPU.
+var ErrNoProcess = errors.New("no such process")
+
 // AttachProcess records a fake process using usedBytes on GPU gpu: on the
 // compute instance (giID, ciID) when MIG is enabled, on the whole GPU when
-// giID < 0.
+// giID < 0. As a CUDA context would, it fails when usedBytes is more than
+// the memory left there (a GPU instance's compute instances share its
+// memory), and a process is attached to one place once.
 func (n *Node) AttachProcess(gpu, giID, ciID int, pid uint32, usedBytes uint64) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -103,20 +108,42 @@ func (n *Node) AttachProcess(gpu, giID, ciID int, pid uint32, usedBytes uint64) 
 	}
 	g := &n.st.GPUs[gpu]
 	p := procState{PID: pid, Used: usedBytes}
+	procs, where, total := &g.Procs, fmt.Sprintf("GPU %d", gpu), n.model.MemoryBytes
+	var shared [][]procState // what else uses the same memory
 	if giID < 0 {
-		g.Procs = append(g.Procs, p)
-		return n.persist()
+		shared = [][]procState{g.Procs}
+	} else {
+		ci := n.findCI(g, giID, ciID)
+		if ci == nil {
+			return fmt.Errorf("GPU %d GI %d CI %d: %w", gpu, giID, ciID, ErrNoInstance)
+		}
+		gi := n.findGI(g, giID)
+		procs, where, total = &ci.Procs, fmt.Sprintf("GPU %d GI %d CI %d", gpu, giID, ciID), n.profileByEnum(gi.Enum).MemoryMB<<20
+		for _, c := range gi.CIs {
+			shared = append(shared, c.Procs)
+		}
 	}
-	ci := n.findCI(g, giID, ciID)
-	if ci == nil {
-		return fmt.Errorf("GPU %d GI %d CI %d: %w", gpu, giID, ciID, ErrNoInstance)
+	var used uint64
+	for _, ps := range shared {
+		for _, q := range ps {
+			used += q.Used
+		}
 	}
-	ci.Procs = append(ci.Procs, p)
+	for _, q := range *procs {
+		if q.PID == pid {
+			return fmt.Errorf("%s: process %d is attached already", where, pid)
+		}
+	}
+	if usedBytes > total-used {
+		gib := func(b uint64) float64 { return float64(b) / (1 << 30) }
+		return fmt.Errorf("%s: %.2f GiB asked, %.2f of its %.2f GiB free", where, gib(usedBytes), gib(total-used), gib(total))
+	}
+	*procs = append(*procs, p)
 	return n.persist()
 }
 
-// DetachProcess removes process pid from wherever it runs on GPU gpu. The
-// state file is written only when the process was there.
+// DetachProcess removes process pid from wherever it runs on GPU gpu;
+// ErrNoProcess when it runs nowhere there.
 func (n *Node) DetachProcess(gpu int, pid uint32) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -131,7 +158,7 @@ func (n *Node) DetachProcess(gpu int, pid uint32) error {
 		}
 	}
 	if !dropped {
-		return nil
+		return fmt.Errorf("GPU %d: process %d: %w", gpu, pid, ErrNoProcess)
 	}
 	return n.persist()
 }

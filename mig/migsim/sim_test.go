@@ -336,3 +336,68 @@ func TestComputeInstanceRulesAndHandles(t *testing.T) {
 	left, _ = d.GetGpuInstanceRemainingCapacity(&g1)
 	require.Equal(t, 7, left)
 }
+
+// TestAttachProcessLikeAContext: a fake process takes memory as a CUDA
+// context would: no more than is free where it runs (the compute instances
+// of a GPU instance share its memory; the whole GPU's when MIG is off), once
+// per place; detaching a process that runs nowhere says so.
+func TestAttachProcessLikeAContext(t *testing.T) {
+	n := migsim.New(migsim.H200, 2)
+	d := gpu0(t, n)
+	enableMIG(t, d)
+	g3 := info(t, d, 2) // 3g.71gb: 71424 MiB
+	gi, ret := d.CreateGpuInstanceWithPlacement(&g3, &nvml.GpuInstancePlacement{Start: 0, Size: 4})
+	require.Equal(t, nvml.SUCCESS, ret)
+	c1, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	require.Equal(t, nvml.SUCCESS, ret)
+	var cis []int
+	for range 2 {
+		ci, ret := gi.CreateComputeInstance(&c1)
+		require.Equal(t, nvml.SUCCESS, ret)
+		ci0, _ := ci.GetInfo()
+		cis = append(cis, int(ci0.Id))
+	}
+	giInfo, _ := gi.GetInfo()
+	giID := int(giInfo.Id)
+	const gib = uint64(1) << 30
+	tests := []struct {
+		name     string
+		gpu, gi  int
+		ci       int
+		pid      uint32
+		bytes    uint64
+		wantErr  string
+		wantSame error
+	}{
+		{"first process", 0, giID, cis[0], 10, 60 * gib, "", nil},
+		{"the same process twice in one place", 0, giID, cis[0], 10, gib, "attached already", nil},
+		{"the same process on the other compute instance", 0, giID, cis[1], 10, gib, "", nil},
+		{"more than the GPU instance has left", 0, giID, cis[1], 11, 9 * gib, "GiB free", nil},
+		{"what is left", 0, giID, cis[1], 11, 71424<<20 - 61*gib, "", nil},
+		{"a byte more", 0, giID, cis[0], 12, 1, "GiB free", nil},
+		{"no such compute instance", 0, giID, 99, 13, gib, "", migsim.ErrNoInstance},
+		{"a whole GPU: more than it has", 1, -1, -1, 14, 200 * gib, "GiB free", nil},
+		{"a whole GPU", 1, -1, -1, 14, 100 * gib, "", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := n.AttachProcess(tc.gpu, tc.gi, tc.ci, tc.pid, tc.bytes)
+			switch {
+			case tc.wantSame != nil:
+				require.ErrorIs(t, err, tc.wantSame)
+			case tc.wantErr != "":
+				require.ErrorContains(t, err, tc.wantErr)
+			default:
+				require.NoError(t, err)
+			}
+		})
+	}
+	procs, ret := gpu0(t, n).GetComputeRunningProcesses()
+	require.Equal(t, nvml.SUCCESS, ret)
+	require.Len(t, procs, 3, "refused attaches left no trace: %+v", procs)
+
+	require.NoError(t, n.DetachProcess(0, 10))
+	require.ErrorIs(t, n.DetachProcess(0, 10), migsim.ErrNoProcess)
+	require.ErrorIs(t, n.DetachProcess(0, 14), migsim.ErrNoProcess, "14 runs on GPU 1")
+	require.NoError(t, n.DetachProcess(1, 14))
+}
