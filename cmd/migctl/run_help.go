@@ -70,7 +70,9 @@ stderr.log, error.json), --tee picks what still reaches the terminal. At the end
 names the root cause: the first rank to fail, its exit code or signal, and its error file
 (torchrun's JSON, as written by torch.distributed.elastic's @record). A rank whose death
 aborted the rendezvous (its peers then fail at once, and one of their exits may be seen
-first) is the root cause when it fails within the 1 s the others get to exit.
+first) is the root cause when it fails within the 1 s the others get to exit. A rank on this
+node that exits 0 before every rank joined the group (trainer.Init, init_process_group) will
+never join: the ranks joining fail at once, and the summary's blame names it.
 
 Several nodes: run migctl on each with the same --nnodes, --rdzv-endpoint host:port (node 0
 hosts the rendezvous there; MASTER_PORT is the next port) and MIGCTL_JOB_TOKEN exported,

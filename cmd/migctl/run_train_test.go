@@ -183,6 +183,24 @@ func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 		require.Empty(t, pidsOf(sgd), "workers left running")
 		r.requireClean(t)
 	})
+	t.Run("a rank that exits 0 without joining", func(t *testing.T) {
+		// Before, the others waited for it until the SDK's start-up limit
+		// (5 minutes); now the rendezvous fails them at once, naming it.
+		r := newRunCLI(t, bin)
+		start := time.Now()
+		args := append(append([]string{}, r.sim...), "--np", "3", "--profile", "1g.18gb", "-o", "json", "--grace", "1s",
+			"--shm-dir", shmDir, "--", "sh", "-c", `if [ "$RANK" = 1 ]; then exit 0; fi; exec "$0" "$@"`, sgd)
+		stdout, stderr, err := r.run(t, nil, append(args, train...)...)
+		require.Error(t, err, "the run succeeded although rank 1 never joined")
+		require.Less(t, time.Since(start), time.Minute, "the joining ranks waited for rank 1: %s", stderr)
+		res := summary(t, stdout)
+		require.NotNil(t, res.RootCause, stderr)
+		require.NotEqual(t, 1, res.RootCause.Rank, "rank 1 did not fail")
+		require.Contains(t, res.Blame, "rank 1 (pid ", stderr)
+		require.Contains(t, res.Blame, "exited with code 0 before every rank joined the group", stderr)
+		require.Empty(t, pidsOf(sgd), "workers left running")
+		r.requireClean(t)
+	})
 	left, err := os.ReadDir(shmDir)
 	require.NoError(t, err)
 	require.Empty(t, left, "shared-memory segments left behind")

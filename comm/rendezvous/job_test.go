@@ -437,3 +437,72 @@ type faultErr struct{ rank int }
 
 func (e faultErr) Error() string  { return fmt.Sprintf("rank %d exited", e.rank) }
 func (e faultErr) FaultRank() int { return e.rank }
+
+// TestRankEndedBeforeJoining: a rank whose process ended without failing
+// before the world formed will never join; the ranks joining fail at once
+// naming it — those blocked in Register now, a later one at its
+// registration, even when none had registered yet (the ended rank was the
+// quickest). A job whose ranks never register sees nothing, and once the
+// world has formed an ended rank is a rank that finished.
+func TestRankEndedBeforeJoining(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const reason = "rank 2 (pid 7) exited with code 0 before every rank joined the group"
+	tests := []struct {
+		name      string
+		before    int  // ranks registering (and blocked) before rank 2 ends
+		after     int  // ranks registering after it ended
+		abortsNow bool // RankEnded's answer
+	}{
+		{"ranks blocked joining", 2, 0, true},
+		{"one blocked, one joining later", 1, 1, true},
+		{"no rank had registered", 0, 2, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, addr := serveServer(t, "tok", 3)
+			errs := make(chan error, 3)
+			join := func(rank int) {
+				c := dial(t, addr)
+				go func() { _, err := c.Register(ctx, rank, Peer{}); errs <- err }()
+			}
+			for r := range tc.before {
+				join(r)
+			}
+			waitRegistered(t, s, tc.before)
+			start := time.Now()
+			require.Equal(t, tc.abortsNow, s.RankEnded(2, reason))
+			for r := tc.before; r < tc.before+tc.after; r++ {
+				join(r)
+			}
+			for range tc.before + tc.after {
+				err := <-errs
+				var ae *AbortError
+				require.ErrorAs(t, err, &ae)
+				require.Equal(t, 2, ae.Rank)
+				require.Equal(t, "job aborted: "+reason, ae.Error())
+			}
+			require.Less(t, time.Since(start), 5*time.Second)
+		})
+	}
+
+	t.Run("a job that never registers", func(t *testing.T) {
+		s, _ := serveServer(t, "tok", 2)
+		require.False(t, s.RankEnded(1, reason))
+		require.NoError(t, s.Err(), "nothing aborted")
+	})
+	t.Run("after the world formed", func(t *testing.T) {
+		s, addr := serveServer(t, "tok", 2)
+		_, errs := registerAll(ctx, []*Client{dial(t, addr), dial(t, addr)}, []int{0, 1}, make([]Peer, 2))
+		require.NoError(t, errors.Join(errs...))
+		require.False(t, s.RankEnded(1, "rank 1 finished"))
+		require.NoError(t, s.Err())
+	})
+	t.Run("a new generation forgets it", func(t *testing.T) {
+		s, addr := serveServer(t, "tok", 2)
+		require.False(t, s.RankEnded(1, reason))
+		s.NewGeneration()
+		_, errs := registerAll(ctx, []*Client{dial(t, addr), dial(t, addr)}, []int{0, 1}, make([]Peer, 2))
+		require.NoError(t, errors.Join(errs...))
+	})
+}

@@ -47,7 +47,8 @@ type generation struct {
 	done     []bool // by rank: left cleanly (Client.Close) after the world formed
 	nreg     int
 	formed   bool
-	full     chan struct{} // closed when every rank registered
+	full     chan struct{}  // closed when every rank registered
+	ended    map[int]string // rank -> why: ended without joining (RankEnded)
 	kv       map[string][]byte
 	kvWait   map[string]*waiter
 	barriers map[string]*barrier
@@ -284,6 +285,32 @@ func (s *Server) AbortRank(rank int, reason string) {
 	s.cur.abortLocked(rank, reason, false)
 }
 
+// RankEnded tells the server that rank's process ended without failing
+// (the launcher saw it exit 0) for reason. Before the current generation's
+// world has formed that rank will never join, and the ranks joining would
+// wait for it until their start-up limit: the generation is aborted naming
+// it, at once when some rank has registered, else at the first
+// registration (a job whose ranks never use the rendezvous, a gloo job,
+// sees nothing). It reports whether it aborted now; nothing happens once
+// the world has formed.
+func (s *Server) RankEnded(rank int, reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.cur
+	if g.formed || g.abort != nil {
+		return false
+	}
+	if g.ended == nil {
+		g.ended = map[int]string{}
+	}
+	g.ended[rank] = withRank(rank, reason)
+	if g.nreg == 0 {
+		return false
+	}
+	g.abortLocked(rank, g.ended[rank], false)
+	return true
+}
+
 // withRank prefixes reason with "rank N: " unless it already names the rank.
 func withRank(rank int, reason string) string {
 	if rank < 0 {
@@ -405,6 +432,13 @@ func (s *Server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 			who = fmt.Sprintf("a rank (pid %d on %s)", self.GetPid(), self.GetHost())
 		}
 		g.abortLocked(r, fmt.Sprintf("%s expects a %d-rank job, but the job has %d ranks", who, w, s.world), true)
+		err := g.abortErrLocked()
+		s.mu.Unlock()
+		return nil, err
+	}
+	if len(g.ended) > 0 {
+		first := slices.Min(slices.Collect(maps.Keys(g.ended)))
+		g.abortLocked(first, g.ended[first], false)
 		err := g.abortErrLocked()
 		s.mu.Unlock()
 		return nil, err

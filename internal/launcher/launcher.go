@@ -662,6 +662,22 @@ func (p *plan) supervisorConfig(srv rendezvousServer, sigs <-chan os.Signal) sup
 			srv.AbortJob(fmt.Sprintf("rank %d failed: %s", f.Rank, f))
 		}
 	}
+	// A rank that ends without failing before every rank joined will not
+	// join: its peers, blocked joining, would wait for it until their
+	// start-up limit (minutes). The rendezvous fails them, naming it.
+	if re, ok := srv.(interface {
+		RankEnded(rank int, reason string) bool
+	}); ok {
+		sc.OnExit = func(e supervisor.Exit) {
+			if e.Failed() {
+				return // a failure has its own path (OnFailure)
+			}
+			if re.RankEnded(e.Rank, fmt.Sprintf("rank %d (pid %d) exited with code 0 before every rank joined the group: "+
+				"each of the job's ranks must join it (trainer.Init, init_process_group)", e.Rank, e.PID)) {
+				p.logf("run: rank %d exited with code 0 before every rank joined the group: the ranks joining it are failed", e.Rank)
+			}
+		}
+	}
 	// Still starting up = some worker connected to the rendezvous in this
 	// generation and the world has not formed: a Ctrl-C then kills at once
 	// (a rank blocked joining cannot act on it). Workers that never connect

@@ -100,6 +100,9 @@ type Config struct {
 	// OnFailure is called with a generation's root cause as soon as it is
 	// known, before the other workers are stopped (nil: nothing).
 	OnFailure func(f Failure)
+	// OnExit is called with each worker's exit as it is reaped, before what
+	// the exit means for the generation is decided (nil: nothing).
+	OnExit func(e Exit)
 	// Suspect, when not nil, is asked when a generation's first worker
 	// fails which rank the caller knows to be at fault, -1 when none: a
 	// rank that dies takes down its peers (they see it go, through the
@@ -415,6 +418,9 @@ func (s *run) generation(ctx context.Context, gen int) (g genResult) {
 		case p := <-exited:
 			remaining--
 			p.reaped = true
+			if cfg.OnExit != nil {
+				cfg.OnExit(p.exit)
+			}
 			switch {
 			case pending != nil && p.exit.LocalRank == suspect:
 				if p.exit.Failed() {
