@@ -423,13 +423,12 @@ class Hier:
     def allreduce(self, tensors, op, name="allreduce"):
         from .process_group import _reduce_dtype  # noqa: PLC0415
 
-        for t in tensors:
-            _reduce_dtype(t, name, op)
+        ops = [_reduce_dtype(t, name, op)[1] for t in tensors]  # bool: SUM is MAX
         L, lr = self.lsize, self.lrank
-        inner = _lib.SUM if op == _lib.AVG else op
 
         def job():
-            for t in tensors:
+            for t, top in zip(tensors, ops):
+                inner = _lib.SUM if top == _lib.AVG else top
                 c = t.numel()
                 if c == 0:
                     continue
@@ -444,7 +443,7 @@ class Hier:
                 if L > 1:
                     self.local.reduce_scatter_base(shard, buf, inner, name=name).wait()
                 self._cross_allreduce(shard, inner)
-                if op == _lib.AVG:
+                if top == _lib.AVG:
                     self._avg(shard)
                 if L > 1:
                     self.local.allgather_base(buf, shard, name=name).wait()
@@ -506,7 +505,7 @@ class Hier:
         if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
                              f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
-        _reduce_dtype(output, name, op)
+        _, op = _reduce_dtype(output, name, op)  # bool: SUM is MAX
         N, L, n, lr = self.nodes, self.lsize, self.node, self.lrank
         inner = _lib.SUM if op == _lib.AVG else op
 

@@ -170,14 +170,28 @@ def _queued_broadcast(comm, tensors):
 
 
 def _reduce_dtype(t, call, op):
+    """(dtype code, op) of a reduction of t: bool reduces as uint8, its SUM
+    a logical OR (MAX, as torch's NCCL backend does), MIN and MAX AND and
+    OR."""
     dt = _DTYPES.get(t.dtype)
-    if dt is None and t.dtype == torch.bool and op in (_lib.MIN, _lib.MAX):
-        dt = _lib.UINT8
-    if dt is None:
-        raise NotImplementedError(
-            f"migctl backend: {call} on {t.dtype} is not supported (float32, float16, bfloat16, float64, "
-            "int32, int64, uint8 are)")
-    return dt
+    if dt is not None:
+        return dt, op
+    if t.dtype == torch.bool and op in (_lib.SUM, _lib.MIN, _lib.MAX):
+        return _lib.UINT8, _lib.MAX if op == _lib.SUM else op
+    if t.dtype == torch.bool:
+        raise NotImplementedError(f"migctl backend: {call} on torch.bool with ReduceOp {_op_name_of(op)} is not supported "
+                                  "(SUM, a logical OR, MIN and MAX are)")
+    raise NotImplementedError(
+        f"migctl backend: {call} on {t.dtype} is not supported (float32, float16, bfloat16, float64, "
+        "int32, int64, uint8 are, and bool with SUM, MIN or MAX)")
+
+
+def _op_name_of(code):
+    """The ReduceOp name of a library op code."""
+    for name, c in _OPS:
+        if c == code:
+            return name
+    return str(code)
 
 
 def _move_dtype(t):
@@ -752,13 +766,13 @@ class _Comm:
                     return Work(self, name, (h,), tensors, t, None, [d])
         handles, keep, back = [], [], []
         for t in tensors:
-            dt = _reduce_dtype(t, name, op)
+            dt, top = _reduce_dtype(t, name, op)
             buf = t if t.is_contiguous() else t.contiguous()
             if buf is not t:
                 back.append((t, buf))
             keep.append(buf)
             p = buf.data_ptr()
-            handles.append(self._issue(_lib.KIND_ALLREDUCE, name, buf, p, p, buf.numel(), dt, op, 0))
+            handles.append(self._issue(_lib.KIND_ALLREDUCE, name, buf, p, p, buf.numel(), dt, top, 0))
         return Work(self, name, handles, list(tensors), keep, self._copy_back(back), self._devices(tensors))
 
     def allgather(self, output_lists, inputs, name="allgather"):
@@ -821,22 +835,22 @@ class _Comm:
                 if i.numel() != out.numel() or i.dtype != out.dtype or i.device != out.device:
                     raise ValueError(f"migctl {name}: every input must match the output ({out.numel()} "
                                      f"{out.dtype} on {out.device}), got {i.numel()} {i.dtype} on {i.device}")
-            dt = _reduce_dtype(out, name, op)
+            dt, top = _reduce_dtype(out, name, op)
             flat = torch.cat([i.reshape(-1) for i in ins]) if out.numel() else torch.empty(0, dtype=out.dtype, device=out.device)
             dst = out if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
             if dst is not out:
                 back.append((out, dst))
             keep += [flat, dst]
             handles.append(self._issue(_lib.KIND_REDUCE_SCATTER, name, flat, flat.data_ptr(), dst.data_ptr(),
-                                       out.numel(), dt, op, 0))
+                                       out.numel(), dt, top, 0))
         return Work(self, name, handles, list(outputs), keep, self._copy_back(back), self._devices(outputs))
 
     def _scatter_operands(self, output, inp, op, name):
-        """(source, destination, copies back, dtype) of a reduce-scatter of inp."""
+        """(source, destination, copies back, dtype, op) of a reduce-scatter of inp."""
         if inp.numel() != self.size * output.numel() or output.dtype != inp.dtype or output.device != inp.device:
             raise ValueError(f"migctl {name}: input has {inp.numel()} {inp.dtype} on {inp.device}, "
                              f"want {self.size} x the output's {output.numel()} {output.dtype} on {output.device}")
-        dt = _reduce_dtype(output, name, op)
+        dt, op = _reduce_dtype(output, name, op)
         back = []
         block = output.numel() * output.element_size()
         in_place = (inp.is_contiguous() and output.is_contiguous()
@@ -849,10 +863,10 @@ class _Comm:
                                                                      device=output.device)
             if dst is not output:
                 back.append((output, dst))
-        return src, dst, back, dt
+        return src, dst, back, dt, op
 
     def reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
-        src, dst, back, dt = self._scatter_operands(output, inp, op, name)
+        src, dst, back, dt, op = self._scatter_operands(output, inp, op, name)
         h = self._issue(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,
                         0)
         return Work(self, name, (h,), [output], (src, dst), self._copy_back(back), self._devices([output]))
@@ -860,7 +874,7 @@ class _Comm:
     def run_reduce_scatter_base(self, output, inp, op, name="_reduce_scatter_base"):
         """reduce_scatter_base issued and waited for in one C call: a finished
         Work, or None where it needs the general path."""
-        src, dst, back, dt = self._scatter_operands(output, inp, op, name)
+        src, dst, back, dt, op = self._scatter_operands(output, inp, op, name)
         if back:
             return None
         return self._run(_lib.KIND_REDUCE_SCATTER, name, src, src.data_ptr(), dst.data_ptr(), output.numel(), dt, op,

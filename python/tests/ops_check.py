@@ -189,6 +189,16 @@ def run(device, sizes):
     b = torch.tensor([rank == 0, False, True], device=dev)
     dist.all_reduce(b, op=dist.ReduceOp.MAX)
     expect("all_reduce max bool", b, torch.tensor([True, False, True]))
+    # bool SUM is a logical OR, as torch's NCCL backend reduces it: true bytes stay 1
+    # (a byte sum would hold 2 and more, and wrap to false at 256 ranks)
+    b = torch.tensor([rank == 0, False, True, rank % 2 == 1], device=dev)
+    dist.all_reduce(b)
+    expect("all_reduce sum bool", b, torch.tensor([True, False, True, world > 1]))
+    expect("all_reduce sum bool bytes", b.view(torch.uint8), torch.tensor([1, 0, 1, int(world > 1)], dtype=torch.uint8))
+    out = torch.empty(2, dtype=torch.bool, device=dev)
+    _reduce_scatter_tensor(out, torch.tensor([i <= rank for i in range(2 * world)], device=dev), dist.ReduceOp.SUM)
+    want = torch.tensor([i < world for i in range(2 * world)])[2 * rank:2 * rank + 2]
+    expect("reduce_scatter_tensor sum bool bytes", out.view(torch.uint8), want.to(torch.uint8))
 
     # async: several in flight, waited in reverse order; futures carry the tensors
     ts = [values(1000 + k, rank, torch.float32, dev) for k in range(5)]
@@ -294,6 +304,8 @@ def run(device, sizes):
     for name, call, words in [
         ("recv_anysource", lambda: dist.recv(torch.ones(2, device=dev)), ()),  # a receive without a source
         ("ReduceOp", lambda: dist.all_reduce(torch.ones(2, device=dev), op=dist.ReduceOp.PRODUCT), ("PRODUCT",)),
+        ("allreduce", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool, device=dev), op=dist.ReduceOp.AVG),
+         ("torch.bool", "AVG")),
     ]:
         checks += 1
         try:
