@@ -53,20 +53,23 @@ type Group struct {
 	peers     []rendezvous.Peer
 	topo      rendezvous.Topology
 
-	dev       comm.Device
-	kv        kv
-	closeKV   func() error
-	job       *comm.ShmJob
-	tr        *comm.ShmTransport
-	exec      *allreduce.Executor
-	cm        communicator   // allreduce's within a node; nodeComm across nodes
-	api       cuda.Interface // the driver behind dev (gpu backend)
-	node      *nodeStage     // groups across nodes (multinode.go)
-	stream    comm.Stream
-	transport Transport
-	alg       allreduce.Algorithm
-	groups    allreduce.Grouping // ranks sharing a GPU (Hierarchical)
-	h2dFixed  bool               // MIGCTL_H2D chose the small-copy mode
+	dev     comm.Device
+	kv      kv
+	closeKV func() error
+	// faultReported: a dead or stalled peer was reported to the
+	// rendezvous (reportFault).
+	faultReported atomic.Bool
+	job           *comm.ShmJob
+	tr            *comm.ShmTransport
+	exec          *allreduce.Executor
+	cm            communicator   // allreduce's within a node; nodeComm across nodes
+	api           cuda.Interface // the driver behind dev (gpu backend)
+	node          *nodeStage     // groups across nodes (multinode.go)
+	stream        comm.Stream
+	transport     Transport
+	alg           allreduce.Algorithm
+	groups        allreduce.Grouping // ranks sharing a GPU (Hierarchical)
+	h2dFixed      bool               // MIGCTL_H2D chose the small-copy mode
 
 	queue   chan *Work
 	stopped chan struct{}

@@ -303,8 +303,39 @@ func (g *Group) runWork(w *Work, clock *callClock, admit func()) error {
 		}
 		return nil
 	}
+	g.reportFault(err)
 	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		return fmt.Errorf("%s on rank %d: %w: %w", w.name, g.rank, cause, err)
 	}
 	return fmt.Errorf("%s on rank %d: %w", w.name, g.rank, err)
+}
+
+// faultReporter is the rendezvous client's AbortWith: an abort naming the
+// rank an error blames (its FaultRank).
+type faultReporter interface {
+	AbortWith(ctx context.Context, err error) error
+}
+
+// reportFault tells the job's rendezvous, once, about a peer this rank found
+// dead or stalled (err matches comm.ErrPeerDead and names another rank), so
+// that the launcher's summary blames that rank and not this witness: a
+// stopped (SIGSTOP) or hung process keeps its rendezvous connection open,
+// and only its peers' liveness checks see it. Only the job's own group on
+// one node reports: a group of some ranks, or the node stage of a group
+// across nodes, names ranks of its own numbering.
+func (g *Group) reportFault(err error) {
+	if g.parent != nil || g.node != nil || !errors.Is(err, comm.ErrPeerDead) {
+		return
+	}
+	var fr interface{ FaultRank() int }
+	if !errors.As(err, &fr) || fr.FaultRank() == g.rank || fr.FaultRank() < 0 {
+		return
+	}
+	r, ok := g.kv.(faultReporter)
+	if !ok || !g.faultReported.CompareAndSwap(false, true) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = r.AbortWith(ctx, err)
 }

@@ -64,7 +64,9 @@ Workers run in their own process groups and never outlive migctl. When one fails
 get SIGTERM, then SIGKILL after --grace, and all are restarted, up to --max-restarts times.
 SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded and end the run (at once during start-up);
 SIGUSR1 and SIGUSR2 are forwarded. A stalled worker makes the others fail at the collective
-deadline (--timeout); the run then ends within 1 s + --grace. Output lines are prefixed with
+deadline (--timeout), or sooner where their liveness checks see it stopped (trainer SDK,
+migctl_torch: they then report it, and the summary blames it); the run then ends within
+1 s + --grace. Output lines are prefixed with
 the rank ("[3]: ..."); --log-dir keeps one directory per attempt and rank (stdout.log,
 stderr.log, error.json), --tee picks what still reaches the terminal. At the end a summary
 names the root cause: the first rank to fail, its exit code or signal, and its error file

@@ -82,6 +82,14 @@ func pidsOf(path string) []int {
 // pids and the run's output.
 func startAndKill(t *testing.T, c *exec.Cmd, exe string, np, victim int, after time.Duration) (*exec.Cmd, []int, *testutil.LockedBuffer, *testutil.LockedBuffer) {
 	t.Helper()
+	return startAndSignal(t, c, exe, np, victim, after, syscall.SIGKILL)
+}
+
+// startAndSignal is startAndKill with another signal (SIGSTOP: a stalled
+// worker).
+func startAndSignal(t *testing.T, c *exec.Cmd, exe string, np, victim int, after time.Duration,
+	sig syscall.Signal) (*exec.Cmd, []int, *testutil.LockedBuffer, *testutil.LockedBuffer) {
+	t.Helper()
 	var stdout, stderr testutil.LockedBuffer
 	c.Stdout, c.Stderr = &stdout, &stderr
 	require.NoError(t, c.Start())
@@ -94,7 +102,7 @@ func startAndKill(t *testing.T, c *exec.Cmd, exe string, np, victim int, after t
 	}
 	require.Len(t, pids, np, stderr.String())
 	time.Sleep(after)
-	require.NoError(t, syscall.Kill(pids[victim], syscall.SIGKILL))
+	require.NoError(t, syscall.Kill(pids[victim], sig))
 	return c, pids, &stdout, &stderr
 }
 
@@ -180,6 +188,27 @@ func TestRunTrainsOnSimulatedMIG(t *testing.T) {
 		require.Equal(t, "SIGKILL", res.RootCause.Signal, "root cause %+v\n%s", *res.RootCause, stderr.String())
 		require.Equal(t, victims[1], res.RootCause.PID, stderr.String())
 		require.Contains(t, stderr.String(), fmt.Sprintf("rank %d", res.RootCause.Rank))
+		require.Empty(t, pidsOf(sgd), "workers left running")
+		r.requireClean(t)
+	})
+	t.Run("worker stopped (SIGSTOP): the summary blames it, not a witness", func(t *testing.T) {
+		// A stopped rank keeps its rendezvous connection: only its peers'
+		// liveness checks see it, and they report it to the rendezvous.
+		r := newRunCLI(t, bin)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		args := append(append([]string{}, r.sim...), "--np", "3", "--profile", "1g.18gb", "-o", "json", "--grace", "1s",
+			"--shm-dir", shmDir, "--max-restarts", "0", "--", sgd, "--steps", "4000", "--batch", "84", "--step-delay", "20ms")
+		c, victims, stdout, stderr := startAndSignal(t, r.cmd(ctx, nil, args...), sgd, 3, 1, 300*time.Millisecond, syscall.SIGSTOP)
+		require.Error(t, c.Wait(), "the run succeeded although a worker was stopped")
+		res := summary(t, stdout.String())
+		require.NotNil(t, res.RootCause, stderr.String())
+		blamed := res.Blame
+		if res.RootCause.PID == victims[1] {
+			blamed = res.RootCause.String() // it ended first (SIGCONT, SIGTERM) and is the root cause itself
+		}
+		require.Contains(t, blamed, "rank 1", "root cause %+v, blame %q\n%s", *res.RootCause, res.Blame, stderr.String())
+		requireDead(t, victims)
 		require.Empty(t, pidsOf(sgd), "workers left running")
 		r.requireClean(t)
 	})
