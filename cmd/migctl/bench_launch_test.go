@@ -75,6 +75,19 @@ func TestBenchStalledRank(t *testing.T) {
 	t.Logf("ended %v after the stop (deadline %v)", took.Round(time.Millisecond), deadline)
 }
 
+// benchCmd is `migctl bench allreduce --backend host --timeout 30s args...`
+// with a TMPDIR of its own (short: the rendezvous socket made in it must fit
+// in sun_path), removed when the test ends, and returned.
+func benchCmd(ctx context.Context, t *testing.T, bin string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "mb")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	cmd := exec.CommandContext(ctx, bin, append([]string{"bench", "allreduce", "--backend", "host", "--timeout", "30s"}, args...)...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	return cmd, tmp
+}
+
 // TestBenchLauncherKilled (issue 8 item 6): a bench launcher killed with
 // SIGKILL at any moment after start leaves no rank running and no
 // shared-memory segment behind. (What the killed launcher made in $TMPDIR,
@@ -85,14 +98,9 @@ func TestBenchLauncherKilled(t *testing.T) {
 	for _, delay := range []time.Duration{0, 30 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, time.Second} {
 		t.Run(delay.String(), func(t *testing.T) {
 			shmDir := t.TempDir()
-			tmp, err := os.MkdirTemp("", "mb") // short: the rendezvous socket made in it must fit in sun_path
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = os.RemoveAll(tmp) })
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "3", "--backend", "host",
-				"-b", "1MiB", "-e", "1MiB", "-n", "1000000", "-w", "0", "--timeout", "30s", "--shm-dir", shmDir)
-			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			cmd, _ := benchCmd(ctx, t, bin, "--np", "3", "-b", "1MiB", "-e", "1MiB", "-n", "1000000", "-w", "0", "--shm-dir", shmDir)
 			stderr, err := cmd.StderrPipe()
 			require.NoError(t, err)
 			require.NoError(t, cmd.Start())
@@ -141,14 +149,9 @@ func TestBenchLauncherKilled(t *testing.T) {
 func TestBenchOutlivesAClosedPipe(t *testing.T) {
 	bin := testutil.MigctlBin(t)
 	shmDir := t.TempDir()
-	tmp, err := os.MkdirTemp("", "mb") // short: the rendezvous socket made in it must fit in sun_path
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "allreduce", "--np", "2", "--backend", "host",
-		"-b", "4KiB", "-e", "64KiB", "-n", "5", "-w", "1", "--timeout", "30s", "--shm-dir", shmDir)
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd, tmp := benchCmd(ctx, t, bin, "--np", "2", "-b", "4KiB", "-e", "64KiB", "-n", "5", "-w", "1", "--shm-dir", shmDir)
 	pr, pw, err := os.Pipe()
 	require.NoError(t, err)
 	cmd.Stdout, cmd.Stderr = pw, pw // 2>&1 | head: read up to the first rank's start, then gone

@@ -16,25 +16,35 @@ import (
 	"github.com/migctl/migctl/mig/migsim"
 )
 
-// TestRunLeasesReleased: `migctl run --socket` against a running daemon
-// (over a simulated H200 node) leaves no lease behind, whether the job
-// succeeds, fails, is restarted after a SIGKILL, or is interrupted; while
-// it runs the leases are the job's, one per rank.
-func TestRunLeasesReleased(t *testing.T) {
-	bin := testutil.MigctlBin(t)
+// startSimDaemon starts a daemon leasing MIG devices of a simulated node of
+// gpus H200s (reapEvery: how often it looks for leases whose process has
+// gone; 0: its default), closed when the test ends. Its sockets live in a
+// short directory of their own (sun_path is 108 bytes).
+func startSimDaemon(t *testing.T, gpus int, reapEvery time.Duration) *ctxmgr.Daemon {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "mrd")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
 		ControlSocket: filepath.Join(dir, "ctl.sock"),
 		SwapSocket:    filepath.Join(dir, "swap.sock"),
-		MIG:           mig.NewManager(migsim.New(migsim.H200, 2)),
+		MIG:           mig.NewManager(migsim.New(migsim.H200, gpus)),
 		Leases:        ctxmgr.LeaseOptions{EnableMIG: true},
-		ReapEvery:     20 * time.Millisecond,
+		ReapEvery:     reapEvery,
 		Swap:          ctxmgr.Options{GPUMemory: 80 << 30, RebalanceEvery: -1},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	return d
+}
+
+// TestRunLeasesReleased: `migctl run --socket` against a running daemon
+// (over a simulated H200 node) leaves no lease behind, whether the job
+// succeeds, fails, is restarted after a SIGKILL, or is interrupted; while
+// it runs the leases are the job's, one per rank.
+func TestRunLeasesReleased(t *testing.T) {
+	bin := testutil.MigctlBin(t)
+	d := startSimDaemon(t, 2, 20*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := ctxmgr.Dial(ctx, d.ControlSocket())
@@ -131,18 +141,7 @@ func TestRunLeasesReleased(t *testing.T) {
 // devices and a third job cannot be granted them while it runs.
 func TestRunSameJobName(t *testing.T) {
 	bin := testutil.MigctlBin(t)
-	dir, err := os.MkdirTemp("", "mrj")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	d, err := ctxmgr.StartDaemon(context.Background(), ctxmgr.DaemonConfig{
-		ControlSocket: filepath.Join(dir, "ctl.sock"),
-		SwapSocket:    filepath.Join(dir, "swap.sock"),
-		MIG:           mig.NewManager(migsim.New(migsim.H200, 1)),
-		Leases:        ctxmgr.LeaseOptions{EnableMIG: true},
-		Swap:          ctxmgr.Options{GPUMemory: 80 << 30, RebalanceEvery: -1},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	d := startSimDaemon(t, 1, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := ctxmgr.Dial(ctx, d.ControlSocket())
