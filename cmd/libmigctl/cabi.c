@@ -275,7 +275,10 @@ static int check_state(void) {
 }
 
 // check_call validates a collective's arguments: the group's size, or the error.
-static int check_call(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root) {
+static const size_t elem_size[] = {4, 2, 2, 8, 4, 8, 1}; // MIGCTL_FLOAT32..MIGCTL_UINT8
+
+static int check_call(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
+                      int device) {
 	int rc = check_state();
 	if (rc < 0) return rc;
 	int size = size_of(group);
@@ -299,8 +302,13 @@ static int check_call(int group, int kind, void *send, void *recv, size_t count,
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: broadcast root out of range: want 0..size-1");
 		if ((kind == MIGCTL_KIND_SEND || kind == MIGCTL_KIND_RECV) && (root < 0 || root >= size))
 			return set_error(MIGCTL_ERR_INVALID, "libmigctl: send/receive peer out of range: want 0..size-1");
-		if (count > (size_t)INT64_MAX / 8)
-			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large");
+		if (device != MIGCTL_HOST && device != MIGCTL_DEVICE)
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: bad device: want MIGCTL_HOST (0) or MIGCTL_DEVICE (1)");
+		// The largest buffer (size * count elements for all-gather and
+		// reduce-scatter) must fit in int64 bytes: the Go side slices it.
+		size_t blocks = kind == MIGCTL_KIND_ALL_GATHER || kind == MIGCTL_KIND_REDUCE_SCATTER ? (size_t)size : 1;
+		if (count > (size_t)INT64_MAX / elem_size[dtype] / blocks)
+			return set_error(MIGCTL_ERR_INVALID, "libmigctl: count too large (the buffer's bytes overflow)");
 	}
 	return size;
 }
@@ -325,7 +333,7 @@ static void note_run(int64_t run) {
 
 static int64_t issue(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
                      int device, uintptr_t stream, int streamed) {
-	int64_t rc = check_call(group, kind, send, recv, count, dtype, op, root);
+	int64_t rc = check_call(group, kind, send, recv, count, dtype, op, root, device);
 	if (rc < 0) return rc;
 	int64_t o = mark(kind, count, device, stream);
 	if (o < 0) return o; // the text is set
@@ -790,13 +798,12 @@ int migctl_wait_stream(migctl_work_t work, uintptr_t stream, int64_t timeout_ms)
 // keeps the order: a collective issued meanwhile waits in the ring, and the
 // dispatcher takes it only after this one (run_lock).
 #define DIRECT_NO 1000
-static const size_t elem_size[] = {4, 2, 2, 8, 4, 8, 1}; // MIGCTL_FLOAT32..MIGCTL_UINT8
 
 static int direct(int group, int kind, void *send, void *recv, size_t count, int dtype, int op, int root,
                   int device, uintptr_t stream) {
 	// a transfer waits for its peer, not in the process's order: the ring's
 	if (direct_max == 0 || kind == MIGCTL_KIND_SEND || kind == MIGCTL_KIND_RECV) return DIRECT_NO;
-	int size = check_call(group, kind, send, recv, count, dtype, op, root);
+	int size = check_call(group, kind, send, recv, count, dtype, op, root, device);
 	if (size < 0) return size;
 	size_t bytes = kind == MIGCTL_KIND_BARRIER ? 0 : count * elem_size[dtype];
 	if (kind == MIGCTL_KIND_ALL_GATHER || kind == MIGCTL_KIND_REDUCE_SCATTER) bytes *= (size_t)size;

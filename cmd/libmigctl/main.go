@@ -29,6 +29,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/migctl/migctl/allreduce"
 	"github.com/migctl/migctl/comm"
 	"github.com/migctl/migctl/comm/rendezvous"
 	"github.com/migctl/migctl/trainer"
@@ -103,7 +104,7 @@ func code(err error) C.int {
 		return C.MIGCTL_ERR_ABORTED
 	case errors.Is(err, trainer.ErrClosed), errors.Is(err, comm.ErrClosed):
 		return C.MIGCTL_ERR_CLOSED
-	case errors.Is(err, trainer.ErrUnsupported), errors.Is(err, trainer.ErrMultiNode):
+	case errors.Is(err, trainer.ErrUnsupported), errors.Is(err, trainer.ErrMultiNode), errors.Is(err, allreduce.ErrUnsupported):
 		return C.MIGCTL_ERR_UNSUPPORTED
 	case errors.Is(err, comm.ErrInvalid):
 		return C.MIGCTL_ERR_INVALID
@@ -158,7 +159,10 @@ func groupOf(id int) (*trainer.Group, error) {
 func migctlGoInit(rank, size C.int, rdzv, job *C.char) C.int {
 	mu.Lock()
 	defer mu.Unlock()
-	if group != nil || closed {
+	if closed {
+		return fail(fmt.Errorf("libmigctl: migctl_finalize was called: a process joins at most once: %w", trainer.ErrClosed))
+	}
+	if group != nil {
 		return fail(errAlreadyInit)
 	}
 	var opts []trainer.Option

@@ -108,6 +108,23 @@ def main():
     check(c.migctl_allreduce(a, b, n, L.FLOAT64, L.SUM, L.DEVICE, 0, ctypes.byref(h)) == L.OK, "issue device")
     check(c.migctl_wait(h.value, -1) == L.ERR_UNSUPPORTED and "gpu backend" in err(), f"device on host: {err()}")
     check(c.migctl_wait(987654, -1) == L.ERR_BAD_HANDLE, "unknown handle")
+    # a device that is neither MIGCTL_HOST nor MIGCTL_DEVICE fails the issue
+    h.value = 0
+    check(c.migctl_allreduce(a, b, n, L.FLOAT64, L.SUM, 7, 0, ctypes.byref(h)) == L.ERR_INVALID and "device" in err()
+          and h.value == 0, f"device 7: {err()}")
+    check(c.migctl_run(L.KIND_ALLREDUCE, a, b, n, L.FLOAT64, L.SUM, 0, -1, 0) == L.ERR_INVALID and "device" in err(),
+          f"run on device -1: {err()}")
+    # a count whose bytes overflow (all-gather and reduce-scatter: size blocks of it) fails the issue, not
+    # the process
+    huge = (2**63 - 1) // 8
+    check(c.migctl_all_gather(g_in, g_out, huge, L.FLOAT64, L.HOST, 0, ctypes.byref(h)) == L.ERR_INVALID
+          and "count" in err(), f"all_gather of a huge count: {err()}")
+    check(c.migctl_run(L.KIND_REDUCE_SCATTER, rs, rs, huge, L.FLOAT64, L.SUM, 0, L.HOST, 0) == L.ERR_INVALID
+          and "count" in err(), f"run reduce_scatter of a huge count: {err()}")
+    # one the executor cannot schedule (it touches no memory) fails its wait with MIGCTL_ERR_UNSUPPORTED
+    check(c.migctl_allreduce(a, b, huge, L.FLOAT64, L.SUM, L.HOST, 0, ctypes.byref(h)) == L.OK, f"huge: {err()}")
+    code = c.migctl_wait(h.value, -1)
+    check(code == L.ERR_UNSUPPORTED and "chunks" in err(), f"allreduce of a huge count: {code} {err()}")
     # migctl_run: issue and wait in one call, with the codes of either
     runs0, direct0 = lib.stats()["runs"], lib.stats()["direct"]
     v = (ctypes.c_double * 4)(*[rank + k for k in range(4)])
@@ -238,6 +255,7 @@ def main():
     check(c.migctl_barrier(ctypes.byref(h)) == L.ERR_CLOSED, "barrier after finalize")
     check(c.migctl_run(L.KIND_BARRIER, None, None, 0, 0, 0, 0, 0, 0) == L.ERR_CLOSED, "run after finalize")
     check(c.migctl_finalize() == L.OK, "second finalize")
+    check(c.migctl_init_from_env() == L.ERR_CLOSED and "finalize" in err(), f"init after finalize: {err()}")
     print(json.dumps({"rank": rank, "size": size, "lib": lib.path, "direct": direct, "failures": failures}), flush=True)
     sys.exit(1 if failures else 0)
 
