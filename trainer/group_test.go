@@ -353,10 +353,13 @@ func TestParseTuning(t *testing.T) {
 		require.Equal(t, want, got, s)
 	}
 	for _, bad := range []string{"chunk", "chunk=", "chunk=2GiB", "slots=0", "workers=-1", "depth=x",
-		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB", "complete=gpu"} {
+		"spin=0s", "spin=fast", "color=red", "chunk=1MiB,,slots=2", "smallon=gpu", "bcast=gpu", "chain=yes", "piece=1MiB", "complete=gpu", "chunk=100", "chunk=1"} {
 		_, err := ParseTuning(bad)
 		require.ErrorIs(t, err, comm.ErrInvalid, bad)
 	}
+	// a chunk the executor would refuse at every all-reduce is refused when the group is made
+	require.ErrorIs(t, WithTuning(Tuning{Chunk: 100})(&config{}), comm.ErrInvalid)
+	require.NoError(t, WithTuning(Tuning{Chunk: 64 << 10})(&config{}))
 }
 
 func TestDeadlineNamesTimeout(t *testing.T) {

@@ -321,6 +321,9 @@ func WithTuning(t Tuning) Option {
 		if t.Chunk < 0 || t.Slots < 0 || t.Depth < 0 || t.ReduceWorkers < 0 || t.Spin < 0 {
 			return fmt.Errorf("tuning %+v: negative value: %w", t, comm.ErrInvalid)
 		}
+		if t.Chunk%64 != 0 { // the executor refuses every all-reduce otherwise
+			return fmt.Errorf("tuning chunk of %d bytes: want a multiple of 64: %w", t.Chunk, comm.ErrInvalid)
+		}
 		c.tuning = t
 		return nil
 	}

@@ -38,6 +38,8 @@ func ParseTuning(s string) (Tuning, error) {
 			var n int64
 			if n, err = bytesize.Parse(v); err == nil && n > 1<<30 {
 				err = fmt.Errorf("at most 1GiB")
+			} else if err == nil && k == "chunk" && n%64 != 0 {
+				err = fmt.Errorf("want a multiple of 64 bytes") // the executor refuses every all-reduce otherwise
 			}
 			if k == "chunk" {
 				t.Chunk = int(n)
