@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	ctxmgr "github.com/migctl/migctl/context"
+	"github.com/migctl/migctl/context/swapproto"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -62,6 +64,9 @@ func (o *swapGateOptions) Validate() error {
 		return errors.New("give exactly one of --pid and --job")
 	case o.pid < 0:
 		return errors.New("--pid must be positive")
+	case o.pid > swapproto.MaxPID:
+		// the request carries an int32: a larger pid would wrap to another process
+		return fmt.Errorf("--pid %d is above the largest pid, %d", o.pid, swapproto.MaxPID)
 	case o.policy == "":
 		return errors.New("--policy is required: off, gate, budget=N[,depth=M] or default")
 	case o.policy != "default":

@@ -13,6 +13,7 @@ import (
 
 	ctxmgr "github.com/migctl/migctl/context"
 	"github.com/migctl/migctl/context/ctlpb"
+	"github.com/migctl/migctl/context/swapproto"
 	"github.com/migctl/migctl/internal/printer"
 )
 
@@ -54,6 +55,10 @@ func (o *swapMoveOptions) Validate() error {
 	}
 	if o.pid < 0 {
 		return errors.New("--pid must be positive")
+	}
+	if o.pid > swapproto.MaxPID {
+		// the request carries an int32: a larger pid would wrap to another process
+		return fmt.Errorf("--pid %d is above the largest pid, %d", o.pid, swapproto.MaxPID)
 	}
 	if o.conn.timeout <= 0 {
 		return errors.New("--timeout must be positive")

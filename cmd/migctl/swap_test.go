@@ -152,3 +152,22 @@ func TestSwapWithoutDaemon(t *testing.T) {
 	require.ErrorIs(t, err, errDaemonNotRunning)
 	require.ErrorContains(t, err, "start it with 'sudo migctl daemon'")
 }
+
+// A --pid beyond PID_MAX_LIMIT is refused before it reaches the daemon: the
+// request's int32 would wrap it to another process (2^32+1 is pid 1).
+func TestSwapPIDOutOfRange(t *testing.T) {
+	d := startTestDaemon(t, "--gpu-memory", "40GiB")
+	one := dialShim(t, d, fakeshim.Hello{PID: 1, Job: "one", Bytes: gib}, fakeshim.Behavior{})
+	for _, args := range [][]string{
+		{"swap", "out", "--pid", "4294967297", "-q"},
+		{"swap", "in", "--pid", "4294967297", "-q"},
+		{"swap", "out", "--pid", "4294967296", "-q"},
+		{"swap", "gate", "--pid", "4294967297", "--policy", "off"},
+	} {
+		t.Run(args[1]+"_"+args[3], func(t *testing.T) {
+			_, _, err := migctl(t, append(args, "--socket", d.ctlSocket)...)
+			require.ErrorContains(t, err, "is above the largest pid")
+		})
+	}
+	require.False(t, one.Out(), "pid 1 was not swapped out")
+}
