@@ -531,6 +531,50 @@ void ms_mps_env(void)
 			getenv("CUDA_MPS_PIPE_DIRECTORY"), getenv("CUDA_MPS_CLIENT_PRIORITY"));
 }
 
+/* job_sanitize makes the job name one the daemon accepts (PROTOCOL.md,
+ * "Limits": valid UTF-8, no control characters) in place: a character cut by
+ * the 255-byte truncation is dropped, a byte that starts no valid UTF-8
+ * character becomes '?', a control character (C0, DEL, C1) becomes '_'. */
+static void job_sanitize(char *s)
+{
+	unsigned char *in = (unsigned char *)s, *out = (unsigned char *)s;
+	while (*in) {
+		unsigned c = *in, cp, n;
+		if (c < 0x80) {
+			*out++ = c < 0x20 || c == 0x7f ? '_' : (unsigned char)c;
+			in++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf)
+			n = 2, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			n = 3, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			n = 4, cp = c & 0x07;
+		else
+			n = 0, cp = 0;
+		unsigned k = 1;
+		for (; n && k < n && (in[k] & 0xc0) == 0x80; k++)
+			cp = cp << 6 | (in[k] & 0x3f);
+		if (n && k < n && in[k] == 0)
+			break; /* cut by the truncation: drop it */
+		if (!n || k < n || (n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+		    (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
+			*out++ = '?';
+			in++;
+			continue;
+		}
+		if (cp >= 0x80 && cp <= 0x9f) {
+			*out++ = '_';
+		} else {
+			memmove(out, in, n);
+			out += n;
+		}
+		in += n;
+	}
+	*out = 0;
+}
+
 int ms_control_connect(void)
 {
 	const char *path = socket_path();
@@ -557,6 +601,7 @@ int ms_control_connect(void)
 		snprintf(job, sizeof job, "%s", j);
 	else
 		snprintf(job, sizeof job, "pid-%d", (int)getpid());
+	job_sanitize(job);
 	json_escape(job, jobq, sizeof jobq);
 	const char *pr = getenv("MIGSWAP_PRIORITY");
 	long prio = pr ? strtol(pr, NULL, 10) : 0;

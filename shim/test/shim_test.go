@@ -4,10 +4,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/migctl/migctl/context/swapproto"
 )
 
 const (
@@ -471,4 +474,31 @@ func TestSwapWithConcurrentLaunchingThreads(t *testing.T) {
 	require.Equal(t, "1", res["ok"], "%v", res)
 	require.Equal(t, "6", res["threads"])
 	require.Equal(t, uint64(15), num(t, line(t, lines, "STATS"), "swaps_out"))
+}
+
+// A job name the daemon would refuse (PROTOCOL.md "Limits": valid UTF-8, no
+// control characters) made the hello fail and the program run in passthrough,
+// unswappable: the shim cut a long non-ASCII MIGSWAP_JOB in the middle of a
+// character and sent control characters as they were. It sends a name that
+// passes the daemon's own check now.
+func TestJobNameTheDaemonAccepts(t *testing.T) {
+	needBin(t)
+	for _, tc := range []struct{ desc, job, want string }{
+		{"a 2-byte character cut at 255 bytes", strings.Repeat("é", 200), strings.Repeat("é", 127)},
+		{"a 3-byte character cut at 255 bytes", strings.Repeat("日本語x", 30), strings.Repeat("日本語x", 25) + "日"},
+		{"control characters", "a\tb\x7fc\u0085d", "a_b_c_d"},
+		{"bytes that are not UTF-8", "x\xffy\xc3z\xed\xa0\x80", "x?y?z???"},
+		{"plain", "train-7.b", "train-7.b"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			e, d := newEnvWithDaemon(t)
+			e.extra = []string{"MIGSWAP_JOB=" + tc.job}
+			p := e.start(t, "gpa", "basic")
+			c := d.waitConn(t)
+			job := c.hello.str("job")
+			require.Equal(t, tc.want, job)
+			require.NoError(t, swapproto.Message{Type: swapproto.TypeHello, Version: swapproto.Version, Job: job}.Validate())
+			require.Equal(t, "1", line(t, p.finish(t, 20*time.Second), "RESULT")["ok"])
+		})
+	}
 }
