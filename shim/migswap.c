@@ -970,7 +970,13 @@ static CUresult memallocpitch_body(memallocpitch_t real, CUdeviceptr *d, size_t 
 		return real ? real(d, pitch, w, h, esz) : CUDA_ERROR_NOT_FOUND;
 	if (!d || !pitch || w == 0 || h == 0 || (esz != 4 && esz != 8 && esz != 16))
 		return CUDA_ERROR_INVALID_VALUE;
+	/* rows padded to 512 bytes, times h: a size that wraps is refused, not
+	   allocated smaller than asked */
+	if (w > SIZE_MAX - 511)
+		return CUDA_ERROR_INVALID_VALUE;
 	size_t p = (w + 511) & ~(size_t)511;
+	if (h > SIZE_MAX / p)
+		return CUDA_ERROR_INVALID_VALUE;
 	gate_enter();
 	CUresult r = vmm_alloc(d, p * h);
 	gate_exit();

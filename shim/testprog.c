@@ -784,6 +784,20 @@ static int prio(void)
 	return 0;
 }
 
+/* pitch: cuMemAllocPitch with sizes whose product (or padded width) wraps
+   around size_t; prints each call's result and the shim's allocations. */
+static int pitch_overflow(void)
+{
+	setup();
+	size_t pitch = 0;
+	CUdeviceptr b = 0;
+	CUresult wide = cu.MemAllocPitch(&b, &pitch, (size_t)1 << 32, ((size_t)1 << 32) + 1, 4);
+	CUresult padded = cu.MemAllocPitch(&b, &pitch, SIZE_MAX - 10, 1, 4);
+	printf("PITCH wide=%d padded=%d\n", (int)wide, (int)padded);
+	report_stats("STATS");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -795,6 +809,8 @@ int main(int argc, char **argv)
 	const char *m = argv[2];
 	if (strcmp(m, "basic") == 0)
 		return basic();
+	if (strcmp(m, "pitch") == 0)
+		return pitch_overflow();
 	if (strcmp(m, "loop") == 0 && argc >= 6 && strcmp(argv[5], "threads") == 0)
 		return loop_threads(atoi(argv[3]), strtoull(argv[4], NULL, 0));
 	if (strcmp(m, "loop") == 0 && argc >= 5)

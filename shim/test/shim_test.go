@@ -502,3 +502,22 @@ func TestJobNameTheDaemonAccepts(t *testing.T) {
 		})
 	}
 }
+
+// TestMemAllocPitchSizeWraps: cuMemAllocPitch under the shim refuses a
+// width and height whose padded product wraps around size_t
+// (CUDA_ERROR_INVALID_VALUE, as the driver does) instead of allocating, or
+// asking the daemon for, a far smaller size than asked.
+func TestMemAllocPitchSizeWraps(t *testing.T) {
+	needBin(t)
+	e, d := newEnvWithDaemon(t)
+	p := e.start(t, "direct", "pitch")
+	d.waitConn(t)
+	lines := p.finish(t, 20*time.Second)
+	res := line(t, lines, "PITCH")
+	const invalidValue = "1" // CUDA_ERROR_INVALID_VALUE
+	require.Equal(t, invalidValue, res["wide"], "2^32 x (2^32+1) rows: %v", res)
+	require.Equal(t, invalidValue, res["padded"], "a width that wraps when padded: %v", res)
+	st := line(t, lines, "STATS")
+	require.Equal(t, modeVMM, st["mode"])
+	require.Equal(t, uint64(0), num(t, st, "allocations"), "nothing was allocated")
+}
