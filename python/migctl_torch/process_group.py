@@ -431,14 +431,7 @@ class Work(dist._Work):
         if self._state == _ISSUED:
             # nobody waits for it: finish it here once the library has (a
             # caller polling is_completed() would otherwise poll forever)
-            c = self._comm
-            test = c.lib.lib.migctl_test
-            with c._mu:
-                mine = self._state == _ISSUED and all(test(h) != _lib.PENDING for h in self._handles)
-                if mine:
-                    self._state = _CLAIMED
-            if mine:
-                self._run()  # its handles are done: the waits return at once
+            self._comm._finish_done((self,))
         return self._state == _DONE
 
     def is_success(self):
@@ -611,12 +604,15 @@ class _Comm:
         this an asynchronous call never waited for would count as in flight
         until UNCLAIMED later ones pushed it to the completion thread. A later
         wait() or get_future() on them returns at once."""
-        if not self._unfinished:
-            return
+        if self._unfinished:
+            self._finish_done(self._unclaimed)
+
+    def _finish_done(self, works):
+        """Claims and finishes, on this thread, those of works nobody has
+        claimed whose handles the library has finished (migctl_test)."""
         test = self.lib.lib.migctl_test
         with self._mu:
-            ready = [w for w in self._unclaimed
-                     if w._state == _ISSUED and all(test(h) != _lib.PENDING for h in w._handles)]
+            ready = [w for w in works if w._state == _ISSUED and all(test(h) != _lib.PENDING for h in w._handles)]
             for w in ready:
                 w._state = _CLAIMED
         for w in ready:
